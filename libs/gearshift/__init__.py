@@ -1,0 +1,3 @@
+"""gearshift: an adaptive agent platform."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,138 @@
+"""The one server interceptor every service runs: request ids, bearer-token auth, domain
+error -> status mapping, undecodable requests -> INVALID_ARGUMENT, and Prometheus metrics."""
+
+from __future__ import annotations
+
+import contextvars
+import hmac
+import logging
+import time
+import uuid
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+from prometheus_client import Counter, Histogram
+
+from gearshift.errors import GearshiftError
+
+log = logging.getLogger("gearshift.rpc")
+
+request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+
+REQUEST_ID_KEY = "x-request-id"
+# Kubernetes gRPC probes cannot send a token, so health checks stay open.
+UNAUTHENTICATED_METHODS = ("/grpc.health.v1.Health/",)
+
+HANDLED = Counter("grpc_server_handled_total", "RPCs completed", ["service", "method", "code"])
+LATENCY = Histogram(
+    "grpc_server_handling_seconds",
+    "RPC latency until the last response",
+    ["service", "method"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+
+
+class _Undecodable:
+    """Stands in for a request whose bytes did not parse, so the handler can refuse it."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+
+def _tolerant(deserializer):
+    if deserializer is None:
+        return None
+
+    def parse(data: bytes):
+        try:
+            return deserializer(data)
+        except (DecodeError, ValueError) as exc:
+            return _Undecodable(exc)
+
+    return parse
+
+
+class RequestInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, auth_token: str | None = None):
+        self._token = f"Bearer {auth_token}".encode() if auth_token else None
+
+    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
+        handler = await continuation(details)
+        if handler is None:
+            return None
+        method = details.method
+        metadata = dict(details.invocation_metadata or ())
+        rid = metadata.get(REQUEST_ID_KEY) or uuid.uuid4().hex[:16]
+        authorized = self._authorized(method, metadata)
+        service, _, name = method.rpartition("/")
+        service = service.lstrip("/")
+
+        async def prologue(request, context) -> None:
+            request_id.set(rid)
+            context.set_trailing_metadata(((REQUEST_ID_KEY, rid),))
+            if not authorized:
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+            if isinstance(request, _Undecodable):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request does not parse: {request.error}")
+
+        async def fail(exc: BaseException, context) -> None:
+            if isinstance(exc, GearshiftError):
+                await context.abort(exc.code, str(exc))
+            log.exception("%s failed (request %s)", method, rid)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error (request id {rid})")
+
+        def record(started: float, context) -> None:
+            code = context.code() if hasattr(context, "code") else None
+            HANDLED.labels(service, name, (code or grpc.StatusCode.OK).name if code else "OK").inc()
+            LATENCY.labels(service, name).observe(time.perf_counter() - started)
+
+        if handler.unary_unary:
+            inner = handler.unary_unary
+
+            async def unary_unary(request, context):
+                started = time.perf_counter()
+                try:
+                    await prologue(request, context)
+                    return await inner(request, context)
+                except Exception as exc:  # noqa: BLE001 - every failure becomes a status
+                    if _is_abort(exc):
+                        raise
+                    await fail(exc, context)
+                finally:
+                    record(started, context)
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary_unary, _tolerant(handler.request_deserializer), handler.response_serializer
+            )
+        if handler.unary_stream:
+            inner_stream = handler.unary_stream
+
+            async def unary_stream(request, context):
+                started = time.perf_counter()
+                try:
+                    await prologue(request, context)
+                    async for item in inner_stream(request, context):
+                        yield item
+                except Exception as exc:  # noqa: BLE001
+                    if _is_abort(exc):
+                        raise
+                    await fail(exc, context)
+                finally:
+                    record(started, context)
+
+            return grpc.unary_stream_rpc_method_handler(
+                unary_stream, _tolerant(handler.request_deserializer), handler.response_serializer
+            )
+        return handler  # client-streaming rpcs: gearshift defines none
+
+    def _authorized(self, method: str, metadata: dict[str, Any]) -> bool:
+        if self._token is None or method.startswith(UNAUTHENTICATED_METHODS):
+            return True
+        given = metadata.get("authorization", "")
+        given = given.encode() if isinstance(given, str) else given
+        return hmac.compare_digest(given, self._token)
+
+
+def _is_abort(exc: BaseException) -> bool:
+    return isinstance(exc, grpc.aio.AbortError) or type(exc).__name__ == "AbortError"

@@ -1,0 +1,120 @@
+"""The one gRPC server bootstrap every service uses: grpc.aio, the standard health service,
+optional reflection, the request interceptor, Prometheus metrics on their own port, and a
+graceful drain on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import start_http_server
+
+from gearshift.interceptors import RequestInterceptor
+from gearshift.settings import Settings
+
+log = logging.getLogger("gearshift.server")
+
+
+@dataclass
+class Handler:
+    """One servicer and the generated function that registers it."""
+
+    register: Callable[[Any, grpc.aio.Server], None]  # e.g. add_RouterServicer_to_server
+    servicer: Any
+    full_name: str  # e.g. "gearshift.router.v1.Router", reported by health and reflection
+
+
+@dataclass
+class Service:
+    """What a service hands to the bootstrap: its handlers and what to close on shutdown."""
+
+    name: str
+    handlers: list[Handler]
+    on_close: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def grpc_options(settings: Settings) -> list[tuple[str, int]]:
+    size = settings.limits.max_message_bytes
+    return [("grpc.max_receive_message_length", size), ("grpc.max_send_message_length", size)]
+
+
+class RunningServer:
+    """A started server: its bound port and a way to drain it."""
+
+    def __init__(self, server: grpc.aio.Server, health_servicer: health.aio.HealthServicer, port: int, service: Service):
+        self.server = server
+        self.health = health_servicer
+        self.port = port
+        self.service = service
+
+    async def stop(self, grace: float) -> None:
+        await self.health.enter_graceful_shutdown()  # probes see NOT_SERVING while draining
+        await self.server.stop(grace)
+        for close in self.service.on_close:
+            await close()
+
+
+async def start(service: Service, settings: Settings, port: int | None = None) -> RunningServer:
+    """Starts the service on settings.host; port 0 picks a free one (tests)."""
+    server = grpc.aio.server(interceptors=[RequestInterceptor(settings.token())], options=grpc_options(settings))
+    for handler in service.handlers:
+        handler.register(handler.servicer, server)
+
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [h.full_name for h in service.handlers]
+    for name in ["", *names]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    if settings.reflection:
+        reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+
+    port = settings.service_port(service.name) if port is None else port
+    bound = server.add_insecure_port(f"{settings.host}:{port}")
+    if bound == 0:
+        raise OSError(f"{service.name}: cannot bind {settings.host}:{port}")
+    await server.start()
+    return RunningServer(server, health_servicer, bound, service)
+
+
+@contextlib.asynccontextmanager
+async def running(service: Service, settings: Settings) -> AsyncIterator[RunningServer]:
+    """Runs a service on a free loopback port for the duration of a block (tests, benchmarks)."""
+    server = await start(service, settings, port=0)
+    try:
+        yield server
+    finally:
+        await server.stop(grace=0.5)
+
+
+async def serve(build: Callable[[Settings], Awaitable[Service]], settings: Settings) -> None:
+    """Builds and runs a service until SIGTERM or SIGINT, then drains it."""
+    service = await build(settings)
+    server = await start(service, settings)
+    metrics_port = settings.service_metrics_port(service.name)
+    if metrics_port:
+        start_http_server(metrics_port, addr=settings.host)
+    log.info(
+        "%s listening on %s:%d (metrics on :%s, auth %s)",
+        service.name, settings.host, server.port, metrics_port or "off", "on" if settings.auth_token else "off",
+    )
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("%s draining for up to %.1fs", service.name, settings.grace_seconds)
+    await server.stop(settings.grace_seconds)
+    log.info("%s stopped", service.name)

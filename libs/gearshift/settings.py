@@ -1,0 +1,111 @@
+"""Typed settings, read once from the environment (prefix GEARSHIFT_, nested with __).
+
+Every knob of the platform lives here, so the README's settings table is this file.
+Example: GEARSHIFT_PRICES__OUTPUT_PER_MTOK=2.0, GEARSHIFT_SANDBOX__TIMEOUT_SECONDS=10.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import BaseModel, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+SERVICES = ("router", "planner", "executor", "sandbox", "reward", "store")
+
+# Where each service listens by default on one machine; in Kubernetes every pod uses its own.
+DEFAULT_PORTS = {
+    "router": 50051,
+    "planner": 50052,
+    "executor": 50053,
+    "sandbox": 50054,
+    "reward": 50055,
+    "store": 50056,
+}
+METRICS_PORT_OFFSET = 1000  # service port + 1000 serves /metrics unless set explicitly
+
+
+class PriceTable(BaseModel):
+    """The one price table used by serving, evaluation and training (US dollars)."""
+
+    input_per_mtok: float = Field(0.10, description="Price per million input tokens")
+    output_per_mtok: float = Field(0.40, description="Price per million output tokens")
+    tool_per_call: dict[str, float] = Field(
+        default_factory=lambda: {"python": 0.0001, "web_search": 0.001, "crawl_page": 0.0005},
+        description="Price per call, by tool name",
+    )
+    sandbox_per_cpu_second: float = Field(0.00005, description="Price per sandbox CPU-second")
+
+
+class Limits(BaseModel):
+    """Input limits every service enforces (INVALID_ARGUMENT beyond them)."""
+
+    max_query_chars: int = Field(32_000, description="Longest accepted query")
+    max_answer_chars: int = Field(200_000, description="Longest accepted answer or reference")
+    max_turns: int = Field(512, description="Most turns in one stored trajectory")
+    max_batch: int = Field(1_000, description="Most trajectories in one Put")
+    max_page_size: int = Field(500, description="Largest Query page")
+    max_message_bytes: int = Field(64 * 1024 * 1024, description="Largest gRPC message")
+
+
+class SandboxSettings(BaseModel):
+    timeout_seconds: float = Field(10.0, description="Default wall-clock limit of a python call")
+    max_timeout_seconds: float = Field(30.0, description="Upper bound a caller may ask for")
+    cpu_seconds: int = Field(20, description="CPU-time limit of a python call")
+    memory_mb: int = Field(512, description="Address-space limit of a python call")
+    max_output_chars: int = Field(8_000, description="stdout/stderr kept per call")
+    corpus_dir: Path | None = Field(None, description="Extra corpus documents (default: bundled sample)")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="GEARSHIFT_", env_nested_delimiter="__", extra="ignore")
+
+    host: str = Field("127.0.0.1", description="Interface services bind to")
+    port: int | None = Field(None, description="gRPC port of this service (default by service)")
+    metrics_port: int | None = Field(None, description="Prometheus port (default: port + 1000; 0 = off)")
+    auth_token: SecretStr | None = Field(None, description="Bearer token required between services")
+    reflection: bool = Field(False, description="Serve gRPC reflection")
+    grace_seconds: float = Field(5.0, description="Drain time on SIGTERM")
+    log_level: str = Field("INFO", description="Python log level")
+
+    data_dir: Path = Field(Path.home() / ".gearshift", description="Embedded state (SQLite store, caches)")
+    database_url: str | None = Field(None, description="Store database (default: SQLite in data_dir)")
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Celery broker and result backend")
+    policy_url: str = Field("http://127.0.0.1:8400/v1", description="OpenAI-compatible policy server")
+    policy_model: str = Field("smollm2", description="Model name sent to the policy server")
+
+    router_addr: str = Field(f"127.0.0.1:{DEFAULT_PORTS['router']}", description="Router address")
+    planner_addr: str = Field(f"127.0.0.1:{DEFAULT_PORTS['planner']}", description="Planner address")
+    executor_addr: str = Field(f"127.0.0.1:{DEFAULT_PORTS['executor']}", description="Executor address")
+    sandbox_addr: str = Field(f"127.0.0.1:{DEFAULT_PORTS['sandbox']}", description="Sandbox address")
+    reward_addr: str = Field(f"127.0.0.1:{DEFAULT_PORTS['reward']}", description="Reward address")
+    store_addr: str = Field(f"127.0.0.1:{DEFAULT_PORTS['store']}", description="Trajectory store address")
+
+    prices: PriceTable = Field(default_factory=PriceTable)
+    limits: Limits = Field(default_factory=Limits)
+    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+
+    def service_port(self, service: str) -> int:
+        return self.port if self.port is not None else DEFAULT_PORTS[service]
+
+    def service_metrics_port(self, service: str) -> int:
+        if self.metrics_port is not None:
+            return self.metrics_port
+        return self.service_port(service) + METRICS_PORT_OFFSET
+
+    def address_of(self, service: str) -> str:
+        return getattr(self, f"{service}_addr")
+
+    def token(self) -> str | None:
+        return self.auth_token.get_secret_value() if self.auth_token else None
+
+    def store_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{self.data_dir / 'store.db'}"
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

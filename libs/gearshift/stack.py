@@ -1,0 +1,123 @@
+"""The embedded stack: every service as its own process on localhost, one command to start
+and stop them all."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from gearshift.clients import channel
+from gearshift.settings import DEFAULT_PORTS, METRICS_PORT_OFFSET, SERVICES, Settings
+
+# Start order: what others call first comes up first.
+START_ORDER = ("store", "sandbox", "reward", "planner", "router", "executor")
+
+
+async def check_health(settings: Settings, timeout: float = 2.0) -> dict[str, tuple[str, str]]:
+    """Asks every service's grpc.health.v1 endpoint; returns name -> (address, state)."""
+
+    async def one(name: str) -> tuple[str, tuple[str, str]]:
+        address = settings.address_of(name)
+        async with channel(address, settings) as ch:
+            try:
+                reply = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+                state = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            except grpc.aio.AioRpcError as exc:
+                state = f"DOWN ({exc.code().name})"
+        return name, (address, state)
+
+    return dict(await asyncio.gather(*(one(name) for name in SERVICES)))
+
+
+class Stack:
+    """Starts, watches and stops the service processes of the embedded default."""
+
+    def __init__(self, settings: Settings, data_dir: str | None = None, base_port: int | None = None, with_policy: bool = True):
+        self.settings = settings
+        self.data_dir = Path(data_dir).expanduser() if data_dir else settings.data_dir
+        self.ports = {name: (base_port + i if base_port else DEFAULT_PORTS[name]) for i, name in enumerate(SERVICES)}
+        self.with_policy = with_policy
+        self.processes: dict[str, subprocess.Popen] = {}
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["GEARSHIFT_DATA_DIR"] = str(self.data_dir)
+        for name, port in self.ports.items():
+            env[f"GEARSHIFT_{name.upper()}_ADDR"] = f"{self.settings.host}:{port}"
+        return env
+
+    def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        env = self.environment()
+        for name in START_ORDER:
+            port = self.ports[name]
+            child_env = dict(env, GEARSHIFT_PORT=str(port), GEARSHIFT_METRICS_PORT=str(port + METRICS_PORT_OFFSET))
+            self.processes[name] = subprocess.Popen(
+                [sys.executable, "-m", "gearshift.cli", "serve", name],
+                env=child_env,
+                start_new_session=True,  # Ctrl-C reaches us; we stop the children in order
+            )
+
+    def wait_ready(self, timeout: float = 60.0) -> dict[str, tuple[str, str]]:
+        settings = self.settings.model_copy(update={f"{n}_addr": f"{self.settings.host}:{p}" for n, p in self.ports.items()})
+        deadline = time.monotonic() + timeout
+        while True:
+            dead = [n for n, p in self.processes.items() if p.poll() is not None]
+            if dead:
+                raise RuntimeError(f"service(s) exited during start-up: {', '.join(dead)}")
+            results = asyncio.run(check_health(settings, timeout=1.0))
+            if all(state == "SERVING" for _, state in results.values()) or time.monotonic() > deadline:
+                return results
+            time.sleep(0.2)
+
+    def stop(self, grace: float = 10.0) -> None:
+        for name in reversed(START_ORDER):
+            process = self.processes.get(name)
+            if process and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def run_foreground(self) -> int:
+        """Starts the stack, prints where each service listens, waits for Ctrl-C."""
+        stopping = False
+
+        def on_signal(signum, frame):
+            nonlocal stopping
+            stopping = True
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        self.start()
+        try:
+            results = self.wait_ready()
+            for name, (address, state) in results.items():
+                print(f"{name:<9} {address:<22} {state}", flush=True)
+            print(f"store: {self.settings.store_database_url() if self.settings.database_url else self.data_dir / 'store.db'}")
+            print("gearshift is up; Ctrl-C stops it", flush=True)
+            while not stopping:
+                dead = [n for n, p in self.processes.items() if p.poll() is not None]
+                if dead:
+                    print(f"service(s) exited: {', '.join(dead)}; stopping", file=sys.stderr)
+                    return 1
+                time.sleep(0.3)
+            return 0
+        except RuntimeError as exc:
+            print(f"gearshift up: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            self.stop()
+            print("gearshift stopped", flush=True)

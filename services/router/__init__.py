@@ -1,0 +1,1 @@
+"""Router service: picks instant, reasoning or agentic mode for a query."""

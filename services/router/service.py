@@ -1,0 +1,16 @@
+"""Router wiring."""
+
+from __future__ import annotations
+
+from gearshift.router.v1 import router_pb2, router_pb2_grpc
+from gearshift.server import Handler, Service
+from gearshift.services.router.core import ModeRouter
+from gearshift.services.router.servicer import RouterServicer
+from gearshift.settings import Settings
+
+FULL_NAME = router_pb2.DESCRIPTOR.services_by_name["Router"].full_name
+
+
+async def build(settings: Settings) -> Service:
+    servicer = RouterServicer(ModeRouter(), settings)
+    return Service("router", [Handler(router_pb2_grpc.add_RouterServicer_to_server, servicer, FULL_NAME)])

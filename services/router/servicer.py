@@ -1,0 +1,32 @@
+"""Router servicer: protobuf <-> ModeRouter."""
+
+from __future__ import annotations
+
+from gearshift.common.v1.common_pb2 import Mode, RoutingStrategy, TokenUsage
+from gearshift.errors import InvalidArgument
+from gearshift.router.v1 import router_pb2, router_pb2_grpc
+from gearshift.services.router.core import ModeRouter
+from gearshift.settings import Settings
+
+
+class RouterServicer(router_pb2_grpc.RouterServicer):
+    def __init__(self, router: ModeRouter, settings: Settings):
+        self.router = router
+        self.limits = settings.limits
+
+    async def Route(self, request: router_pb2.RouteRequest, context) -> router_pb2.RouteResponse:
+        if len(request.query) > self.limits.max_query_chars:
+            raise InvalidArgument(f"query longer than {self.limits.max_query_chars} characters")
+        if request.strategy not in RoutingStrategy.values():
+            raise InvalidArgument(f"unknown strategy {request.strategy}")
+        if request.forced_mode not in Mode.values():
+            raise InvalidArgument(f"unknown mode {request.forced_mode}")
+        decision = await self.router.route(request.query, request.strategy, request.forced_mode)
+        return router_pb2.RouteResponse(
+            mode=decision.mode,
+            strategy=decision.strategy,
+            rationale=decision.rationale,
+            scores=[router_pb2.ModeScore(mode=m, score=s) for m, s in decision.scores.items()],
+            usage=TokenUsage(input_tokens=decision.input_tokens, output_tokens=decision.output_tokens),
+            attempts=decision.attempts,
+        )

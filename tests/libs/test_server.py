@@ -1,0 +1,78 @@
+"""The shared bootstrap over real loopback sockets: health, auth, status mapping, request ids."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from pydantic import SecretStr
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from gearshift.clients import channel
+from gearshift.common.v1.common_pb2 import Mode, RoutingStrategy
+from gearshift.router.v1 import router_pb2, router_pb2_grpc
+from gearshift.server import running
+from gearshift.services.router.service import FULL_NAME, build
+
+
+async def test_health_reports_each_service(settings):
+    async with running(await build(settings), settings) as server:
+        async with channel(f"127.0.0.1:{server.port}", settings) as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            for name in ("", FULL_NAME):
+                reply = await stub.Check(health_pb2.HealthCheckRequest(service=name))
+                assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.Check(health_pb2.HealthCheckRequest(service="no.such.Service"))
+            assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_domain_errors_become_status_codes_with_request_id(settings):
+    async with running(await build(settings), settings) as server:
+        async with channel(f"127.0.0.1:{server.port}", settings) as ch:
+            stub = router_pb2_grpc.RouterStub(ch)
+            call = stub.Route(router_pb2.RouteRequest(query="   "))
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "empty" in err.value.details()
+            trailers = dict(await call.trailing_metadata())
+            assert len(trailers["x-request-id"]) == 16
+
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.Route(router_pb2.RouteRequest(query="hi", forced_mode=42))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+            reply = await stub.Route(router_pb2.RouteRequest(query="hi", forced_mode=Mode.MODE_AGENTIC))
+            assert reply.mode == Mode.MODE_AGENTIC and reply.strategy == RoutingStrategy.ROUTING_STRATEGY_FORCED
+
+
+async def test_bytes_that_do_not_parse_are_invalid_argument(settings):
+    async with running(await build(settings), settings) as server:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            raw = ch.unary_unary(f"/{FULL_NAME}/Route", request_serializer=None, response_deserializer=None)
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await raw(b"\xff\xff\xff\xff")
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "does not parse" in err.value.details()
+
+
+async def test_token_is_required_when_configured(settings):
+    secured = settings.model_copy(update={"auth_token": SecretStr("s3cret")})
+    async with running(await build(secured), secured) as server:
+        address = f"127.0.0.1:{server.port}"
+        request = router_pb2.RouteRequest(query="hi", forced_mode=Mode.MODE_INSTANT)
+        async with channel(address, settings) as anonymous:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await router_pb2_grpc.RouterStub(anonymous).Route(request)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            # Health stays open for Kubernetes probes.
+            reply = await health_pb2_grpc.HealthStub(anonymous).Check(health_pb2.HealthCheckRequest())
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+        wrong = settings.model_copy(update={"auth_token": SecretStr("guess")})
+        async with channel(address, wrong) as guessing:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await router_pb2_grpc.RouterStub(guessing).Route(request)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        async with channel(address, secured) as trusted:
+            reply = await router_pb2_grpc.RouterStub(trusted).Route(request)
+            assert reply.mode == Mode.MODE_INSTANT
