@@ -1,0 +1,59 @@
+"""SR2AM plan blocks: "Plan:" followed by Current State / Action / Expected Outcome lines,
+"Plan: None" (act without planning) or an empty "Plan:" (continue the previous plan)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gearshift.common.v1.common_pb2 import Plan, PlanDecision, PlanStep
+
+_BLOCK = re.compile(r"^\s*Plan:[ \t]*(.*)$", re.M | re.S)
+_FIELD = re.compile(r"^\s*[-*]?\s*(Current State|Next Action|Action|Expected Outcome)\s*:\s*(.*)$", re.I)
+
+
+@dataclass
+class ParsedPlan:
+    decision: int  # PlanDecision
+    plan: Plan
+
+
+def parse_plan_block(text: str) -> ParsedPlan | None:
+    """Parses the last "Plan:" block in text; None when there is none."""
+    blocks = list(_BLOCK.finditer(text))
+    if not blocks:
+        return None
+    body = blocks[-1].group(1)
+    first_line = body.split("\n", 1)[0].strip()
+    if first_line.lower().rstrip(".") == "none":
+        return ParsedPlan(PlanDecision.PLAN_DECISION_ACT, Plan())
+    steps: list[PlanStep] = []
+    state = ""
+    for line in body.splitlines():
+        if line.lstrip().startswith("<"):
+            break  # the action itself (a tool call or the answer) follows the plan
+        match = _FIELD.match(line)
+        if not match:
+            continue
+        key, value = match.group(1).lower(), match.group(2).strip()
+        if key == "current state":
+            state = value
+        elif key in ("action", "next action"):
+            steps.append(PlanStep(state=state, action=value))
+        elif key == "expected outcome" and steps and not steps[-1].expected_outcome:
+            steps[-1].expected_outcome = value
+            state = value  # the next step starts from the predicted state
+    if not steps:
+        return ParsedPlan(PlanDecision.PLAN_DECISION_CONTINUE, Plan())
+    return ParsedPlan(PlanDecision.PLAN_DECISION_PLAN_NEW, Plan(steps=steps))
+
+
+def render_plan(plan: Plan) -> str:
+    """Writes a plan back in the SR2AM form (used in prompts and training targets)."""
+    if not plan.steps:
+        return "Plan: None"
+    lines = ["Plan:", f"- Current State: {plan.steps[0].state}"]
+    for index, step in enumerate(plan.steps):
+        lines.append(f"- {'Action' if index == 0 else 'Next Action'}: {step.action}")
+        lines.append(f"- Expected Outcome: {step.expected_outcome}")
+    return "\n".join(lines)

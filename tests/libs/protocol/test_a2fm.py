@@ -1,0 +1,127 @@
+"""The A^2FM parser on literal examples of every tag, and on malformed variants."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gearshift.common.v1.common_pb2 import Mode
+from gearshift.protocol import a2fm
+
+TOOLS = frozenset({"python", "web_search", "crawl_page"})
+
+
+@pytest.mark.parametrize(
+    ("text", "mode"),
+    [
+        ("Simple fact.\n<classification>\ndefault_agent\n</classification>", Mode.MODE_INSTANT),
+        ("Needs steps.<classification>reasoning_agent</classification>", Mode.MODE_REASONING),
+        ("Needs a tool.\n<classification>\n toolcalling_agent \n", Mode.MODE_AGENTIC),  # cut by the stop word
+        ("<classification>`Reasoning_Agent`</classification>", Mode.MODE_REASONING),
+        ("<classification>\nsuper_agent\n</classification>", None),
+        ("I think instant.", None),
+    ],
+)
+def test_classification(text, mode):
+    assert a2fm.parse_classification(text)[0] == mode
+
+
+def test_classification_keeps_the_rationale():
+    mode, rationale = a2fm.parse_classification("Multiplying large numbers.\n<classification>toolcalling_agent</classification>")
+    assert (mode, rationale) == (Mode.MODE_AGENTIC, "Multiplying large numbers.")
+
+
+@pytest.mark.parametrize("mode", [Mode.MODE_INSTANT, Mode.MODE_REASONING, Mode.MODE_AGENTIC])
+def test_forced_prefix_round_trips(mode):
+    assert a2fm.parse_classification(a2fm.forced_prefix(mode))[0] == mode
+
+
+def test_tag_content_takes_the_last_block_and_an_unclosed_tail():
+    assert a2fm.tag_content("<answer>1</answer> then <answer>2</answer>", "answer") == "2"
+    assert a2fm.tag_content("<reasoning>think</reasoning><answer>42", "answer") == "42"
+    assert a2fm.tag_content("no tags", "answer") is None
+
+
+def test_parallel_dict_literal_calls():
+    block = """
+{'id': 1, 'name': 'web_search', 'arguments': {'query': 'capital of France'}}
+{'id': 2, 'name': 'python', 'arguments': {'code': 'print(17*23)'}}
+"""
+    parsed = a2fm.parse_tool_calls(block, TOOLS)
+    assert parsed.errors == []
+    assert [(c.id, c.name) for c in parsed.calls] == [("1", "web_search"), ("2", "python")]
+    assert json.loads(parsed.calls[1].arguments_json) == {"code": "print(17*23)"}
+
+
+def test_json_calls_are_accepted_too():
+    parsed = a2fm.parse_tool_calls('{"id": 3, "name": "python", "arguments": {"code": "1"}}', TOOLS)
+    assert [c.id for c in parsed.calls] == ["3"] and parsed.errors == []
+
+
+@pytest.mark.parametrize(
+    ("line", "complaint"),
+    [
+        ("{'id': 1, 'name': 'python'", "not a dict literal"),
+        ("{'id': 1, 'arguments': {}}", "lacks name"),
+        ("{'id': 1, 'name': 'python'}", "lacks arguments"),
+        ("{'id': 1, 'name': 'rm_rf', 'arguments': {}}", "unknown tool 'rm_rf'"),
+        ("{'id': 1, 'name': 'python', 'arguments': 'print(1)'}", "must be a dict"),
+        ("{'id': 1, 'name': 'python', 'arguments': {'x': {1, 2}}}", "plain JSON"),
+        ("[1, 2, 3]", "not a dict literal"),
+        ("__import__('os').system('ls')", "not a dict literal"),
+    ],
+)
+def test_malformed_calls_become_observations(line, complaint):
+    parsed = a2fm.parse_tool_calls(line, TOOLS)
+    assert parsed.calls == []
+    assert len(parsed.errors) == 1 and complaint in parsed.errors[0]
+
+
+def test_one_bad_call_does_not_sink_the_others():
+    block = "{'id': 1, 'name': 'python', 'arguments': {'code': '1'}}\nnonsense\n"
+    parsed = a2fm.parse_tool_calls(block, TOOLS)
+    assert len(parsed.calls) == 1 and len(parsed.errors) == 1
+
+
+def test_more_than_ten_calls_are_capped_with_a_note():
+    block = "\n".join(f"{{'id': {i}, 'name': 'python', 'arguments': {{'code': '{i}'}}}}" for i in range(12))
+    parsed = a2fm.parse_tool_calls(block, TOOLS)
+    assert len(parsed.calls) == 10 and "Too many calls" in parsed.errors[0]
+
+
+def test_duplicate_ids_stay_distinct():
+    block = "{'id': 1, 'name': 'python', 'arguments': {}}\n{'id': 1, 'name': 'python', 'arguments': {}}"
+    ids = [c.id for c in a2fm.parse_tool_calls(block, TOOLS).calls]
+    assert len(set(ids)) == 2
+
+
+def test_empty_block():
+    assert "empty" in a2fm.parse_tool_calls("  \n", TOOLS).errors[0]
+
+
+def test_tool_response_format():
+    text = a2fm.tool_response([("1", "391"), ("2", "Error: timeout")])
+    assert text == "<tool_response>\nResults for tool call 1:\n391\nResults for tool call 2:\nError: timeout\n</tool_response>\n"
+
+
+def test_agentic_step_with_plan_summary_and_calls():
+    text = (
+        "<plan>Goal 1: compute. Path 1.1: python; success: a number.</plan>\n"
+        "<summary>Nothing done yet.</summary>\nI will compute it.\n"
+        "<tool_call>\n{'id': 1, 'name': 'python', 'arguments': {'code': 'print(2**100)'}}\n"
+    )
+    step = a2fm.parse_agentic_step(text, TOOLS)
+    assert step.plan.startswith("Goal 1") and step.summary == "Nothing done yet."
+    assert step.answer is None and [c.name for c in step.calls.calls] == ["python"]
+
+
+def test_agentic_step_answer_after_calls_wins():
+    text = "<tool_call>{'id': 1, 'name': 'python', 'arguments': {}}</tool_call>\nDone.<answer>7</answer>"
+    step = a2fm.parse_agentic_step(text, TOOLS)
+    assert step.answer == "7" and step.calls is None
+
+
+def test_agentic_step_with_neither():
+    step = a2fm.parse_agentic_step("I am thinking...", TOOLS)
+    assert step.answer is None and step.calls is None
