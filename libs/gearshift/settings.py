@@ -58,6 +58,18 @@ class SandboxSettings(BaseModel):
     corpus_dir: Path | None = Field(None, description="Extra corpus documents (default: bundled sample)")
 
 
+class StoreSettings(BaseModel):
+    """The trajectory store's database access and paging."""
+
+    migrate_on_start: bool = Field(True, description="Run the store's Alembic migrations (upgrade head) at start-up")
+    db_threads: int = Field(4, description="Threads (and pooled connections) doing blocking database work")
+    default_page_size: int = Field(100, description="Query page size when the caller gives none")
+    export_chunk_size: int = Field(500, description="Rows Export reads from the database per round trip")
+    default_checkpoint_limit: int = Field(100, description="ListCheckpoints size when the caller gives none")
+    max_label_chars: int = Field(256, description="Longest task source, split, run id, model version, label or id")
+    max_lineage: int = Field(1_000_000, description="Most trajectory ids one checkpoint may name as lineage")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GEARSHIFT_", env_nested_delimiter="__", extra="ignore")
 
@@ -85,6 +97,7 @@ class Settings(BaseSettings):
     prices: PriceTable = Field(default_factory=PriceTable)
     limits: Limits = Field(default_factory=Limits)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
 
     def service_port(self, service: str) -> int:
         return self.port if self.port is not None else DEFAULT_PORTS[service]

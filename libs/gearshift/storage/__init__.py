@@ -1,0 +1,7 @@
+"""Storage for trajectories and checkpoints: SQLAlchemy 2 models, Alembic migrations shipped in
+this package, and a transport-free repository. Postgres in production, a SQLite file embedded."""
+
+from gearshift.storage.database import create_store_engine, upgrade_to_head
+from gearshift.storage.repository import Keyset, TrajectoryFilter, TrajectoryRepository
+
+__all__ = ["Keyset", "TrajectoryFilter", "TrajectoryRepository", "create_store_engine", "upgrade_to_head"]

@@ -1,0 +1,116 @@
+"""The store's tables. Filter columns are copied out of each trajectory so queries run on
+indexes; the full trajectory is kept as its serialized protobuf, which is fast to write and
+read back whole."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    LargeBinary,
+    MetaData,
+    SmallInteger,
+    String,
+    Text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Stable constraint names, so migrations can refer to them on every dialect.
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+TRAJECTORY_ID_CHARS = 36  # a canonical UUID
+CHECKPOINT_ID_CHARS = 256
+LABEL_CHARS = 256
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class TrajectoryRow(Base):
+    """One trajectory. `payload` is the serialized common.v1.Trajectory as it was put; `reward`
+    is the serialized common.v1.Reward and is the truth for the reward (SetReward replaces it
+    without rewriting the payload)."""
+
+    __tablename__ = "trajectories"
+
+    id: Mapped[str] = mapped_column(String(TRAJECTORY_ID_CHARS), primary_key=True)
+    mode: Mapped[int] = mapped_column(SmallInteger)
+    status: Mapped[int] = mapped_column(SmallInteger)
+    correct: Mapped[bool | None] = mapped_column(Boolean)
+    reward_value: Mapped[float | None] = mapped_column(Float)
+    task_source: Mapped[str] = mapped_column(String(LABEL_CHARS))
+    split: Mapped[str] = mapped_column(String(LABEL_CHARS))
+    run_id: Mapped[str] = mapped_column(String(LABEL_CHARS))
+    model_version: Mapped[str] = mapped_column(String(LABEL_CHARS))
+    # Microseconds since the epoch (UTC): exact, portable keyset paging on both dialects.
+    created_at_us: Mapped[int] = mapped_column(BigInteger)
+    reward: Mapped[bytes | None] = mapped_column(LargeBinary)
+    payload: Mapped[bytes] = mapped_column(LargeBinary)
+
+    # Every equality filter is paired with created_at_us: queries filter, then page newest first.
+    __table_args__ = (
+        Index(None, "created_at_us", "id"),
+        Index(None, "mode", "created_at_us"),
+        Index(None, "status", "created_at_us"),
+        Index(None, "correct", "created_at_us"),
+        Index(None, "reward_value"),
+        Index(None, "task_source", "created_at_us"),
+        Index(None, "split", "created_at_us"),
+        Index(None, "run_id", "created_at_us"),
+        Index(None, "model_version", "created_at_us"),
+    )
+
+
+class CheckpointRow(Base):
+    """A trained artefact and where it came from."""
+
+    __tablename__ = "checkpoints"
+
+    id: Mapped[str] = mapped_column(String(CHECKPOINT_ID_CHARS), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    uri: Mapped[str] = mapped_column(Text)
+    parent_id: Mapped[str | None] = mapped_column(String(CHECKPOINT_ID_CHARS), ForeignKey("checkpoints.id"))
+    job: Mapped[str] = mapped_column(String(LABEL_CHARS))
+    config_json: Mapped[str] = mapped_column(Text)
+    code_version: Mapped[str] = mapped_column(String(LABEL_CHARS))
+    dataset_snapshot: Mapped[str] = mapped_column(Text)
+    eval_metrics: Mapped[dict] = mapped_column(JSON)
+    status: Mapped[int] = mapped_column(SmallInteger)
+    created_at_us: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (
+        Index(None, "kind", "created_at_us"),
+        Index(None, "status", "created_at_us"),
+        Index(None, "parent_id"),
+    )
+
+
+class CheckpointTrajectoryRow(Base):
+    """Lineage: a checkpoint was trained on these trajectories."""
+
+    __tablename__ = "checkpoint_trajectories"
+
+    checkpoint_id: Mapped[str] = mapped_column(
+        String(CHECKPOINT_ID_CHARS), ForeignKey("checkpoints.id", ondelete="CASCADE"), primary_key=True
+    )
+    trajectory_id: Mapped[str] = mapped_column(
+        String(TRAJECTORY_ID_CHARS), ForeignKey("trajectories.id"), primary_key=True
+    )
+
+    # "Which checkpoints learned from this trajectory?"
+    __table_args__ = (Index(None, "trajectory_id"),)
+
+
+trajectories = TrajectoryRow.__table__
+checkpoints = CheckpointRow.__table__
+checkpoint_trajectories = CheckpointTrajectoryRow.__table__

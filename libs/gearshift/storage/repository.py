@@ -1,0 +1,237 @@
+"""TrajectoryRepository: every read and write of the store, transport-free and synchronous
+(the service runs it on worker threads). One short transaction per call."""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, Engine, func, insert, select, tuple_, update
+from sqlalchemy.dialects import postgresql, sqlite
+
+from gearshift.common.v1.common_pb2 import Checkpoint, Reward, Trajectory
+from gearshift.errors import AlreadyExists, NotFound
+from gearshift.storage.codec import (
+    checkpoint_from_row,
+    checkpoint_row,
+    reward_columns,
+    trajectory_from_row,
+    trajectory_row,
+)
+from gearshift.storage.database import WRITE
+from gearshift.storage.models import checkpoint_trajectories, checkpoints, trajectories
+
+ID_CHUNK = 1_000  # ids per IN (...) list: far below every dialect's parameter limit
+
+
+class Correctness(enum.Enum):
+    """Which reward verdicts a filter accepts."""
+
+    ANY = "any"
+    CORRECT = "correct"
+    INCORRECT = "incorrect"
+    UNSCORED = "unscored"
+
+
+@dataclass(frozen=True)
+class TrajectoryFilter:
+    """Selects trajectories; empty or None fields do not filter. Times are microseconds since
+    the epoch, created_after inclusive and created_before exclusive."""
+
+    modes: tuple[int, ...] = ()
+    statuses: tuple[int, ...] = ()
+    correctness: Correctness = Correctness.ANY
+    min_reward: float | None = None
+    max_reward: float | None = None
+    task_source: str = ""
+    model_version: str = ""
+    run_id: str = ""
+    split: str = ""
+    created_after_us: int | None = None
+    created_before_us: int | None = None
+
+
+@dataclass(frozen=True)
+class Keyset:
+    """A position in (created_at, id) order: paging continues strictly past it."""
+
+    created_at_us: int
+    id: str
+
+    @classmethod
+    def of(cls, trajectory: Trajectory) -> Keyset:
+        return cls(trajectory.created_at.ToMicroseconds(), trajectory.id)
+
+
+def _conditions(flt: TrajectoryFilter) -> list:
+    t = trajectories.c
+    where = []
+    if flt.modes:
+        where.append(t.mode.in_(flt.modes))
+    if flt.statuses:
+        where.append(t.status.in_(flt.statuses))
+    if flt.correctness is Correctness.CORRECT:
+        where.append(t.correct.is_(True))
+    elif flt.correctness is Correctness.INCORRECT:
+        where.append(t.correct.is_(False))
+    elif flt.correctness is Correctness.UNSCORED:
+        where.append(t.reward.is_(None))
+    if flt.min_reward is not None:
+        where.append(t.reward_value >= flt.min_reward)
+    if flt.max_reward is not None:
+        where.append(t.reward_value <= flt.max_reward)
+    for column in ("task_source", "model_version", "run_id", "split"):
+        value = getattr(flt, column)
+        if value:
+            where.append(t[column] == value)
+    if flt.created_after_us is not None:
+        where.append(t.created_at_us >= flt.created_after_us)
+    if flt.created_before_us is not None:
+        where.append(t.created_at_us < flt.created_before_us)
+    return where
+
+
+class TrajectoryRepository:
+    """Reads and writes trajectories and checkpoints on a Postgres or SQLite engine."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
+        # INSERT ... ON CONFLICT DO NOTHING RETURNING id: duplicates are skipped inside the
+        # database, and the returned ids count what was new. SQLAlchemy sends a batch as
+        # multi-row VALUES statements ("insertmanyvalues").
+        self._insert_trajectories = (
+            dialect.insert(trajectories).on_conflict_do_nothing(index_elements=["id"]).returning(trajectories.c.id)
+        )
+        self._insert_checkpoint = (
+            dialect.insert(checkpoints).on_conflict_do_nothing(index_elements=["id"]).returning(checkpoints.c.id)
+        )
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[Connection]:
+        with self.engine.connect() as connection:
+            connection.execution_options(**{WRITE: True})
+            with connection.begin():
+                yield connection
+
+    # trajectories
+
+    def put(self, batch: Sequence[Trajectory]) -> int:
+        """Stores a batch in one transaction; returns how many ids were new."""
+        if not batch:
+            return 0
+        rows = [trajectory_row(trajectory) for trajectory in batch]
+        with self._writing() as connection:
+            return len(connection.execute(self._insert_trajectories, rows).all())
+
+    def get(self, trajectory_id: str) -> Trajectory | None:
+        stmt = select(trajectories.c.payload, trajectories.c.reward).where(trajectories.c.id == trajectory_id)
+        with self.engine.connect() as connection:
+            row = connection.execute(stmt).first()
+        return None if row is None else trajectory_from_row(row.payload, row.reward, include_turns=True)
+
+    def query(
+        self,
+        flt: TrajectoryFilter,
+        limit: int,
+        after: Keyset | None = None,
+        include_turns: bool = False,
+        newest_first: bool = True,
+    ) -> list[Trajectory]:
+        """Up to `limit` matching trajectories in (created_at, id) order, strictly past `after`."""
+        t = trajectories.c
+        key = tuple_(t.created_at_us, t.id)
+        stmt = select(t.payload, t.reward).where(*_conditions(flt))
+        if after is not None:
+            position = tuple_(after.created_at_us, after.id)
+            stmt = stmt.where(key < position if newest_first else key > position)
+        order = (t.created_at_us.desc(), t.id.desc()) if newest_first else (t.created_at_us, t.id)
+        stmt = stmt.order_by(*order).limit(limit)
+        with self.engine.connect() as connection:
+            rows = connection.execute(stmt).all()
+        return [trajectory_from_row(row.payload, row.reward, include_turns) for row in rows]
+
+    def count(self, flt: TrajectoryFilter = TrajectoryFilter()) -> int:
+        stmt = select(func.count()).select_from(trajectories).where(*_conditions(flt))
+        with self.engine.connect() as connection:
+            return connection.execute(stmt).scalar_one()
+
+    def set_reward(self, trajectory_id: str, reward: Reward) -> None:
+        """Replaces a trajectory's reward and its filter columns. NotFound for an unknown id."""
+        stmt = update(trajectories).where(trajectories.c.id == trajectory_id).values(**reward_columns(reward))
+        with self._writing() as connection:
+            if connection.execute(stmt).rowcount != 1:
+                raise NotFound(f"trajectory {trajectory_id} not found")
+
+    # checkpoints
+
+    def register_checkpoint(self, checkpoint: Checkpoint, created_at_us: int) -> Checkpoint:
+        """Records a checkpoint and its lineage in one transaction. AlreadyExists on a reused
+        id; NotFound when the parent or a lineage trajectory is unknown."""
+        lineage = list(dict.fromkeys(checkpoint.trajectory_ids))
+        with self._writing() as connection:
+            if checkpoint.parent_id and not self._checkpoint_exists(connection, checkpoint.parent_id):
+                raise NotFound(f"parent checkpoint {checkpoint.parent_id} not found")
+            missing = self._missing_trajectories(connection, lineage)
+            if missing:
+                shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
+                raise NotFound(f"{len(missing)} lineage trajectories not found: {shown}")
+            row = checkpoint_row(checkpoint, created_at_us)
+            if connection.execute(self._insert_checkpoint, row).first() is None:
+                raise AlreadyExists(f"checkpoint {checkpoint.id} already exists")
+            if lineage:
+                links = [{"checkpoint_id": checkpoint.id, "trajectory_id": tid} for tid in lineage]
+                connection.execute(insert(checkpoint_trajectories), links)
+        return checkpoint_from_row(row)
+
+    def get_checkpoint(self, checkpoint_id: str, include_lineage: bool = False) -> Checkpoint | None:
+        with self.engine.connect() as connection:
+            row = connection.execute(select(checkpoints).where(checkpoints.c.id == checkpoint_id)).first()
+            if row is None:
+                return None
+            lineage = self._lineage(connection, checkpoint_id) if include_lineage else None
+        return checkpoint_from_row(row._mapping, lineage)
+
+    def list_checkpoints(self, kind: str = "", status: int = 0, limit: int = 100) -> list[Checkpoint]:
+        """Newest first; empty kind and status 0 do not filter."""
+        c = checkpoints.c
+        stmt = select(checkpoints)
+        if kind:
+            stmt = stmt.where(c.kind == kind)
+        if status:
+            stmt = stmt.where(c.status == status)
+        stmt = stmt.order_by(c.created_at_us.desc(), c.id.desc()).limit(limit)
+        with self.engine.connect() as connection:
+            return [checkpoint_from_row(row._mapping) for row in connection.execute(stmt)]
+
+    def update_checkpoint(self, checkpoint_id: str, status: int, metrics: dict[str, float]) -> Checkpoint:
+        """Sets the status (0 leaves it) and merges metrics. NotFound for an unknown id."""
+        c = checkpoints.c
+        with self._writing() as connection:
+            current = connection.execute(
+                select(c.status, c.eval_metrics).where(c.id == checkpoint_id).with_for_update()
+            ).first()
+            if current is None:
+                raise NotFound(f"checkpoint {checkpoint_id} not found")
+            merged = {**current.eval_metrics, **metrics}
+            values = {"eval_metrics": merged, "status": status or current.status}
+            connection.execute(update(checkpoints).where(c.id == checkpoint_id).values(**values))
+            row = connection.execute(select(checkpoints).where(c.id == checkpoint_id)).one()
+        return checkpoint_from_row(row._mapping)
+
+    def _checkpoint_exists(self, connection: Connection, checkpoint_id: str) -> bool:
+        return connection.execute(select(checkpoints.c.id).where(checkpoints.c.id == checkpoint_id)).first() is not None
+
+    def _missing_trajectories(self, connection: Connection, ids: list[str]) -> list[str]:
+        found: set[str] = set()
+        for start in range(0, len(ids), ID_CHUNK):
+            chunk = ids[start : start + ID_CHUNK]
+            found.update(connection.execute(select(trajectories.c.id).where(trajectories.c.id.in_(chunk))).scalars())
+        return [tid for tid in ids if tid not in found]
+
+    def _lineage(self, connection: Connection, checkpoint_id: str) -> list[str]:
+        link = checkpoint_trajectories.c
+        stmt = select(link.trajectory_id).where(link.checkpoint_id == checkpoint_id).order_by(link.trajectory_id)
+        return list(connection.execute(stmt).scalars())
