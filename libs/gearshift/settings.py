@@ -70,6 +70,27 @@ class StoreSettings(BaseModel):
     max_lineage: int = Field(1_000_000, description="Most trajectory ids one checkpoint may name as lineage")
 
 
+class RewardSettings(BaseModel):
+    """Verifiers, reward formulas (A^2FM APO, SR2AM) and cost of pass."""
+
+    apo_alpha: float = Field(2.0, ge=0, description="APO: exponent alpha in r_adaptive = 1 - p**alpha")
+    apo_tau: float = Field(0.5, ge=0, le=1, description="APO: a query is easy when its forced-instant success rate p >= tau")
+    f1_threshold: float = Field(0.8, ge=0, le=1, description="Token F1 at or above which an answer counts as correct")
+    numeric_rel_tol: float = Field(1e-4, ge=0, description="Relative tolerance of the numeric verifier")
+    numeric_abs_tol: float = Field(1e-9, ge=0, description="Absolute tolerance of the numeric verifier (for answers near 0)")
+    math_max_chars: int = Field(4_000, gt=0, description="The math verifier reads only this many final characters of an answer")
+    verify_timeout_seconds: float = Field(10.0, gt=0, description="Wall-clock limit of one math-verify check (then: incorrect)")
+    verify_threads: int = Field(2, gt=0, description="Worker threads running math-verify")
+    max_group_size: int = Field(256, gt=0, description="Most rollouts in one Score request")
+    max_outcomes: int = Field(200_000, gt=0, description="Most attempts in one CostOfPass request")
+    bootstrap_samples: int = Field(2_000, gt=0, description="Cost-of-pass bootstrap resamples when the caller gives none")
+    max_bootstrap_samples: int = Field(20_000, gt=0, description="Most bootstrap resamples a caller may ask for")
+    judge_enabled: bool = Field(False, description="Allow the LLM judge verifier (calls the policy server)")
+    judge_model: str | None = Field(None, description="Model name for the judge (default: policy_model)")
+    judge_timeout_seconds: float = Field(60.0, gt=0, description="HTTP timeout of one judge call")
+    judge_max_tokens: int = Field(512, gt=0, description="max_tokens of one judge completion")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GEARSHIFT_", env_nested_delimiter="__", extra="ignore")
 
@@ -97,6 +118,7 @@ class Settings(BaseSettings):
     prices: PriceTable = Field(default_factory=PriceTable)
     limits: Limits = Field(default_factory=Limits)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+    reward: RewardSettings = Field(default_factory=RewardSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
 
     def service_port(self, service: str) -> int:

@@ -1,0 +1,103 @@
+"""Scoring a group of rollouts of one query: verdicts -> formats -> the chosen reward.
+
+The reward service, evaluation and training all score through here, so one rollout gets the
+same reward wherever it is scored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gearshift.common.v1.common_pb2 import Mode, Reward, RoutingStrategy, Trajectory
+from gearshift.rewards import formulas, verifiers
+from gearshift.rewards.formats import check_trajectory_format, final_answer
+from gearshift.rewards.structure import check_structure
+from gearshift.settings import RewardSettings
+
+CORRECTNESS, APO, SR2AM = "correctness", "apo", "sr2am"
+KINDS = (CORRECTNESS, APO, SR2AM)
+
+
+@dataclass(frozen=True)
+class GroupScore:
+    """Rewards in rollout order, and APO's p (None without forced-instant rollouts)."""
+
+    rewards: list[Reward]
+    forced_instant_success_rate: float | None
+
+
+def resolve_verifier(verifier: str | None, reference: str) -> str:
+    """The named verifier, or the one the reference calls for when none is named."""
+    return verifier or verifiers.auto_verifier(reference)
+
+
+def verify(answer: str, reference: str, verifier: str, config: RewardSettings) -> bool:
+    """Runs one local verifier (the judge needs the network: see gearshift.rewards.judge)."""
+    if not answer.strip():
+        return False
+    if verifier == verifiers.MATH:
+        return verifiers.math_match(answer, reference, config.math_max_chars)
+    if verifier == verifiers.EXACT:
+        return verifiers.exact_match(answer, reference)
+    if verifier == verifiers.F1:
+        return verifiers.f1_match(answer, reference, config.f1_threshold)
+    if verifier == verifiers.CHOICE:
+        return verifiers.choice_match(answer, reference)
+    if verifier == verifiers.NUMERIC:
+        return verifiers.numeric_match(answer, reference, config.numeric_rel_tol, config.numeric_abs_tol)
+    raise ValueError(f"unknown local verifier {verifier!r}")
+
+
+def is_forced_instant(rollout: Trajectory) -> bool:
+    """A rollout APO forced into instant mode (prefix injection)."""
+    return (
+        rollout.routing_strategy == RoutingStrategy.ROUTING_STRATEGY_FORCED
+        and rollout.requested_mode == Mode.MODE_INSTANT
+    )
+
+
+def score_group(
+    rollouts: Sequence[Trajectory],
+    verdicts: Sequence[bool],
+    kind: str,
+    verifier: str,
+    config: RewardSettings,
+) -> GroupScore:
+    """Rewards for a group whose answers were already verified (verdicts[i] for rollouts[i])."""
+    if len(rollouts) != len(verdicts):
+        raise ValueError("one verdict per rollout")
+    if kind not in KINDS:
+        raise ValueError(f"unknown reward kind {kind!r}")
+    p = formulas.success_rate(v for r, v in zip(rollouts, verdicts) if is_forced_instant(r))
+    rewards = []
+    for rollout, correct in zip(rollouts, verdicts):
+        format_valid = bool(check_trajectory_format(rollout))
+        if kind == APO:
+            r_adaptive = formulas.adaptive_factor(
+                p, rollout.mode, rollout.routing_strategy == RoutingStrategy.ROUTING_STRATEGY_FORCED,
+                config.apo_alpha, config.apo_tau,
+            )
+            value = formulas.apo_reward(correct, format_valid, r_adaptive)
+            components = {"r_acc": float(correct), "r_format": float(format_valid), "r_adaptive": r_adaptive}
+        elif kind == SR2AM:
+            structure_valid = bool(check_structure(rollout.turns))
+            extractable = bool(final_answer(rollout))
+            value = formulas.sr2am_reward(correct, structure_valid, extractable)
+            components = {"r_acc": float(correct), "r_structure": float(structure_valid), "r_extractable": float(extractable)}
+        else:
+            value = formulas.correctness_reward(correct)
+            components = {"r_acc": value}
+        rewards.append(
+            Reward(value=value, correct=correct, format_valid=format_valid, kind=kind, verifier=verifier, components=components)
+        )
+    return GroupScore(rewards, p)
+
+
+def score_rollouts(
+    rollouts: Sequence[Trajectory], reference: str, kind: str, config: RewardSettings, verifier: str | None = None
+) -> GroupScore:
+    """Verifies and scores a group in this thread with a local verifier (evaluation, training)."""
+    name = resolve_verifier(verifier, reference)
+    verdicts = [verify(final_answer(r), reference, name, config) for r in rollouts]
+    return score_group(rollouts, verdicts, kind, name, config)
