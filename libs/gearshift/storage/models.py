@@ -29,7 +29,6 @@ NAMING = {
 
 TRAJECTORY_ID_CHARS = 36  # a canonical UUID
 CHECKPOINT_ID_CHARS = 256
-LABEL_CHARS = 256
 
 
 class Base(DeclarativeBase):
@@ -48,10 +47,10 @@ class TrajectoryRow(Base):
     status: Mapped[int] = mapped_column(SmallInteger)
     correct: Mapped[bool | None] = mapped_column(Boolean)
     reward_value: Mapped[float | None] = mapped_column(Float)
-    task_source: Mapped[str] = mapped_column(String(LABEL_CHARS))
-    split: Mapped[str] = mapped_column(String(LABEL_CHARS))
-    run_id: Mapped[str] = mapped_column(String(LABEL_CHARS))
-    model_version: Mapped[str] = mapped_column(String(LABEL_CHARS))
+    task_source: Mapped[str] = mapped_column(Text)
+    split: Mapped[str] = mapped_column(Text)
+    run_id: Mapped[str] = mapped_column(Text)
+    model_version: Mapped[str] = mapped_column(Text)
     # Microseconds since the epoch (UTC): exact, portable keyset paging on both dialects.
     created_at_us: Mapped[int] = mapped_column(BigInteger)
     reward: Mapped[bytes | None] = mapped_column(LargeBinary)
@@ -80,9 +79,9 @@ class CheckpointRow(Base):
     kind: Mapped[str] = mapped_column(String(32))
     uri: Mapped[str] = mapped_column(Text)
     parent_id: Mapped[str | None] = mapped_column(String(CHECKPOINT_ID_CHARS), ForeignKey("checkpoints.id"))
-    job: Mapped[str] = mapped_column(String(LABEL_CHARS))
+    job: Mapped[str] = mapped_column(Text)
     config_json: Mapped[str] = mapped_column(Text)
-    code_version: Mapped[str] = mapped_column(String(LABEL_CHARS))
+    code_version: Mapped[str] = mapped_column(Text)
     dataset_snapshot: Mapped[str] = mapped_column(Text)
     eval_metrics: Mapped[dict] = mapped_column(JSON)
     status: Mapped[int] = mapped_column(SmallInteger)
