@@ -36,6 +36,16 @@ def serve(service: str, port: int | None) -> None:
     serve_service(service, port)
 
 
+@main.command("serve-policy")
+@click.option("--model", default=None, help='"smollm2", "tiny" or a local checkpoint directory (default: GEARSHIFT_POLICY__MODEL)')
+@click.option("--port", type=int, default=None, help="HTTP port (default: GEARSHIFT_POLICY__PORT, 8400)")
+def serve_policy(model: str | None, port: int | None) -> None:
+    """Run the built-in OpenAI-compatible policy server in the foreground."""
+    from gearshift.services.policy_server.server import main as serve_policy_main
+
+    serve_policy_main(model, port)
+
+
 @main.command()
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Where the SQLite store lives")
 @click.option("--base-port", type=int, default=None, help="First of six consecutive gRPC ports")

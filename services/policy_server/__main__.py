@@ -1,0 +1,3 @@
+from gearshift.services.policy_server.server import main
+
+main()

@@ -1,0 +1,199 @@
+"""The HTTP face of the policy engine: OpenAI-compatible routes, server-sent events, and errors
+in OpenAI's shape (bad input is a 400 with a message, never a crash)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from gearshift.errors import GearshiftError, InvalidArgument, NotFound, ResourceExhausted, Unauthenticated, Unavailable
+from gearshift.services.policy_server.core import Job, PolicyEngine
+from gearshift.services.policy_server.generation import GenerationResult
+from gearshift.services.policy_server.parsing import OutputSplitter, Piece, split_output
+from gearshift.services.policy_server.schemas import ChatCompletionRequest, CompletionRequest, LoadRequest
+
+log = logging.getLogger("gearshift.policy_server.http")
+
+HTTP_STATUS = {InvalidArgument: 400, Unauthenticated: 401, NotFound: 404, ResourceExhausted: 429, Unavailable: 503}
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
+
+
+def error_response(status: int, message: str) -> JSONResponse:
+    kind = ERROR_TYPES.get(status, "server_error")
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}}, status)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for error in exc.errors():
+        if error.get("type") == "json_invalid":
+            return f"malformed JSON body: {error.get('ctx', {}).get('error', error.get('msg'))}"
+        where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
+        parts.append(f"{where or 'body'}: {error.get('msg')}")
+    return "; ".join(parts) or "invalid request"
+
+
+def _usage(results: list[GenerationResult]) -> dict:
+    prompt = sum(r.prompt_tokens for r in results)
+    completion = sum(r.completion_tokens for r in results)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _sse(payload: dict | str) -> str:
+    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
+
+
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    return header[7:] if header.lower().startswith("bearer ") else None
+
+
+def create_app(engine: PolicyEngine) -> FastAPI:
+    """The FastAPI application serving one engine."""
+    app = FastAPI(title="gearshift policy server", docs_url=None, redoc_url=None)
+    settings = engine.settings
+
+    def require_key(request: Request) -> None:
+        if settings.api_key and _bearer(request) != settings.api_key.get_secret_value():
+            raise Unauthenticated("missing or wrong API key")
+
+    def require_admin(request: Request) -> None:
+        if settings.admin_token and _bearer(request) != settings.admin_token.get_secret_value():
+            raise Unauthenticated("POST /v1/load needs the admin token")
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(400, _validation_message(exc))
+
+    @app.exception_handler(GearshiftError)
+    async def domain_error(request: Request, exc: GearshiftError) -> JSONResponse:
+        return error_response(HTTP_STATUS.get(type(exc), 500), str(exc))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error on %s", request.url.path)
+        return error_response(500, "internal error")
+
+    @app.get("/health")
+    async def health() -> dict:
+        current = engine.current
+        return {"status": "ok", "model": engine.served_name, "source": current.source, "path": str(current.path)}
+
+    @app.get("/v1/models", dependencies=[Depends(require_key)])
+    async def models() -> dict:
+        current = engine.current
+        card = {
+            "id": engine.served_name,
+            "object": "model",
+            "created": int(current.path.stat().st_mtime),
+            "owned_by": "gearshift",
+            "root": str(current.path),
+            "max_model_len": current.context_length,
+        }
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions", dependencies=[Depends(require_key)])
+    async def completions(body: CompletionRequest):
+        jobs = engine.completion_jobs(body)
+        meta = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": engine.served_name}
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return _stream(_completion_events(engine, jobs[0], meta, include_usage))
+        results = [await engine.generate_all(job) for job in jobs]
+        choices = [
+            {"index": i, "text": r.text, "finish_reason": r.finish_reason, "logprobs": None} for i, r in enumerate(results)
+        ]
+        return {**meta, "choices": choices, "usage": _usage(results)}
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(require_key)])
+    async def chat_completions(body: ChatCompletionRequest):
+        job, parse_tools = engine.chat_job(body)
+        meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": engine.served_name}
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            return _stream(_chat_events(engine, job, parse_tools, meta, include_usage))
+        result = await engine.generate_all(job)
+        output = split_output(result.text, parse_tools)
+        message = {"role": "assistant", "content": output.content, "reasoning_content": output.reasoning_content}
+        if output.tool_calls:
+            message["tool_calls"] = output.tool_calls
+        finish = "tool_calls" if output.tool_calls else result.finish_reason
+        choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+        return {**meta, "object": "chat.completion", "choices": [choice], "usage": _usage([result])}
+
+    @app.post("/v1/load", dependencies=[Depends(require_admin)])
+    async def load(body: LoadRequest) -> dict:
+        return asdict(await engine.switch(body.model, body.served_model_name))
+
+    return app
+
+
+def _stream(events: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+async def _guarded(events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """Once streaming has begun the status is sent: a failure becomes an error event."""
+    try:
+        async for event in events:
+            yield event
+    except GearshiftError as exc:
+        yield _sse({"error": {"message": str(exc), "type": "server_error", "code": 500}})
+    except Exception:
+        log.exception("generation failed mid-stream")
+        yield _sse({"error": {"message": "internal error", "type": "server_error", "code": 500}})
+    yield _sse("[DONE]")
+
+
+async def _completion_events(engine: PolicyEngine, job: Job, meta: dict, include_usage: bool) -> AsyncIterator[str]:
+    async def events() -> AsyncIterator[str]:
+        async for item in engine.run(job):
+            if isinstance(item, GenerationResult):
+                yield _sse({**meta, "choices": [{"index": 0, "text": "", "finish_reason": item.finish_reason}]})
+                if include_usage:
+                    yield _sse({**meta, "choices": [], "usage": _usage([item])})
+            else:
+                yield _sse({**meta, "choices": [{"index": 0, "text": item, "finish_reason": None}]})
+
+    async for event in _guarded(events()):
+        yield event
+
+
+def _delta(piece: Piece, call_index: int) -> dict:
+    if piece.kind == "tool_call":
+        return {"tool_calls": [{"index": call_index, **piece.call}]}
+    return {"reasoning_content" if piece.kind == "reasoning" else "content": piece.text}
+
+
+async def _chat_events(
+    engine: PolicyEngine, job: Job, parse_tools: bool, meta: dict, include_usage: bool
+) -> AsyncIterator[str]:
+    meta = {**meta, "object": "chat.completion.chunk"}
+
+    def chunk(delta: dict, finish: str | None = None) -> str:
+        return _sse({**meta, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+    async def events() -> AsyncIterator[str]:
+        splitter = OutputSplitter(parse_tools)
+        calls = 0
+        yield chunk({"role": "assistant", "content": ""})
+        async for item in engine.run(job):
+            final = isinstance(item, GenerationResult)
+            for piece in splitter.finish() if final else splitter.feed(item):
+                yield chunk(_delta(piece, calls))
+                calls += piece.kind == "tool_call"
+            if final:
+                yield chunk({}, "tool_calls" if calls else item.finish_reason)
+                if include_usage:
+                    yield _sse({**meta, "choices": [], "usage": _usage([item])})
+
+    async for event in _guarded(events()):
+        yield event

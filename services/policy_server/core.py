@@ -1,0 +1,223 @@
+"""The policy engine: holds the current model, turns validated requests into generation jobs,
+runs them one at a time on a single generation thread, and switches checkpoints hot.
+
+No HTTP here (app.py translates). Concurrency: requests are accepted concurrently and queue for
+the one generation thread, so two generations never share a model call or a KV cache; on two
+cores a second thread would only slow both. A hot switch loads the new weights on another
+thread, then replaces the model reference in one assignment: every job captured its model when
+it was accepted, so in-flight (and already queued) generations finish on the old weights, and
+the old model is freed when the last of them ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gearshift.errors import InvalidArgument
+from gearshift.services.policy_server import weights
+from gearshift.services.policy_server.generation import GenerationResult, SamplingParams, generate
+from gearshift.services.policy_server.prompts import render_chat
+from gearshift.services.policy_server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from gearshift.settings import PolicySettings
+
+log = logging.getLogger("gearshift.policy_server")
+
+
+@dataclass
+class Job:
+    """One validated generation, bound to the model that was current when it was accepted."""
+
+    loaded: weights.LoadedModel
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass
+class SwitchReport:
+    """What POST /v1/load answers."""
+
+    model: str
+    source: str
+    path: str
+    load_seconds: float  # reading the new weights (off the request path)
+    swap_seconds: float  # the reference swap itself
+    total_seconds: float
+    in_flight: int  # generations still running on the old model at the swap
+
+
+class PolicyEngine:
+    """The one model of this process and the thread that generates with it."""
+
+    def __init__(self, loaded: weights.LoadedModel, settings: PolicySettings, models_dir: Path):
+        self.settings = settings
+        self.models_dir = models_dir
+        self.served_name = settings.served_model_name
+        self._current = loaded
+        self._in_flight = 0
+        self._switching = asyncio.Lock()
+        self._worker = ThreadPoolExecutor(
+            1, thread_name_prefix="policy-generate", initializer=self._pin_threads, initargs=(settings.threads,)
+        )
+
+    @classmethod
+    async def start(cls, settings: PolicySettings, models_dir: Path) -> PolicyEngine:
+        """Loads the configured model (off the event loop) and returns a ready engine."""
+        cls._pin_threads(settings.threads)
+        loaded = await asyncio.to_thread(weights.load, settings.model, models_dir)
+        return cls(loaded, settings, models_dir)
+
+    @staticmethod
+    def _pin_threads(threads: int) -> None:
+        torch.set_num_threads(max(1, threads))
+
+    @property
+    def current(self) -> weights.LoadedModel:
+        return self._current
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=False, cancel_futures=True)
+
+    # Requests -> jobs
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.served_name:
+            raise InvalidArgument(f"unknown model {name!r}; this server serves {self.served_name!r}")
+
+    def _params(self, request: SamplingFields) -> SamplingParams:
+        cap = self.settings.max_tokens_cap
+        requested = request.requested_max_tokens()
+        max_tokens = self.settings.default_max_tokens if requested is None else requested
+        if not 1 <= max_tokens <= cap:
+            raise InvalidArgument(f"max_tokens must be between 1 and {cap}, got {max_tokens}")
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            stop=list(request.stop or []),
+            seed=request.seed,
+            ignore_eos=request.ignore_eos,
+        )
+
+    def _job(self, loaded: weights.LoadedModel, text: str, params: SamplingParams, special: bool) -> Job:
+        if len(text) > self.settings.max_prompt_chars:
+            raise InvalidArgument(f"prompt is longer than {self.settings.max_prompt_chars} characters")
+        ids = loaded.tokenizer(text, add_special_tokens=special)["input_ids"]
+        if len(ids) + params.max_tokens > loaded.context_length:
+            raise InvalidArgument(
+                f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds "
+                f"the model's context of {loaded.context_length} tokens"
+            )
+        return Job(loaded, ids, params)
+
+    def completion_jobs(self, request: CompletionRequest) -> list[Job]:
+        """One job per prompt of a /v1/completions request."""
+        self.check_model(request.model)
+        prompts = [request.prompt] if isinstance(request.prompt, str) else request.prompt
+        if not prompts or any(not prompt.strip() for prompt in prompts):
+            raise InvalidArgument("prompt is empty")
+        if request.stream and len(prompts) > 1:
+            raise InvalidArgument("streaming takes a single prompt")
+        params = self._params(request)
+        loaded = self._current
+        return [self._job(loaded, prompt, params, special=True) for prompt in prompts]
+
+    def chat_job(self, request: ChatCompletionRequest) -> tuple[Job, bool]:
+        """The job of a /v1/chat/completions request, and whether to parse tool calls."""
+        self.check_model(request.model)
+        messages = [message.as_template_dict() for message in request.messages]
+        if not any(message["content"].strip() or message.get("tool_calls") for message in messages):
+            raise InvalidArgument("messages are empty")
+        use_tools = bool(request.tools) and request.tool_choice != "none"
+        tools = [tool.model_dump(exclude_none=True) for tool in request.tools] if use_tools else None
+        choice = request.tool_choice.model_dump() if hasattr(request.tool_choice, "model_dump") else request.tool_choice
+        if isinstance(choice, dict) and choice["function"]["name"] not in {t["function"]["name"] for t in tools or []}:
+            raise InvalidArgument(f"tool_choice names {choice['function']['name']!r}, which is not among the tools")
+        params = self._params(request)
+        loaded = self._current
+        prompt = render_chat(loaded.tokenizer, messages, tools, choice)
+        return self._job(loaded, prompt, params, special=False), use_tools
+
+    # Running
+
+    async def run(self, job: Job) -> AsyncIterator[str | GenerationResult]:
+        """Yields pieces of text as they are generated, then the GenerationResult.
+
+        Closing the iterator early (a client that went away) stops the generation at the next token.
+        """
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        cancelled = threading.Event()
+
+        def deliver(item: object) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the event loop is gone: nobody is listening any more
+                cancelled.set()
+
+        def work() -> None:
+            try:
+                result: object = generate(job.loaded, job.prompt_ids, job.params, deliver, cancelled.is_set)
+            except Exception as exc:  # handed to the awaiting request, which reports it
+                result = exc
+            deliver(result)
+
+        self._in_flight += 1
+        started = time.perf_counter()
+        try:
+            self._worker.submit(work)
+            while True:
+                item = await queue.get()
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+                if isinstance(item, GenerationResult):
+                    elapsed = time.perf_counter() - started
+                    log.debug("%d tokens in %.2f s", item.completion_tokens, elapsed)
+                    return
+        finally:
+            cancelled.set()
+            self._in_flight -= 1
+
+    async def generate_all(self, job: Job) -> GenerationResult:
+        """Runs a job to the end and returns its result (for non-streamed replies)."""
+        async for item in self.run(job):
+            if isinstance(item, GenerationResult):
+                return item
+        raise RuntimeError("generation ended without a result")
+
+    # Hot switch
+
+    async def switch(self, source: str, served_name: str | None = None) -> SwitchReport:
+        """Loads another checkpoint and makes it current without touching running generations."""
+        async with self._switching:
+            started = time.perf_counter()
+            loaded = await asyncio.to_thread(weights.load, source, self.models_dir)
+            swap_started = time.perf_counter()
+            in_flight = self._in_flight
+            self._current = loaded
+            if served_name:
+                self.served_name = served_name
+            done = time.perf_counter()
+        log.info("switched to %s (%s) in %.2f s, %d generation(s) finishing on the old model", source, loaded.path, done - started, in_flight)
+        return SwitchReport(
+            model=self.served_name,
+            source=source,
+            path=str(loaded.path),
+            load_seconds=round(loaded.load_seconds, 3),
+            swap_seconds=round(done - swap_started, 6),
+            total_seconds=round(done - started, 3),
+            in_flight=in_flight,
+        )

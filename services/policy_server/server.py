@@ -1,0 +1,90 @@
+"""Runs the policy server: load the model, then serve the app with uvicorn on one socket."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import uvicorn
+
+from gearshift.services.policy_server.app import create_app
+from gearshift.services.policy_server.core import PolicyEngine
+from gearshift.settings import Settings, get_settings
+
+log = logging.getLogger("gearshift.policy_server")
+
+
+@dataclass
+class RunningPolicyServer:
+    """A started server: its engine and the address it answers on."""
+
+    engine: PolicyEngine
+    host: str
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+@contextlib.asynccontextmanager
+async def running(settings: Settings, engine: PolicyEngine | None = None) -> AsyncIterator[RunningPolicyServer]:
+    """Serves in the current event loop until the block exits (port 0 picks a free port)."""
+    policy = settings.policy
+    owned = engine is None
+    engine = engine or await PolicyEngine.start(policy, settings.data_dir / "models")
+    sock = _bind(policy.host, policy.port)
+    config = uvicorn.Config(create_app(engine), log_level=settings.log_level.lower(), access_log=False, lifespan="off")
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # the caller owns the signals
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            if task.done():
+                task.result()  # raises why it could not start
+            await asyncio.sleep(0.01)
+        yield RunningPolicyServer(engine, policy.host, sock.getsockname()[1])
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+        if owned:
+            engine.close()
+
+
+async def serve(settings: Settings) -> None:
+    """Loads the model and serves until SIGTERM/SIGINT (uvicorn drains open requests)."""
+    policy = settings.policy
+    engine = await PolicyEngine.start(policy, settings.data_dir / "models")
+    log.info("serving %s as %r on http://%s:%d/v1", engine.current.path, engine.served_name, policy.host, policy.port)
+    config = uvicorn.Config(
+        create_app(engine), host=policy.host, port=policy.port, log_level=settings.log_level.lower(),
+        timeout_graceful_shutdown=int(settings.grace_seconds),
+    )
+    try:
+        await uvicorn.Server(config).serve()
+    finally:
+        engine.close()
+
+
+def main(model: str | None = None, port: int | None = None) -> None:
+    """Entry point of `gearshift serve-policy` and `python -m gearshift.services.policy_server`."""
+    from gearshift.server import configure_logging
+
+    settings = get_settings()
+    overrides = {key: value for key, value in (("model", model), ("port", port)) if value is not None}
+    if overrides:
+        settings = settings.model_copy(update={"policy": settings.policy.model_copy(update=overrides)})
+    configure_logging(settings.log_level)
+    asyncio.run(serve(settings))
