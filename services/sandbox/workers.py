@@ -1,0 +1,380 @@
+"""Isolated python workers, service side: the zygote that forks them, one worker's call
+protocol (code in, capped output and a result out, a hard kill on any limit), and the warm pool.
+
+The worker runtime itself lives in zygote.py (standard library only, started with `-I -S`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("gearshift.sandbox.workers")
+
+ZYGOTE_SCRIPT = Path(__file__).with_name("zygote.py")
+SPAWN_TIMEOUT_SECONDS = 10.0
+DRAIN_AFTER_KILL_SECONDS = 0.3
+TRUNCATION_MARKER = "\n[... output truncated after {limit} characters ...]"
+
+
+class SpawnError(RuntimeError):
+    """A worker could not be started or isolated."""
+
+
+@dataclass
+class WorkerLimits:
+    """Per-worker limits sent to the zygote with each spawn request."""
+
+    cpu_seconds: int
+    memory_mb: int
+    file_mb: int
+    max_processes: int
+    max_open_files: int
+    tmp_mb: int
+    tmp_inodes: int
+
+    def spec(self, uid: int) -> dict:
+        return {**self.__dict__, "uid": uid}
+
+
+@dataclass
+class RunOutcome:
+    """What one code run produced."""
+
+    ok: bool
+    error: str
+    output: str
+    truncated: bool
+    cpu_seconds: float
+    alive: bool  # the worker survived and can take another call (sessions)
+
+
+class UidAllocator:
+    """Hands out uids from a range, round robin, skipping those still held by live workers,
+    so that no two live workers share a uid (uids separate signals, ptrace and RLIMIT_NPROC)."""
+
+    def __init__(self, base: int, count: int):
+        self.base, self.count = base, count
+        self._next = 0
+        self._held: set[int] = set()
+
+    def take(self) -> int:
+        for _ in range(self.count):
+            uid = self.base + self._next
+            self._next = (self._next + 1) % self.count
+            if uid not in self._held:
+                self._held.add(uid)
+                return uid
+        raise SpawnError("no free sandbox uid: too many live workers")
+
+    def release(self, uid: int) -> None:
+        self._held.discard(uid)
+
+
+@dataclass
+class _Collected:
+    """A call's output as read so far (filled in place, so a cancelled read keeps its part)."""
+
+    kept: bytearray = field(default_factory=bytearray)
+    total: int = 0
+    marked: bool = False
+    overflow: bool = False
+    ended: bool = False
+
+
+async def _collect(reader: asyncio.StreamReader, marker: bytes, keep_bytes: int, stop_bytes: int, into: _Collected) -> None:
+    """Reads a call's output until its end marker, keeping the first keep_bytes."""
+    window = b""
+    while True:
+        chunk = await reader.read(1 << 16)
+        if not chunk:
+            payload, window = window, b""
+        else:
+            window += chunk
+            cut = window.find(marker)
+            if cut >= 0:
+                payload, window, into.marked = window[:cut], b"", True
+            else:  # hold back what may be the start of the marker
+                safe = max(0, len(window) - len(marker) + 1)
+                payload, window = window[:safe], window[safe:]
+        into.total += len(payload)
+        into.kept += payload[: max(0, keep_bytes - len(into.kept))]
+        if not chunk or into.marked:
+            into.ended = True
+            return
+        if into.total > stop_bytes:
+            into.overflow = into.ended = True
+            return
+
+
+def _cpu_of(pid: int) -> float:
+    """CPU seconds of a live process from /proc (used before killing it)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+@dataclass
+class Worker:
+    """One isolated interpreter waiting for code."""
+
+    pid: int
+    pidfd: int
+    uid: int
+    workdir: str
+    own_pid_namespace: bool
+    own_mount_namespace: bool
+    control: tuple[asyncio.StreamReader, asyncio.StreamWriter]
+    output: tuple[asyncio.StreamReader, asyncio.StreamWriter]
+    on_exit: list = field(default_factory=list)
+    dead: bool = False
+
+    async def run(self, code: str, timeout: float, max_output_chars: int, keep: bool) -> RunOutcome:
+        """Runs code; kills the worker on any limit, and after the call unless keep is set."""
+        reader, writer = self.control
+        marker = f"\x00gearshift-end-{secrets.token_hex(12)}\x00"
+        keep_bytes = max_output_chars * 4
+        stop_bytes = keep_bytes * 8
+        writer.write(json.dumps({"code": code, "marker": marker, "keep": keep}).encode() + b"\n")
+        try:
+            await writer.drain()
+        except (ConnectionError, OSError):
+            self.kill()
+            return RunOutcome(False, "sandbox worker was not running", "", False, 0.0, alive=False)
+
+        collected = _Collected()
+        collecting = asyncio.create_task(_collect(self.output[0], marker.encode(), keep_bytes, stop_bytes, collected))
+        answering = asyncio.create_task(reader.readline())
+        limit_error, result = await self._await_result(collecting, answering, collected, timeout, stop_bytes)
+        cpu = _cpu_of(self.pid) if limit_error else float((result or {}).get("cpu") or 0.0)
+
+        error = limit_error
+        if not error and result is None:
+            error = "the process died without a result (memory, process or file limit, or a crash)"
+        fatal = bool(error) or result is None or result.get("fatal") or not result.get("marked")
+        if not error and not result.get("ok"):
+            error = str(result.get("error") or "the code failed")
+        alive = keep and not fatal
+        if not alive:
+            self.kill()
+        # The rest of the output is buffered already (marker seen) or ends with the process.
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(collecting, 2.0 if not fatal else DRAIN_AFTER_KILL_SECONDS)
+
+        output = collected.kept.decode("utf-8", errors="replace")
+        truncated = collected.overflow or collected.total > len(collected.kept) or len(output) > max_output_chars
+        if truncated:
+            output = output[:max_output_chars] + TRUNCATION_MARKER.format(limit=max_output_chars)
+        return RunOutcome(not error, error, output, truncated, cpu, alive=alive)
+
+    async def _await_result(self, collecting, answering, collected: _Collected, timeout: float, stop_bytes: int):
+        """Waits for the worker's result line; returns (limit error or "", parsed result or None)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        pending = {collecting, answering}
+        error = ""
+        try:
+            while answering in pending:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    error = f"timed out after {timeout:g} s"
+                    break
+                done, pending = await asyncio.wait(pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                if collecting in done and collected.overflow:
+                    error = f"output exceeded {stop_bytes} bytes; process stopped"
+                    break
+                if collecting in done and not collected.marked and answering in pending:
+                    # Output closed without the marker: the process is ending; allow its last word.
+                    await asyncio.wait({answering}, timeout=DRAIN_AFTER_KILL_SECONDS)
+                    break
+        finally:
+            if not answering.done():
+                answering.cancel()
+        result = None
+        if not error and answering.done() and not answering.cancelled():
+            with contextlib.suppress(ValueError):
+                result = json.loads(answering.result() or b"null")
+            if not isinstance(result, dict):
+                result = None
+        return error, result
+
+    def kill(self) -> None:
+        """Kills the worker and, through its pid namespace, everything it started."""
+        if self.dead:
+            return
+        self.dead = True
+        if self.pidfd >= 0:
+            with contextlib.suppress(ProcessLookupError, OSError):
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        if not self.own_pid_namespace and self.pid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)  # its session's group; escapees need the pid namespace
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+        for _reader, writer in (self.control, self.output):
+            writer.close()
+        if not self.own_mount_namespace and self.workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        for callback in self.on_exit:
+            callback(self)
+
+
+class Zygote:
+    """The pre-started, clean interpreter that forks isolated workers on request."""
+
+    def __init__(self, config: dict, uids: UidAllocator):
+        self.config = config
+        self.uids = uids
+        self.isolation: dict[str, bool] = {}
+        self._process: asyncio.subprocess.Process | None = None
+        self._socket: socket.socket | None = None
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> dict[str, bool]:
+        """Starts the zygote and returns what isolation the machine allows."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        config = {**self.config, "control_fd": theirs.fileno()}
+        self._process = await asyncio.create_subprocess_exec(
+            sys.executable, "-I", "-S", str(ZYGOTE_SCRIPT), json.dumps(config),
+            pass_fds=[theirs.fileno()], env={"LANG": "C.UTF-8"}, cwd="/",
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        )
+        theirs.close()
+        ours.setblocking(False)
+        self._socket = ours
+        hello = await asyncio.wait_for(asyncio.get_running_loop().sock_recv(ours, 1 << 16), SPAWN_TIMEOUT_SECONDS)
+        if not hello:
+            raise SpawnError("the sandbox zygote exited at start")
+        self.isolation = json.loads(hello)["isolation"]
+        return self.isolation
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.returncode is None
+
+    async def spawn(self, limits: WorkerLimits) -> Worker:
+        """Forks one worker, waits until it is isolated, and returns it."""
+        uid = self.uids.take()
+        try:
+            return await self._spawn(limits, uid)
+        except BaseException:
+            self.uids.release(uid)
+            raise
+
+    async def _spawn(self, limits: WorkerLimits, uid: int) -> Worker:
+        control, control_child = socket.socketpair()
+        output, output_child = socket.socketpair()
+        try:
+            async with self._lock:
+                self._send_spawn(limits.spec(uid), [control_child.fileno(), output_child.fileno()])
+        finally:
+            control_child.close()
+            output_child.close()
+        control_streams = await asyncio.open_unix_connection(sock=control)
+        output_streams = await asyncio.open_unix_connection(sock=output)
+        worker = Worker(
+            0, -1, uid, "", self.isolation.get("pid_ns", False), self.isolation.get("mount_ns", False),
+            control_streams, output_streams, on_exit=[lambda w: self.uids.release(w.uid)],
+        )
+        try:
+            # Two messages in either order: the pid (from the process outside the new pid
+            # namespace) and ready or failed (from the isolated process itself).
+            ready = False
+            while not ready or worker.pidfd < 0:
+                message = await self._read_message(control_streams[0])
+                if "failed" in message:
+                    raise SpawnError(f"worker isolation failed: {message['failed']}")
+                if "pid" in message:
+                    worker.pid, worker.pidfd = message["pid"], os.pidfd_open(message["pid"])
+                if message.get("ready"):
+                    ready, worker.workdir = True, message["workdir"]
+        except BaseException:
+            worker.kill()
+            raise
+        return worker
+
+    def _send_spawn(self, spec: dict, fds: list[int]) -> None:
+        if not self.running or self._socket is None:
+            raise SpawnError("the sandbox zygote is not running")
+        try:
+            socket.send_fds(self._socket, [json.dumps(spec).encode()], fds)
+        except OSError as exc:
+            raise SpawnError(f"the sandbox zygote does not answer: {exc}") from exc
+
+    @staticmethod
+    async def _read_message(reader: asyncio.StreamReader) -> dict:
+        line = await asyncio.wait_for(reader.readline(), SPAWN_TIMEOUT_SECONDS)
+        if not line:
+            raise SpawnError("worker exited while starting")
+        return json.loads(line)
+
+    async def stop(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+        if self._process is not None and self._process.returncode is None:
+            self._process.kill()
+            await self._process.wait()
+
+
+class WarmPool:
+    """Keeps a few isolated one-shot workers ready; each serves one call and is discarded."""
+
+    def __init__(self, zygote: Zygote, limits: WorkerLimits, size: int):
+        self.zygote = zygote
+        self.limits = limits
+        self.size = size
+        self._ready: asyncio.Queue[Worker] = asyncio.Queue(maxsize=max(size, 1))
+        self._filler: asyncio.Task | None = None
+
+    def start(self) -> None:
+        if self.size > 0:
+            self._filler = asyncio.create_task(self._fill())
+
+    @property
+    def warm(self) -> int:
+        return self._ready.qsize()
+
+    async def _fill(self) -> None:
+        while True:
+            try:
+                worker = await self.zygote.spawn(self.limits)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("could not pre-start a sandbox worker; retrying")
+                await asyncio.sleep(1.0)
+                continue
+            await self._ready.put(worker)
+
+    async def take(self) -> Worker:
+        """A warm worker if one is ready, else a freshly spawned one."""
+        while not self._ready.empty():
+            worker = self._ready.get_nowait()
+            if not worker.dead:
+                return worker
+        started = time.perf_counter()
+        worker = await self.zygote.spawn(self.limits)
+        log.debug("pool empty: spawned a worker in %.1f ms", 1000 * (time.perf_counter() - started))
+        return worker
+
+    async def close(self) -> None:
+        if self._filler is not None:
+            self._filler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._filler
+        while not self._ready.empty():
+            self._ready.get_nowait().kill()
