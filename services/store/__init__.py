@@ -1,0 +1,1 @@
+"""Trajectory store service: trajectories, rewards and the checkpoint registry over gRPC."""
