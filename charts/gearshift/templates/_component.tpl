@@ -27,9 +27,6 @@ Args (a dict):
 {{- $selector := include "gearshift.selectorLabels" (dict "root" $root "name" $name) -}}
 {{- $container := .container | default dict -}}
 {{- $pdbWanted := and $v.pdb.enabled (or (gt (int $v.replicaCount) 1) $v.autoscaling.enabled) -}}
-{{- if and $v.pdb.minAvailable $v.pdb.maxUnavailable }}
-{{- fail (printf "%s.pdb: set minAvailable or maxUnavailable, not both" $name) }}
-{{- end }}
 {{- if and $v.serviceMonitor.enabled (not .metricsPort) }}
 {{- fail (printf "%s.serviceMonitor: %s exposes no metrics port" $name $name) }}
 {{- end }}
@@ -71,6 +68,9 @@ spec:
       serviceAccountName: {{ $fullname }}
       automountServiceAccountToken: {{ .automountToken | default false }}
       enableServiceLinks: false
+      {{- with $v.runtimeClassName }}
+      runtimeClassName: {{ . }}
+      {{- end }}
       securityContext:
         {{- toYaml $root.Values.podSecurityContext | nindent 8 }}
       {{- with $root.Values.imagePullSecrets }}

@@ -50,7 +50,9 @@ template:
           {{- include "gearshift.platformEnv" (dict "root" $root "database" true "dataDir" $t.checkpoints.mountPath) | nindent 10 }}
           - name: USER
             value: gearshift
-          {{- include "gearshift.componentEnv" (dict "values" $t) | nindent 10 }}
+          {{- with include "gearshift.componentEnv" (dict "values" $t) | trim }}
+          {{- . | nindent 10 }}
+          {{- end }}
         resources:
           {{- toYaml $resources | nindent 10 }}
         securityContext:
