@@ -1,18 +1,20 @@
-"""Mode decisions, free of gRPC."""
+"""Mode decisions, free of gRPC: forced, model-native (the policy writes its classification
+block, A^2FM), or a learned cost-aware classifier plugged in through `LearnedRouter`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from gearshift.common.v1.common_pb2 import Mode, RoutingStrategy
-from gearshift.errors import InvalidArgument, Unimplemented
+from gearshift.errors import FailedPrecondition, InvalidArgument
+from gearshift.policy_client import PolicyClient
+from gearshift.protocol import a2fm, prompts
+from gearshift.settings import RouterSettings
 
-# One-sentence justifications injected before a forced classification block (A^2FM).
-FORCED_RATIONALE = {
-    Mode.MODE_INSTANT: "The caller asked for a direct answer.",
-    Mode.MODE_REASONING: "The caller asked for step-by-step reasoning.",
-    Mode.MODE_AGENTIC: "The caller asked for tool use.",
-}
+MODES = (Mode.MODE_INSTANT, Mode.MODE_REASONING, Mode.MODE_AGENTIC)
+MODE_BY_NAME = {name: mode for mode, name in a2fm.MODE_NAMES.items()}
+STRATEGY_BY_NAME = {"model": RoutingStrategy.ROUTING_STRATEGY_MODEL, "learned": RoutingStrategy.ROUTING_STRATEGY_LEARNED}
 
 
 @dataclass
@@ -20,25 +22,68 @@ class ModeDecision:
     mode: int
     strategy: int
     rationale: str
-    scores: dict[int, float] = field(default_factory=dict)
+    assistant_prefix: str  # the assistant turn so far: rationale + classification block
+    scores: dict[int, tuple[float, float]] = field(default_factory=dict)  # mode -> (score, expected cost of pass)
     input_tokens: int = 0
     output_tokens: int = 0
     attempts: int = 0
+    router_version: str = ""
+
+
+class LearnedRouter(Protocol):
+    """What a learned router offers the router service (see the learned-router job)."""
+
+    version: str
+
+    def decide(self, query: str) -> ModeDecision: ...
 
 
 class ModeRouter:
-    def __init__(self, default_strategy: int = RoutingStrategy.ROUTING_STRATEGY_MODEL):
-        self.default_strategy = default_strategy
+    def __init__(self, policy: PolicyClient | None, config: RouterSettings, learned: LearnedRouter | None = None):
+        self.policy = policy
+        self.config = config
+        self.learned = learned
 
     async def route(self, query: str, strategy: int, forced_mode: int) -> ModeDecision:
         if not query.strip():
             raise InvalidArgument("query is empty")
+        if forced_mode and forced_mode not in MODES:
+            raise InvalidArgument(f"unknown mode {forced_mode}")
         if strategy == RoutingStrategy.ROUTING_STRATEGY_UNSPECIFIED:
-            strategy = RoutingStrategy.ROUTING_STRATEGY_FORCED if forced_mode else self.default_strategy
+            strategy = RoutingStrategy.ROUTING_STRATEGY_FORCED if forced_mode else STRATEGY_BY_NAME[self.config.default_strategy]
         if strategy == RoutingStrategy.ROUTING_STRATEGY_FORCED:
-            if forced_mode not in FORCED_RATIONALE:
+            if not forced_mode:
                 raise InvalidArgument("strategy FORCED needs forced_mode INSTANT, REASONING or AGENTIC")
-            return ModeDecision(forced_mode, strategy, FORCED_RATIONALE[forced_mode])
+            return ModeDecision(forced_mode, strategy, a2fm.FORCED_JUSTIFICATION[forced_mode], a2fm.forced_prefix(forced_mode))
+        if strategy == RoutingStrategy.ROUTING_STRATEGY_LEARNED:
+            if self.learned is None:
+                raise FailedPrecondition("no learned router is published; train one with `gearshift router train`")
+            return self.learned.decide(query)
         if strategy == RoutingStrategy.ROUTING_STRATEGY_MODEL:
-            raise Unimplemented("model routing arrives with the policy engine")
-        raise Unimplemented("learned routing arrives with the learned router")
+            return await self._ask_policy(query)
+        raise InvalidArgument(f"unknown strategy {strategy}")
+
+    async def _ask_policy(self, query: str) -> ModeDecision:
+        """The policy writes a rationale and a classification block; unknown labels are re-asked."""
+        if self.policy is None:
+            raise FailedPrecondition("model routing needs a policy server")
+        input_tokens = output_tokens = 0
+        rationale = ""
+        for attempt in range(1, self.config.max_attempts + 1):
+            reply = await self.policy.chat(
+                prompts.messages(query),
+                max_tokens=self.config.max_tokens,
+                temperature=0.0 if attempt == 1 else self.config.retry_temperature,
+                stop=[a2fm.CLASSIFICATION_STOP],
+            )
+            input_tokens += reply.usage.prompt_tokens
+            output_tokens += reply.usage.completion_tokens
+            mode, rationale = a2fm.parse_classification(reply.content or "")
+            if mode is not None:
+                prefix = f"{rationale}\n{a2fm.classification_block(mode)}" if rationale else a2fm.classification_block(mode)
+                return ModeDecision(mode, RoutingStrategy.ROUTING_STRATEGY_MODEL, rationale, prefix,
+                                    input_tokens=input_tokens, output_tokens=output_tokens, attempts=attempt)
+        mode = MODE_BY_NAME[self.config.fallback_mode]
+        note = f"No known label after {self.config.max_attempts} attempts; fell back to {self.config.fallback_mode}."
+        return ModeDecision(mode, RoutingStrategy.ROUTING_STRATEGY_MODEL, note, a2fm.forced_prefix(mode),
+                            input_tokens=input_tokens, output_tokens=output_tokens, attempts=self.config.max_attempts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gearshift.policy_client import PolicyClient
 from gearshift.router.v1 import router_pb2, router_pb2_grpc
 from gearshift.server import Handler, Service
 from gearshift.services.router.core import ModeRouter
@@ -12,5 +13,10 @@ FULL_NAME = router_pb2.DESCRIPTOR.services_by_name["Router"].full_name
 
 
 async def build(settings: Settings) -> Service:
-    servicer = RouterServicer(ModeRouter(), settings)
-    return Service("router", [Handler(router_pb2_grpc.add_RouterServicer_to_server, servicer, FULL_NAME)])
+    policy = PolicyClient.from_settings(settings)
+    servicer = RouterServicer(ModeRouter(policy, settings.router), settings.limits)
+    return Service(
+        "router",
+        [Handler(router_pb2_grpc.add_RouterServicer_to_server, servicer, FULL_NAME)],
+        on_close=[policy.aclose],
+    )

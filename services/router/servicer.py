@@ -6,13 +6,13 @@ from gearshift.common.v1.common_pb2 import Mode, RoutingStrategy, TokenUsage
 from gearshift.errors import InvalidArgument
 from gearshift.router.v1 import router_pb2, router_pb2_grpc
 from gearshift.services.router.core import ModeRouter
-from gearshift.settings import Settings
+from gearshift.settings import Limits
 
 
 class RouterServicer(router_pb2_grpc.RouterServicer):
-    def __init__(self, router: ModeRouter, settings: Settings):
+    def __init__(self, router: ModeRouter, limits: Limits):
         self.router = router
-        self.limits = settings.limits
+        self.limits = limits
 
     async def Route(self, request: router_pb2.RouteRequest, context) -> router_pb2.RouteResponse:
         if len(request.query) > self.limits.max_query_chars:
@@ -26,7 +26,12 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             mode=decision.mode,
             strategy=decision.strategy,
             rationale=decision.rationale,
-            scores=[router_pb2.ModeScore(mode=m, score=s) for m, s in decision.scores.items()],
+            scores=[
+                router_pb2.ModeScore(mode=mode, score=score, expected_cost_of_pass_usd=cost)
+                for mode, (score, cost) in decision.scores.items()
+            ],
             usage=TokenUsage(input_tokens=decision.input_tokens, output_tokens=decision.output_tokens),
+            assistant_prefix=decision.assistant_prefix,
             attempts=decision.attempts,
+            router_version=decision.router_version,
         )

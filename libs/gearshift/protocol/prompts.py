@@ -1,0 +1,32 @@
+"""The prompts the policy sees. Router, executor and the training jobs share them, so a trained
+checkpoint meets at serving time exactly the text it was trained on."""
+
+from __future__ import annotations
+
+from gearshift.common.v1.common_pb2 import Mode
+
+SYSTEM_PROMPT = """You are an adaptive agent. First write one short sentence about the question, then choose how to answer it:
+<classification>
+default_agent | reasoning_agent | toolcalling_agent
+</classification>
+default_agent: answer directly as <answer>...</answer>.
+reasoning_agent: think step by step in <reasoning>...</reasoning>, then <answer>...</answer>.
+toolcalling_agent: write a <plan>...</plan>, then call tools in <tool_call>...</tool_call>, one call per line as a Python dict, e.g.
+{'id': 1, 'name': 'python', 'arguments': {'code': 'print(17*23)'}}
+Results come back in <tool_response>. Finish with <answer>...</answer>.
+Tools: python(code) runs Python and returns what it prints; web_search(query) searches documents; crawl_page(id, query) reads a document."""
+
+# What the model is reminded of right after its classification block, per mode.
+MODE_OPENERS = {
+    Mode.MODE_INSTANT: "<answer>",
+    Mode.MODE_REASONING: "<reasoning>",
+    Mode.MODE_AGENTIC: "<plan>",
+}
+
+
+def messages(query: str, assistant_prefix: str = "") -> list[dict[str, str]]:
+    """Chat messages for a query; a non-empty prefix is the assistant turn to continue."""
+    chat = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": query}]
+    if assistant_prefix:
+        chat.append({"role": "assistant", "content": assistant_prefix})
+    return chat

@@ -1,0 +1,1 @@
+"""Executor service: runs an episode end to end and streams its events."""

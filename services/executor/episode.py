@@ -1,0 +1,390 @@
+"""One episode, free of gRPC servicing: route, run the mode loop, call tools, account tokens and
+cost, score, store. Yields SolveEvents as things happen; the last one carries the stored
+trajectory.
+
+The whole episode is one assistant turn that grows: the routing prefix, then each generation,
+tool responses appended by the environment (A^2FM). The policy server keeps the chat template;
+the executor continues the assistant message (`continue_final_message`, as vLLM offers it)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from gearshift.common.v1.common_pb2 import (
+    Mode,
+    Plan,
+    PlanDecision,
+    PlanningStats,
+    TokenUsage,
+    ToolCall,
+    ToolResult,
+    Trajectory,
+    TrajectoryStatus,
+    Turn,
+)
+from gearshift.errors import GearshiftError, InvalidArgument
+from gearshift.executor.v1 import executor_pb2
+from gearshift.planner.v1 import planner_pb2, planner_pb2_grpc
+from gearshift.policy_client import PolicyClient
+from gearshift.pricing import CostTable
+from gearshift.protocol import a2fm, prompts
+from gearshift.protocol.sr2am import render_plan
+from gearshift.reward.v1 import reward_pb2, reward_pb2_grpc
+from gearshift.router.v1 import router_pb2, router_pb2_grpc
+from gearshift.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
+from gearshift.settings import ExecutorSettings, Limits
+from gearshift.store.v1 import store_pb2, store_pb2_grpc
+
+ROUTING_TURN = -1
+
+
+@dataclass
+class Downstream:
+    """The services an episode calls."""
+
+    router: router_pb2_grpc.RouterStub
+    planner: planner_pb2_grpc.PlannerStub
+    sandbox: sandbox_pb2_grpc.SandboxStub
+    reward: reward_pb2_grpc.RewardStub
+    store: store_pb2_grpc.TrajectoryStoreStub
+
+
+@dataclass
+class Budget:
+    max_steps: int
+    max_tokens: int
+    deadline: float  # time.monotonic() value
+
+    def exhausted(self, used_tokens: int) -> bool:
+        return used_tokens >= self.max_tokens or time.monotonic() >= self.deadline
+
+
+@dataclass
+class EpisodeState:
+    """What is known so far; becomes the stored trajectory."""
+
+    trajectory: Trajectory
+    transcript: str = ""  # the assistant turn so far
+    plan: Plan = field(default_factory=Plan)
+    plan_progress: int = 0
+    last_finish: str | None = None  # why the last generation stopped: "stop", "length", ...
+
+    @property
+    def used_tokens(self) -> int:
+        usage = self.trajectory.usage
+        return usage.input_tokens + usage.output_tokens
+
+
+def event(turn: int, **kind) -> executor_pb2.SolveEvent:
+    return executor_pb2.SolveEvent(turn=turn, **kind)
+
+
+def add_usage(total: TokenUsage, input_tokens: int, output_tokens: int) -> None:
+    total.input_tokens += input_tokens
+    total.output_tokens += output_tokens
+
+
+class EpisodeRunner:
+    """Runs episodes; one per executor process, shared by concurrent requests."""
+
+    def __init__(self, policy: PolicyClient, downstream: Downstream, config: ExecutorSettings, limits: Limits,
+                 costs: CostTable, model_version: str):
+        self.policy = policy
+        self.down = downstream
+        self.config = config
+        self.limits = limits
+        self.costs = costs
+        self.model_version = model_version
+        self._tools: frozenset[str] | None = None
+
+    # Entry point
+
+    async def solve(self, request: executor_pb2.SolveRequest) -> AsyncIterator[executor_pb2.SolveEvent]:
+        self._validate(request)
+        stored = await self._already_stored(request.trajectory_id)
+        if stored is not None:  # an idempotent retry: the episode already ran
+            yield event(ROUTING_TURN, final=executor_pb2.Final(trajectory=stored))
+            return
+        state = self._new_state(request)
+        started = time.monotonic()
+        budget = self._budget(request.budget, started)
+        try:
+            async for item in self._run(request, state, budget):
+                yield item
+        except asyncio.CancelledError:
+            state.trajectory.status = TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED
+            await asyncio.shield(self._finish(state, request, started, score=False))
+            raise
+        except (GearshiftError, grpc.aio.AioRpcError):
+            state.trajectory.status = TrajectoryStatus.TRAJECTORY_STATUS_FAILED
+            await asyncio.shield(self._finish(state, request, started, score=False))
+            raise
+        await self._finish(state, request, started, score=bool(request.reference_answer))
+        yield event(ROUTING_TURN, final=executor_pb2.Final(trajectory=state.trajectory))
+
+    async def _run(self, request, state: EpisodeState, budget: Budget) -> AsyncIterator[executor_pb2.SolveEvent]:
+        route = await self.down.router.Route(
+            router_pb2.RouteRequest(query=request.query, strategy=request.strategy, forced_mode=request.mode)
+        )
+        trajectory = state.trajectory
+        trajectory.mode = route.mode
+        trajectory.routing_strategy = route.strategy
+        trajectory.routing_rationale = route.rationale
+        add_usage(trajectory.usage, route.usage.input_tokens, route.usage.output_tokens)
+        yield event(ROUTING_TURN, mode_chosen=executor_pb2.ModeChosen(mode=route.mode, strategy=route.strategy, rationale=route.rationale))
+        state.transcript = route.assistant_prefix + prompts.MODE_OPENERS[route.mode]
+        loop = self._agentic if route.mode == Mode.MODE_AGENTIC else self._direct
+        async for item in loop(state, budget):
+            yield item
+        if not trajectory.status:
+            trajectory.status = TrajectoryStatus.TRAJECTORY_STATUS_BUDGET_EXHAUSTED
+
+    # Mode loops
+
+    async def _direct(self, state: EpisodeState, budget: Budget) -> AsyncIterator[executor_pb2.SolveEvent]:
+        """Instant and reasoning mode: generate until </answer>, continuing if cut by length."""
+        for index in range(budget.max_steps or self.config.max_steps_other):
+            if budget.exhausted(state.used_tokens):
+                return
+            turn = Turn(index=index)
+            async for item in self._generate(state, turn, stop=["</answer>"]):
+                yield item
+            state.trajectory.turns.append(turn)
+            answer = a2fm.tag_content(state.transcript, "answer")
+            if answer is not None and state.transcript.endswith("</answer>"):
+                yield self._answer(state, answer)
+                return
+            if state.last_finish != "length":  # the model stopped without closing its answer
+                yield self._answer(state, answer if answer is not None else _untagged(state.transcript))
+                return
+
+    async def _agentic(self, state: EpisodeState, budget: Budget) -> AsyncIterator[executor_pb2.SolveEvent]:
+        """Agentic mode: per turn regulate (and maybe plan), generate, run the tool calls."""
+        tools = await self._known_tools()
+        for index in range(budget.max_steps or self.config.max_steps_agentic):
+            if budget.exhausted(state.used_tokens):
+                return
+            turn = Turn(index=index)
+            started = time.monotonic()
+            yield await self._regulate(state, turn)
+            async for item in self._generate(state, turn, stop=list(a2fm.STOP_WORDS)):
+                yield item
+            step = a2fm.parse_agentic_step(turn.output, tools)
+            if step.answer is not None:
+                state.trajectory.turns.append(turn)
+                yield self._answer(state, step.answer)
+                return
+            for call in step.calls.calls if step.calls else []:
+                yield event(index, tool_call=call)
+            results = await self._run_tools(state, turn, step.calls)
+            for result in results:
+                yield event(index, tool_result=result)
+            state.plan_progress += 1 if turn.tool_calls else 0
+            turn.wall_seconds = time.monotonic() - started
+            state.trajectory.turns.append(turn)
+            if step.calls is None and state.last_finish != "length":
+                # Neither a call nor an answer: ask for the answer rather than loop on nothing.
+                async for item in self._force_answer(state, index + 1):
+                    yield item
+                return
+        # Steps used up: the trajectory ends without an answer (BUDGET_EXHAUSTED).
+
+    async def _force_answer(self, state: EpisodeState, index: int) -> AsyncIterator[executor_pb2.SolveEvent]:
+        turn = Turn(index=index)
+        state.transcript += "\n<answer>"
+        async for item in self._generate(state, turn, stop=["</answer>"]):
+            yield item
+        state.trajectory.turns.append(turn)
+        yield self._answer(state, a2fm.tag_content(state.transcript, "answer") or "")
+
+    # Pieces
+
+    async def _regulate(self, state: EpisodeState, turn: Turn) -> executor_pb2.SolveEvent:
+        belief = planner_pb2.BeliefState(
+            query=state.trajectory.query, history=state.trajectory.turns, current_plan=state.plan, plan_progress=state.plan_progress
+        )
+        decision = await self.down.planner.Regulate(planner_pb2.RegulateRequest(state=belief))
+        add_usage(turn.usage, decision.usage.input_tokens, decision.usage.output_tokens)
+        turn.plan_decision = decision.decision
+        if decision.decision == PlanDecision.PLAN_DECISION_PLAN_NEW:
+            planned = await self.down.planner.Plan(planner_pb2.PlanRequest(state=belief))
+            add_usage(turn.usage, planned.usage.input_tokens, planned.usage.output_tokens)
+            if planned.plan.steps:
+                state.plan, state.plan_progress = planned.plan, 0
+                turn.plan.CopyFrom(planned.plan)
+            else:
+                turn.plan_decision = PlanDecision.PLAN_DECISION_ACT  # the planner produced nothing usable
+        block = {
+            PlanDecision.PLAN_DECISION_PLAN_NEW: render_plan(turn.plan),
+            PlanDecision.PLAN_DECISION_CONTINUE: "Plan:",
+            PlanDecision.PLAN_DECISION_ACT: "Plan: None",
+        }[turn.plan_decision]
+        state.transcript += f"\n{block}\n" if turn.index else f"{block}\n"
+        return event(turn.index, plan=executor_pb2.PlanMade(decision=turn.plan_decision, plan=turn.plan))
+
+    async def _generate(self, state: EpisodeState, turn: Turn, stop: list[str]) -> AsyncIterator[executor_pb2.SolveEvent]:
+        """Continues the assistant turn, streaming chunks; closes a tag the stop word cut."""
+        remaining = self.config.max_tokens_per_turn
+        text, finish, usage = [], None, None
+        async for chunk in self.policy.stream_chat(
+            prompts.messages(state.trajectory.query, state.transcript),
+            max_tokens=remaining,
+            temperature=self.config.temperature,
+            top_p=self.config.top_p,
+            stop=stop,
+            continue_final_message=True,
+            add_generation_prompt=False,
+        ):
+            if chunk.text:
+                text.append(chunk.text)
+                yield event(turn.index, chunk=executor_pb2.OutputChunk(text=chunk.text))
+            finish, usage = chunk.finish_reason or finish, chunk.usage or usage
+        output = "".join(text)
+        if finish == "stop":
+            output += _closing_tag(state.transcript + output, stop)
+        state.last_finish = finish
+        state.transcript += output
+        turn.output += output
+        if usage is not None:
+            add_usage(turn.usage, usage.prompt_tokens, usage.completion_tokens)
+            add_usage(state.trajectory.usage, usage.prompt_tokens, usage.completion_tokens)
+
+    async def _run_tools(self, state: EpisodeState, turn: Turn, parsed: a2fm.ParsedCalls | None) -> list[ToolResult]:
+        """Runs the parsed calls in parallel; rejected calls become observations."""
+        observations: list[tuple[str, str]] = []
+        results: list[ToolResult] = []
+        if parsed is not None:
+            turn.tool_calls.extend(parsed.calls)
+            results = list(await asyncio.gather(*(self._execute(state.trajectory.id, call) for call in parsed.calls)))
+            turn.tool_results.extend(results)
+            observations = [(r.call_id, f"Error: {r.error}" if r.is_error else r.output) for r in results]
+            observations += [("?", f"Error: {error}") for error in parsed.errors]
+        if observations:
+            state.transcript += a2fm.tool_response(observations)
+        return results
+
+    async def _execute(self, trajectory_id: str, call: ToolCall) -> ToolResult:
+        request = sandbox_pb2.ExecuteRequest(call=call, trajectory_id=trajectory_id, timeout_seconds=self.config.tool_timeout_seconds)
+        try:
+            reply = await self.down.sandbox.Execute(request, timeout=self.config.tool_timeout_seconds + 5)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.INVALID_ARGUMENT:
+                raise
+            # The model's call was bad (arguments, size): tell the model, keep the episode going.
+            return ToolResult(call_id=call.id, name=call.name, is_error=True, error=exc.details() or "invalid call")
+        return reply.result
+
+    async def _known_tools(self) -> frozenset[str]:
+        if self._tools is None:
+            listed = await self.down.sandbox.ListTools(sandbox_pb2.ListToolsRequest())
+            self._tools = frozenset(tool.name for tool in listed.tools)
+        return self._tools
+
+    def _answer(self, state: EpisodeState, answer: str) -> executor_pb2.SolveEvent:
+        state.trajectory.answer = answer
+        state.trajectory.status = TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED
+        return event(state.trajectory.turns[-1].index if state.trajectory.turns else ROUTING_TURN, answer=executor_pb2.Answer(text=answer))
+
+    # Set-up and wrap-up
+
+    def _validate(self, request: executor_pb2.SolveRequest) -> None:
+        if not request.query.strip():
+            raise InvalidArgument("query is empty")
+        if len(request.query) > self.limits.max_query_chars:
+            raise InvalidArgument(f"query longer than {self.limits.max_query_chars} characters")
+        if len(request.reference_answer) > self.limits.max_answer_chars:
+            raise InvalidArgument(f"reference_answer longer than {self.limits.max_answer_chars} characters")
+        if request.mode not in Mode.values():
+            raise InvalidArgument(f"unknown mode {request.mode}")
+        budget = request.budget
+        if budget.max_steps < 0 or budget.max_tokens < 0 or budget.max_wall_seconds < 0:
+            raise InvalidArgument("budget fields must not be negative")
+        if request.trajectory_id:
+            try:
+                uuid.UUID(request.trajectory_id)
+            except ValueError:
+                raise InvalidArgument("trajectory_id must be a UUID") from None
+
+    def _budget(self, asked: executor_pb2.Budget, started: float) -> Budget:
+        return Budget(
+            max_steps=asked.max_steps,  # 0: the mode's default
+            max_tokens=asked.max_tokens or self.config.max_tokens,
+            deadline=started + (asked.max_wall_seconds or self.config.max_wall_seconds),
+        )
+
+    def _new_state(self, request: executor_pb2.SolveRequest) -> EpisodeState:
+        created = Timestamp()
+        created.GetCurrentTime()
+        trajectory = Trajectory(
+            id=request.trajectory_id or str(uuid.uuid4()),
+            query=request.query,
+            requested_mode=request.mode,
+            reference_answer=request.reference_answer,
+            task_source=request.task_source or "user",
+            split=request.split,
+            run_id=request.run_id,
+            model_version=self.model_version,
+            labels=dict(request.labels),
+            created_at=created,
+            usage=TokenUsage(),
+        )
+        return EpisodeState(trajectory)
+
+    async def _already_stored(self, trajectory_id: str) -> Trajectory | None:
+        if not trajectory_id:
+            return None
+        try:
+            reply = await self.down.store.Get(store_pb2.GetRequest(id=trajectory_id))
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            raise
+        return reply.trajectory
+
+    async def _finish(self, state: EpisodeState, request, started: float, score: bool) -> None:
+        """Stats, cost, reward, then the store: the trajectory is stored before the reply ends."""
+        trajectory = state.trajectory
+        trajectory.wall_seconds = time.monotonic() - started
+        trajectory.planning.CopyFrom(planning_stats(trajectory))
+        trajectory.cost.CopyFrom(self.costs.price_trajectory(trajectory))
+        if score and trajectory.status == TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED:
+            scored = await self.down.reward.Score(
+                reward_pb2.ScoreRequest(reference_answer=request.reference_answer, rollouts=[trajectory])
+            )
+            trajectory.reward.CopyFrom(scored.scored[0].reward)
+        await self.down.store.Put(store_pb2.PutRequest(trajectories=[trajectory]))
+
+
+def planning_stats(trajectory: Trajectory) -> PlanningStats:
+    """SR2AM metrics: planning frequency, mean plan depth, agent-generated tokens."""
+    planned = [turn for turn in trajectory.turns if turn.plan_decision]
+    new_plans = [turn for turn in planned if turn.plan_decision == PlanDecision.PLAN_DECISION_PLAN_NEW]
+    return PlanningStats(
+        planning_frequency=len(new_plans) / len(planned) if planned else 0.0,
+        mean_plan_depth=sum(len(t.plan.steps) for t in new_plans) / len(new_plans) if new_plans else 0.0,
+        reasoning_tokens=sum(turn.usage.output_tokens for turn in trajectory.turns),
+    )
+
+
+def _closing_tag(text: str, stop: list[str]) -> str:
+    """The stop word that ended the text: the closer of the last opened tag among the stops."""
+    best, where = "", -1
+    for word in stop:
+        opened = text.rfind("<" + word[2:])
+        if opened > where and opened >= text.rfind(word):
+            best, where = word, opened
+    return best
+
+
+def _untagged(text: str) -> str:
+    """A last-resort answer from text that never closed its tags: the text after the last tag."""
+    tail = text.rsplit(">", 1)[-1].strip()
+    return tail or text.strip()
+

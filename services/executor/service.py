@@ -1,0 +1,41 @@
+"""Executor wiring: channels to the other services and the policy client."""
+
+from __future__ import annotations
+
+from gearshift.clients import service_channel
+from gearshift.executor.v1 import executor_pb2, executor_pb2_grpc
+from gearshift.planner.v1 import planner_pb2_grpc
+from gearshift.policy_client import PolicyClient
+from gearshift.pricing import CostTable
+from gearshift.reward.v1 import reward_pb2_grpc
+from gearshift.router.v1 import router_pb2_grpc
+from gearshift.sandbox.v1 import sandbox_pb2_grpc
+from gearshift.server import Handler, Service
+from gearshift.services.executor.episode import Downstream, EpisodeRunner
+from gearshift.services.executor.servicer import ExecutorServicer
+from gearshift.settings import Settings
+from gearshift.store.v1 import store_pb2_grpc
+
+FULL_NAME = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_name
+
+
+async def build(settings: Settings) -> Service:
+    channels = {name: service_channel(name, settings) for name in ("router", "planner", "sandbox", "reward", "store")}
+    downstream = Downstream(
+        router=router_pb2_grpc.RouterStub(channels["router"]),
+        planner=planner_pb2_grpc.PlannerStub(channels["planner"]),
+        sandbox=sandbox_pb2_grpc.SandboxStub(channels["sandbox"]),
+        reward=reward_pb2_grpc.RewardStub(channels["reward"]),
+        store=store_pb2_grpc.TrajectoryStoreStub(channels["store"]),
+    )
+    policy = PolicyClient.from_settings(settings)
+    runner = EpisodeRunner(
+        policy, downstream, settings.executor, settings.limits, CostTable.from_prices(settings.prices), settings.policy_model
+    )
+
+    async def close() -> None:
+        await policy.aclose()
+        for channel in channels.values():
+            await channel.close()
+
+    return Service("executor", [Handler(executor_pb2_grpc.add_ExecutorServicer_to_server, ExecutorServicer(runner), FULL_NAME)], on_close=[close])

@@ -1,0 +1,1 @@
+"""Planner service: SR2AM System III (configurator) and System II (simulative planner)."""

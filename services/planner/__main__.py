@@ -1,0 +1,3 @@
+from gearshift.cli import serve_service
+
+serve_service("planner")

@@ -1,0 +1,143 @@
+"""SR2AM planning, free of gRPC. The policy decides and plans through prompts; when its reply
+does not parse, a rule decides instead, so a weak model never stalls the episode."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gearshift.common.v1.common_pb2 import Plan, PlanDecision, Turn
+from gearshift.errors import InvalidArgument
+from gearshift.policy_client import PolicyClient
+from gearshift.protocol.sr2am import parse_plan_block, render_plan
+from gearshift.settings import PlannerSettings
+
+REGULATE_PROMPT = """You regulate an agent's planning. Decide for the next turn:
+PLAN_NEW - write a new plan (no plan yet, the plan is used up, or the last result surprised us);
+CONTINUE - keep following the current plan;
+ACT - act directly without planning (the next step is obvious).
+Task: {query}
+Current plan: {plan}
+Steps of the plan done: {progress}
+Last result: {last}
+Answer with one word: PLAN_NEW, CONTINUE or ACT."""
+
+PLAN_PROMPT = """Plan the next steps of an agent as a simulation: from the current state, each action and the state it should lead to. Tools: python, web_search, crawl_page.
+Task: {query}
+Last result: {last}
+Write at most {horizon} steps in exactly this form:
+Plan:
+- Current State: <goal, givens, progress>
+- Action: <next action>
+- Expected Outcome: <predicted state>
+- Next Action: <...>
+- Expected Outcome: <...>"""
+
+_DECISION_WORDS = (
+    ("PLAN_NEW", PlanDecision.PLAN_DECISION_PLAN_NEW),
+    ("CONTINUE", PlanDecision.PLAN_DECISION_CONTINUE),
+    ("ACT", PlanDecision.PLAN_DECISION_ACT),
+)
+LAST_RESULT_CHARS = 400
+
+
+@dataclass
+class Belief:
+    query: str
+    history: list[Turn]
+    plan: Plan
+    progress: int
+
+
+@dataclass
+class Decision:
+    decision: int
+    rationale: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+@dataclass
+class PlanResult:
+    plan: Plan
+    text: str
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+
+def last_result(history: list[Turn]) -> str:
+    """The most recent tool output (or the last turn's text), clipped for the prompt."""
+    for turn in reversed(history):
+        if turn.tool_results:
+            return "\n".join(r.error or r.output for r in turn.tool_results)[:LAST_RESULT_CHARS]
+        if turn.output:
+            return turn.output[-LAST_RESULT_CHARS:]
+    return "none yet"
+
+
+def rule_decision(belief: Belief) -> int:
+    """SR2AM's intent without a model: plan when there is no usable plan or a step failed."""
+    if not belief.plan.steps or belief.progress >= len(belief.plan.steps):
+        return PlanDecision.PLAN_DECISION_PLAN_NEW
+    last = belief.history[-1] if belief.history else None
+    if last is not None and any(result.is_error for result in last.tool_results):
+        return PlanDecision.PLAN_DECISION_PLAN_NEW
+    return PlanDecision.PLAN_DECISION_CONTINUE
+
+
+def parse_decision(text: str) -> int | None:
+    words = re.findall(r"[A-Za-z_]+", text.upper())
+    for word in words:
+        for name, decision in _DECISION_WORDS:
+            if word == name or (name == "PLAN_NEW" and word in ("PLAN", "NEW")):
+                return decision
+    return None
+
+
+class SimulativePlanner:
+    def __init__(self, policy: PolicyClient, config: PlannerSettings):
+        self.policy = policy
+        self.config = config
+
+    async def regulate(self, belief: Belief) -> Decision:
+        _check(belief)
+        prompt = REGULATE_PROMPT.format(
+            query=belief.query,
+            plan=render_plan(belief.plan) if belief.plan.steps else "none",
+            progress=f"{belief.progress} of {len(belief.plan.steps)}",
+            last=last_result(belief.history),
+        )
+        reply = await self.policy.chat([{"role": "user", "content": prompt}], max_tokens=self.config.regulate_max_tokens, temperature=0.0)
+        decision = parse_decision(reply.content or "")
+        usable = decision is not None and not (decision == PlanDecision.PLAN_DECISION_CONTINUE and belief.progress >= len(belief.plan.steps))
+        if usable:
+            rationale = f"policy chose {PlanDecision.Name(decision)}"
+        else:
+            decision = rule_decision(belief)
+            rationale = f"policy reply {reply.content!r:.40} was not a usable decision; rule chose {PlanDecision.Name(decision)}"
+        return Decision(decision, rationale, reply.usage.prompt_tokens, reply.usage.completion_tokens)
+
+    async def plan(self, belief: Belief, max_horizon: int) -> PlanResult:
+        _check(belief)
+        horizon = min(max_horizon or self.config.max_horizon, self.config.max_horizon)
+        prompt = PLAN_PROMPT.format(query=belief.query, last=last_result(belief.history), horizon=horizon)
+        opener = "Plan:\n- Current State:"
+        reply = await self.policy.chat(
+            [{"role": "user", "content": prompt}, {"role": "assistant", "content": opener}],
+            max_tokens=self.config.max_tokens,
+            temperature=0.0,
+            stop=["<tool_call>", "<answer>"],
+            continue_final_message=True,
+            add_generation_prompt=False,
+        )
+        text = opener + (reply.content or "")
+        parsed = parse_plan_block(text)
+        plan = Plan(steps=list(parsed.plan.steps)[:horizon]) if parsed else Plan()
+        return PlanResult(plan, text, reply.usage.prompt_tokens, reply.usage.completion_tokens)
+
+
+def _check(belief: Belief) -> None:
+    if not belief.query.strip():
+        raise InvalidArgument("belief state has an empty query")
+    if belief.progress < 0:
+        raise InvalidArgument("plan_progress must not be negative")
