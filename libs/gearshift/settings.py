@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -50,12 +51,48 @@ class Limits(BaseModel):
 
 
 class SandboxSettings(BaseModel):
+    """The tool sandbox: python isolation limits, the warm pool, sessions, search and page visits."""
+
     timeout_seconds: float = Field(10.0, description="Default wall-clock limit of a python call")
     max_timeout_seconds: float = Field(30.0, description="Upper bound a caller may ask for")
     cpu_seconds: int = Field(20, description="CPU-time limit of a python call")
     memory_mb: int = Field(512, description="Address-space limit of a python call")
     max_output_chars: int = Field(8_000, description="stdout/stderr kept per call")
-    corpus_dir: Path | None = Field(None, description="Extra corpus documents (default: bundled sample)")
+    corpus_dir: Path | None = Field(None, description="Extra corpus documents (default: data_dir/corpus)")
+    include_sample_corpus: bool = Field(True, description="Also search the bundled sample corpus")
+    max_code_chars: int = Field(100_000, description="Longest accepted python code")
+    file_mb: int = Field(16, description="Largest file a python call may write")
+    max_processes: int = Field(32, description="Processes and threads a python call may run")
+    max_open_files: int = Field(64, description="Open files a python call may hold")
+    tmp_mb: int = Field(64, description="Size of a call's private writable /tmp")
+    tmp_inodes: int = Field(4_096, description="Files and directories a call may create in /tmp")
+    warm_workers: int = Field(4, description="Pre-started isolated python workers kept ready")
+    uid_base: int = Field(200_000, description="First uid of the range python workers run as (root only)")
+    uid_count: int = Field(10_000, description="Size of that uid range")
+    hidden_paths: list[Path] = Field(
+        default_factory=lambda: [Path("/root"), Path("/home"), Path("/work"), Path("/srv"), Path("/var/lib")],
+        description="Paths python code cannot see (plus data_dir and the service's own code)",
+    )
+    import_paths: list[Path] = Field(default_factory=list, description="Extra import paths for python code (e.g. a site-packages with numpy)")
+    preload_modules: list[str] = Field(
+        default_factory=lambda: ["math", "json", "re", "collections", "itertools", "fractions", "decimal", "statistics", "datetime", "random"],
+        description="Modules imported once in the zygote so calls start with them loaded",
+    )
+    max_sessions: int = Field(32, description="Most live stateful python sessions")
+    session_idle_seconds: float = Field(300.0, description="A session idle this long is closed")
+    session_cpu_seconds: int = Field(120, description="CPU-time budget of a whole session")
+    max_concurrency: int = Field(16, description="Tool calls running at once; more wait")
+    search_timeout_seconds: float = Field(10.0, description="Default limit of a web_search call")
+    page_timeout_seconds: float = Field(20.0, description="Default limit of a crawl_page call")
+    search_top_k: int = Field(5, description="Results a web_search returns by default")
+    max_top_k: int = Field(20, description="Most results a web_search may ask for")
+    search_backend: str = Field("bm25", description="web_search backend: bm25 (the corpus) or serper (HTTP)")
+    serper_url: str = Field("https://google.serper.dev/search", description="Serper-style search endpoint")
+    serper_api_key: SecretStr | None = Field(None, description="Key for the serper backend (GEARSHIFT_SANDBOX__SERPER_API_KEY)")
+    url_allowlist: list[str] = Field(default_factory=list, description="Hosts crawl_page may fetch (\".example.org\" = subdomains too)")
+    page_token_budget: int = Field(2_000, description="Page text kept per visit, in whitespace tokens")
+    max_page_bytes: int = Field(2_000_000, description="Largest page body fetched")
+    summarize_pages: bool = Field(False, description="Summarise visited pages toward the goal with the policy model")
 
 
 class PolicySettings(BaseModel):
@@ -113,6 +150,31 @@ class RewardSettings(BaseModel):
     judge_max_tokens: int = Field(512, gt=0, description="max_tokens of one judge completion")
 
 
+class RouterSettings(BaseModel):
+    default_strategy: Literal["model", "learned"] = Field("model", description="Strategy when the caller names none")
+    max_attempts: int = Field(3, ge=1, description="Classification attempts before falling back (A^2FM re-asks up to 10)")
+    retry_temperature: float = Field(1.0, ge=0, description="Sampling temperature of re-asks after an unknown label")
+    max_tokens: int = Field(64, ge=8, description="Tokens for the rationale and classification block")
+    fallback_mode: Literal["instant", "reasoning", "agentic"] = Field("instant", description="Mode when no attempt names a known label")
+
+
+class PlannerSettings(BaseModel):
+    max_horizon: int = Field(3, ge=1, description="Most steps in one simulative plan")
+    max_tokens: int = Field(160, ge=16, description="Tokens for one plan")
+    regulate_max_tokens: int = Field(8, ge=1, description="Tokens for one configurator decision")
+
+
+class ExecutorSettings(BaseModel):
+    max_steps_agentic: int = Field(6, ge=1, description="Most policy turns in agentic mode (A^2FM: 60; scaled for the CPU)")
+    max_steps_other: int = Field(2, ge=1, description="Most policy turns in instant and reasoning mode (A^2FM: 6)")
+    max_tokens_per_turn: int = Field(256, ge=8, description="Tokens the policy may generate per turn")
+    max_tokens: int = Field(8192, ge=64, description="Token budget of an episode, input and output together")
+    max_wall_seconds: float = Field(300.0, gt=0, description="Wall-clock budget of an episode")
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature (0 = greedy; A^2FM uses 1.0 on large models)")
+    top_p: float = Field(0.9, gt=0, le=1, description="Nucleus sampling mass")
+    tool_timeout_seconds: float = Field(10.0, gt=0, description="Limit of one tool call")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GEARSHIFT_", env_nested_delimiter="__", extra="ignore")
 
@@ -143,6 +205,9 @@ class Settings(BaseSettings):
     reward: RewardSettings = Field(default_factory=RewardSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
     policy: PolicySettings = Field(default_factory=PolicySettings)
+    router: RouterSettings = Field(default_factory=RouterSettings)
+    planner: PlannerSettings = Field(default_factory=PlannerSettings)
+    executor: ExecutorSettings = Field(default_factory=ExecutorSettings)
 
     def service_port(self, service: str) -> int:
         return self.port if self.port is not None else DEFAULT_PORTS[service]
