@@ -19,7 +19,9 @@ async def build(settings: Settings) -> Service:
     client = httpx.AsyncClient(timeout=config.judge_timeout_seconds) if config.judge_enabled else None
     judge = None
     if client is not None:
-        judge = LLMJudge(client, settings.policy_url, config.judge_model or settings.policy_model, config.judge_max_tokens)
+        api_key = settings.policy.api_key.get_secret_value() if settings.policy.api_key else None
+        model = config.judge_model or settings.policy_model
+        judge = LLMJudge(client, settings.policy_url, model, config.judge_max_tokens, api_key)
     scorer = RewardScorer(settings, judge)
 
     async def close() -> None:

@@ -20,7 +20,7 @@ def scripted_chat_server(respond: Callable[[str], str | int]):
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802 - the http.server API
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            requests.append({"path": self.path, "body": body})
+            requests.append({"path": self.path, "body": body, "authorization": self.headers.get("Authorization")})
             reply = respond(body["messages"][-1]["content"])
             if isinstance(reply, int):
                 self.send_response(reply)

@@ -41,7 +41,7 @@ async def test_judge_over_http():
             with pytest.raises(Unavailable, match="503"):
                 await judge.judge("Capital of France?", "Lyon", "Paris")
     sent = requests[0]
-    assert sent["path"] == "/v1/chat/completions"
+    assert sent["path"] == "/v1/chat/completions" and sent["authorization"] is None
     assert sent["body"]["model"] == "judge-model" and sent["body"]["temperature"] == 0.0
     prompt = sent["body"]["messages"][0]["content"]
     assert "It is Paris." in prompt and '"judgement"' in prompt

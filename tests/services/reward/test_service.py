@@ -7,6 +7,7 @@ import math
 
 import grpc
 import pytest
+from pydantic import SecretStr
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gearshift.clients import channel
@@ -179,7 +180,11 @@ async def test_the_judge_when_enabled(settings):
 
     with scripted_chat_server(respond) as (url, requests):
         judged = settings.model_copy(
-            update={"policy_url": url, "reward": settings.reward.model_copy(update={"judge_enabled": True})}
+            update={
+                "policy_url": url,
+                "policy": settings.policy.model_copy(update={"api_key": SecretStr("policy-key")}),
+                "reward": settings.reward.model_copy(update={"judge_enabled": True}),
+            }
         )
         group = [rollout(INSTANT, "the city of Paris"), rollout(INSTANT, "Lyon"), rollout(INSTANT, "the city of Paris")]
         async with reward_service(judged) as (stub, _):
@@ -187,3 +192,4 @@ async def test_the_judge_when_enabled(settings):
     assert [s.reward.correct for s in reply.scored] == [True, False, True]
     assert {s.reward.verifier for s in reply.scored} == {"judge"}
     assert len(requests) == 2  # the repeated answer was judged once
+    assert {r["authorization"] for r in requests} == {"Bearer policy-key"}
