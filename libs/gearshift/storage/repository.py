@@ -16,6 +16,7 @@ from gearshift.errors import AlreadyExists, NotFound
 from gearshift.storage.codec import (
     checkpoint_from_row,
     checkpoint_row,
+    microseconds,
     reward_columns,
     trajectory_from_row,
     trajectory_row,
@@ -62,7 +63,7 @@ class Keyset:
 
     @classmethod
     def of(cls, trajectory: Trajectory) -> Keyset:
-        return cls(trajectory.created_at.ToMicroseconds(), trajectory.id)
+        return cls(microseconds(trajectory.created_at), trajectory.id)
 
 
 def _conditions(flt: TrajectoryFilter) -> list:
@@ -99,11 +100,14 @@ class TrajectoryRepository:
     def __init__(self, engine: Engine):
         self.engine = engine
         dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
-        # INSERT ... ON CONFLICT DO NOTHING RETURNING id: duplicates are skipped inside the
-        # database, and the returned ids count what was new. SQLAlchemy sends a batch as
-        # multi-row VALUES statements ("insertmanyvalues").
+        # INSERT ... ON CONFLICT DO NOTHING: duplicates are skipped inside the database, and
+        # the summed row count of the executemany says how many were new. Without RETURNING,
+        # psycopg pipelines one small prepared statement per row, which parses and binds far
+        # faster than the giant multi-row VALUES statements RETURNING would need.
         self._insert_trajectories = (
-            dialect.insert(trajectories).on_conflict_do_nothing(index_elements=["id"]).returning(trajectories.c.id)
+            dialect.insert(trajectories)
+            .on_conflict_do_nothing(index_elements=["id"])
+            .execution_options(preserve_rowcount=True)  # keep the driver's summed count
         )
         self._insert_checkpoint = (
             dialect.insert(checkpoints).on_conflict_do_nothing(index_elements=["id"]).returning(checkpoints.c.id)
@@ -124,7 +128,7 @@ class TrajectoryRepository:
             return 0
         rows = [trajectory_row(trajectory) for trajectory in batch]
         with self._writing() as connection:
-            return len(connection.execute(self._insert_trajectories, rows).all())
+            return connection.execute(self._insert_trajectories, rows).rowcount
 
     def get(self, trajectory_id: str) -> Trajectory | None:
         stmt = select(trajectories.c.payload, trajectories.c.reward).where(trajectories.c.id == trajectory_id)
