@@ -4,6 +4,7 @@ next token. Synchronous; the engine runs it on its generation thread."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -54,6 +55,20 @@ def _first_stop(text: str, stops: list[str], start: int) -> int | None:
     return min(found) if found else None
 
 
+def _forward_for(model: torch.nn.Module) -> Callable:
+    """model(ids, cache) -> (logits, cache) across transformers versions: 5.x renamed
+    past_key_values to cache; only the last position's logits are computed where supported."""
+    parameters = inspect.signature(model.forward).parameters
+    name = "cache" if "cache" in parameters else "past_key_values"
+    extra = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
+
+    def forward(input_ids: torch.Tensor, cache: object) -> tuple[torch.Tensor, object]:
+        output = model(input_ids=input_ids, use_cache=True, **{name: cache}, **extra)
+        return output.logits, getattr(output, name)
+
+    return forward
+
+
 def generate(
     loaded: LoadedModel,
     prompt_ids: list[int],
@@ -69,15 +84,15 @@ def generate(
     generated: list[int] = []
     text, sent, finish = "", 0, "length"
     input_ids = torch.tensor([prompt_ids])
+    forward = _forward_for(loaded.model)
     past = None
     with torch.inference_mode():
         for _ in range(params.max_tokens):
             if cancelled():
                 finish = "cancelled"
                 break
-            output = loaded.model(input_ids=input_ids, past_key_values=past, use_cache=True)
-            past = output.past_key_values
-            token = pick_token(output.logits[0, -1], params, generator)
+            logits, past = forward(input_ids, past)
+            token = pick_token(logits[0, -1], params, generator)
             if token in stop_ids:
                 finish = "stop"
                 break
