@@ -72,5 +72,22 @@ def status(timeout: float) -> None:
     sys.exit(0 if all(state == "SERVING" for _, state in results.values()) else 1)
 
 
+@main.group()
+def corpus() -> None:
+    """Manage the sandbox's search corpus."""
+
+
+@corpus.command("add")
+@click.argument("path", type=click.Path(exists=True))
+def corpus_add(path: str) -> None:
+    """Ingest a text, Markdown or JSONL file (or a folder of them) into the corpus."""
+    from gearshift.services.sandbox.corpus import CorpusError, ingest
+
+    try:
+        click.echo(ingest(path, get_settings()))
+    except CorpusError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
 if __name__ == "__main__":
     main()
