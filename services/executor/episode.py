@@ -139,7 +139,7 @@ class EpisodeRunner:
         trajectory.routing_rationale = route.rationale
         add_usage(trajectory.usage, route.usage.input_tokens, route.usage.output_tokens)
         yield event(ROUTING_TURN, mode_chosen=executor_pb2.ModeChosen(mode=route.mode, strategy=route.strategy, rationale=route.rationale))
-        state.transcript = route.assistant_prefix + prompts.MODE_OPENERS[route.mode]
+        state.transcript = a2fm.episode_prefix(route.mode, route.rationale)
         loop = self._agentic if route.mode == Mode.MODE_AGENTIC else self._direct
         async for item in loop(state, budget):
             yield item
@@ -226,7 +226,9 @@ class EpisodeRunner:
             PlanDecision.PLAN_DECISION_CONTINUE: "Plan:",
             PlanDecision.PLAN_DECISION_ACT: "Plan: None",
         }[turn.plan_decision]
-        state.transcript += f"\n{block}\n" if turn.index else f"{block}\n"
+        block = f"\n{block}\n" if turn.index else f"{block}\n{prompts.AGENTIC_OPENER}"
+        state.transcript += block
+        turn.output += block  # part of the assistant's text: the stored turn replays it
         return event(turn.index, plan=executor_pb2.PlanMade(decision=turn.plan_decision, plan=turn.plan))
 
     async def _generate(self, state: EpisodeState, turn: Turn, stop: list[str]) -> AsyncIterator[executor_pb2.SolveEvent]:
@@ -257,17 +259,15 @@ class EpisodeRunner:
             add_usage(state.trajectory.usage, usage.prompt_tokens, usage.completion_tokens)
 
     async def _run_tools(self, state: EpisodeState, turn: Turn, parsed: a2fm.ParsedCalls | None) -> list[ToolResult]:
-        """Runs the parsed calls in parallel; rejected calls become observations."""
-        observations: list[tuple[str, str]] = []
-        results: list[ToolResult] = []
-        if parsed is not None:
-            turn.tool_calls.extend(parsed.calls)
-            results = list(await asyncio.gather(*(self._execute(state.trajectory.id, call) for call in parsed.calls)))
-            turn.tool_results.extend(results)
-            observations = [(r.call_id, f"Error: {r.error}" if r.is_error else r.output) for r in results]
-            observations += [("?", f"Error: {error}") for error in parsed.errors]
-        if observations:
-            state.transcript += a2fm.tool_response(observations)
+        """Runs the parsed calls in parallel. Rejected calls become error results too, so the
+        model is told what was wrong and the stored turn replays exactly what it saw."""
+        if parsed is None:
+            return []
+        turn.tool_calls.extend(parsed.calls)
+        results = list(await asyncio.gather(*(self._execute(state.trajectory.id, call) for call in parsed.calls)))
+        results += [ToolResult(call_id=f"rejected-{n}", is_error=True, error=error) for n, error in enumerate(parsed.errors, 1)]
+        turn.tool_results.extend(results)
+        state.transcript += a2fm.tool_response_of(results)
         return results
 
     async def _execute(self, trajectory_id: str, call: ToolCall) -> ToolResult:

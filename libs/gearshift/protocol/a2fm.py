@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass, field
 
 from gearshift.common.v1.common_pb2 import Mode, ToolCall
+from gearshift.protocol.prompts import MODE_OPENERS
 
 LABELS = {
     "default_agent": Mode.MODE_INSTANT,
@@ -126,6 +127,29 @@ def tool_response(results: list[tuple[str, str]]) -> str:
     """Assembles the environment's reply: (call id, output) pairs, errors included."""
     parts = [f"Results for tool call {call_id}:\n{output}" for call_id, output in results]
     return "<tool_response>\n" + "\n".join(parts) + "\n</tool_response>\n"
+
+
+def tool_response_of(results) -> str:
+    """The tool response for ToolResults: the output, or the error the model should read."""
+    if not results:
+        return ""
+    return tool_response([(r.call_id, f"Error: {r.error}" if r.is_error else r.output.rstrip("\n")) for r in results])
+
+
+def episode_prefix(mode: int, routing_rationale: str) -> str:
+    """The assistant text before the first turn: rationale, classification block, mode opener.
+    A forced mode's rationale is its injected justification, so both cases read the same."""
+    head = f"{routing_rationale}\n" if routing_rationale else ""
+    return head + classification_block(mode) + MODE_OPENERS[mode]
+
+
+def render_transcript(trajectory) -> str:
+    """Rebuilds the whole assistant turn of a stored trajectory, tool responses included."""
+    parts = [episode_prefix(trajectory.mode, trajectory.routing_rationale)]
+    for turn in trajectory.turns:
+        parts.append(turn.output)
+        parts.append(tool_response_of(turn.tool_results))
+    return "".join(parts)
 
 
 @dataclass

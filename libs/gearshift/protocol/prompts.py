@@ -16,12 +16,14 @@ toolcalling_agent: write a <plan>...</plan>, then call tools in <tool_call>...</
 Results come back in <tool_response>. Finish with <answer>...</answer>.
 Tools: python(code) runs Python and returns what it prints; web_search(query) searches documents; crawl_page(id, query) reads a document."""
 
-# What the model is reminded of right after its classification block, per mode.
+# Injected right after the classification block, so even a small model starts in its mode's
+# format. Agentic mode opens its <plan> after the first SR2AM plan block (see the executor).
 MODE_OPENERS = {
     Mode.MODE_INSTANT: "<answer>",
     Mode.MODE_REASONING: "<reasoning>",
-    Mode.MODE_AGENTIC: "<plan>",
+    Mode.MODE_AGENTIC: "",
 }
+AGENTIC_OPENER = "<plan>"
 
 
 def messages(query: str, assistant_prefix: str = "") -> list[dict[str, str]]:
