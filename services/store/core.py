@@ -5,20 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
+from sqlalchemy.exc import OperationalError
+
 from gearshift.common.v1.common_pb2 import Checkpoint, CheckpointStatus, Reward, Trajectory
-from gearshift.errors import InvalidArgument, NotFound
+from gearshift.errors import InvalidArgument, NotFound, Unavailable
 from gearshift.services.store import validation as check
 from gearshift.services.store.paging import decode_page_token, encode_page_token
 from gearshift.settings import Limits, StoreSettings
 from gearshift.storage.repository import Keyset, TrajectoryFilter, TrajectoryRepository
 
 T = TypeVar("T")
+
+log = logging.getLogger("gearshift.store")
 
 
 def now_us() -> int:
@@ -47,7 +52,12 @@ class TrajectoryStore:
         self._pool = ThreadPoolExecutor(max_workers=store.db_threads, thread_name_prefix="store-db")
 
     async def _blocking(self, fn: Callable[..., T], *args, **kwargs) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
+        except OperationalError as exc:
+            # Lost connections, a database that is down or locked: worth a retry by the caller.
+            log.warning("store database unavailable: %s", exc.orig or exc)
+            raise Unavailable("the store's database is unavailable; retry later") from exc
 
     async def close(self) -> None:
         self._pool.shutdown(wait=True)

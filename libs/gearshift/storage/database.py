@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from alembic import command
@@ -59,6 +60,7 @@ def upgrade_to_head(engine: Engine) -> None:
     """Brings the schema to the newest migration (idempotent; safe with several replicas
     starting at once on Postgres, which serialise on an advisory lock in env.py)."""
     config = alembic_config()
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # start-up noise
     with engine.connect() as connection:
         connection = connection.execution_options(**{WRITE: True})
         config.attributes["connection"] = connection
