@@ -63,9 +63,11 @@ def up(data_dir: str | None, base_port: int | None, no_policy: bool) -> None:
 @click.option("--timeout", type=float, default=2.0, help="Seconds to wait for each service")
 def status(timeout: float) -> None:
     """Check each service's gRPC health."""
-    from gearshift.stack import check_health
+    from gearshift.stack import check_health, policy_health
 
-    results = asyncio.run(check_health(get_settings(), timeout))
+    settings = get_settings()
+    results = asyncio.run(check_health(settings, timeout))
+    results["policy"] = (settings.policy_url, policy_health(settings.policy_url))
     width = max(map(len, results))
     for name, (address, state) in results.items():
         click.echo(f"{name:<{width}}  {address:<22} {state}")
@@ -87,6 +89,107 @@ def corpus_add(path: str) -> None:
         click.echo(ingest(path, get_settings()))
     except CorpusError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+@main.command()
+@click.argument("question")
+@click.option("--mode", type=click.Choice(["auto", "instant", "reasoning", "agentic"]), default="auto", show_default=True)
+@click.option("--reference", default="", help="Reference answer; the trajectory is then scored")
+@click.option("--max-steps", type=int, default=0, help="Turn budget (0 = the mode's default)")
+@click.option("--json", "as_json", is_flag=True, help="Print the stored trajectory as JSON instead of the live view")
+def solve(question: str, mode: str, reference: str, max_steps: int, as_json: bool) -> None:
+    """Answer a question through the executor, showing mode, plan, tool calls and answer live."""
+    import grpc
+    from rich.console import Console
+
+    from gearshift import console as view
+    from gearshift.clients import service_channel
+    from gearshift.executor.v1 import executor_pb2, executor_pb2_grpc
+
+    request = executor_pb2.SolveRequest(
+        query=question, mode=view.MODE_BY_NAME[mode], reference_answer=reference, budget=executor_pb2.Budget(max_steps=max_steps)
+    )
+    out = Console()
+    live = None if as_json else view.LiveView(out)
+
+    async def run():
+        async with service_channel("executor") as channel:
+            async for item in executor_pb2_grpc.ExecutorStub(channel).Solve(request):
+                if live:
+                    live.show(item)
+                if item.WhichOneof("event") == "final":
+                    return item.final.trajectory
+
+    try:
+        trajectory = asyncio.run(run())
+    except grpc.aio.AioRpcError as exc:
+        raise click.ClickException(f"{exc.code().name}: {exc.details()}") from None
+    if as_json:
+        click.echo(view.as_json(trajectory))
+    else:
+        out.print(view.summary_table(trajectory))
+        out.print(f"trajectory {trajectory.id}")
+
+
+@main.group()
+def trajectories() -> None:
+    """Read stored trajectories."""
+
+
+@trajectories.command("list")
+@click.option("--limit", type=int, default=20, show_default=True)
+@click.option("--mode", type=click.Choice(["instant", "reasoning", "agentic"]), default=None)
+@click.option("--source", default="", help="Only this task source")
+def trajectories_list(limit: int, mode: str | None, source: str) -> None:
+    """List the newest trajectories."""
+    from rich.console import Console
+
+    from gearshift import console as view
+    from gearshift.store.v1 import store_pb2
+
+    query = store_pb2.QueryRequest(
+        filter=store_pb2.TrajectoryFilter(modes=[view.MODE_BY_NAME[mode]] if mode else [], task_source=source), page_size=limit
+    )
+    page = _store_call(lambda stub: stub.Query(query))
+    Console().print(view.trajectories_table(list(page.trajectories)))
+
+
+@trajectories.command("show")
+@click.argument("trajectory_id")
+@click.option("--json", "as_json", is_flag=True, help="The whole trajectory as JSON")
+def trajectories_show(trajectory_id: str, as_json: bool) -> None:
+    """Show one trajectory: its transcript and its figures."""
+    from rich.console import Console
+
+    from gearshift import console as view
+    from gearshift.protocol.a2fm import render_transcript
+    from gearshift.store.v1 import store_pb2
+
+    trajectory = _store_call(lambda stub: stub.Get(store_pb2.GetRequest(id=trajectory_id))).trajectory
+    if as_json:
+        click.echo(view.as_json(trajectory))
+        return
+    out = Console()
+    out.print(f"[bold]query[/] {trajectory.query}")
+    out.print(render_transcript(trajectory), markup=False, highlight=False)
+    out.print(view.summary_table(trajectory))
+
+
+def _store_call(call):
+    """Runs one store rpc; gRPC errors become a one-line CLI message."""
+    import grpc
+
+    from gearshift.clients import service_channel
+    from gearshift.store.v1 import store_pb2_grpc
+
+    async def run():
+        async with service_channel("store") as channel:
+            return await call(store_pb2_grpc.TrajectoryStoreStub(channel))
+
+    try:
+        return asyncio.run(run())
+    except grpc.aio.AioRpcError as exc:
+        raise click.ClickException(f"{exc.code().name}: {exc.details()}") from None
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import grpc
+import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gearshift.clients import channel
@@ -37,6 +38,15 @@ async def check_health(settings: Settings, timeout: float = 2.0) -> dict[str, tu
     return dict(await asyncio.gather(*(one(name) for name in SERVICES)))
 
 
+def policy_health(policy_url: str) -> str:
+    """SERVING when the policy server's /health answers 200."""
+    try:
+        response = httpx.get(policy_url.removesuffix("/v1") + "/health", timeout=1.0)
+    except httpx.TransportError:
+        return "DOWN"
+    return "SERVING" if response.status_code == 200 else f"DOWN ({response.status_code})"
+
+
 class Stack:
     """Starts, watches and stops the service processes of the embedded default."""
 
@@ -44,12 +54,19 @@ class Stack:
         self.settings = settings
         self.data_dir = Path(data_dir).expanduser() if data_dir else settings.data_dir
         self.ports = {name: (base_port + i if base_port else DEFAULT_PORTS[name]) for i, name in enumerate(SERVICES)}
+        self.policy_port = base_port + len(SERVICES) if base_port else settings.policy.port
         self.with_policy = with_policy
         self.processes: dict[str, subprocess.Popen] = {}
+
+    @property
+    def policy_url(self) -> str:
+        return f"http://{self.settings.host}:{self.policy_port}/v1" if self.with_policy else self.settings.policy_url
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         env["GEARSHIFT_DATA_DIR"] = str(self.data_dir)
+        env["GEARSHIFT_POLICY_URL"] = self.policy_url
+        env["GEARSHIFT_POLICY__PORT"] = str(self.policy_port)
         for name, port in self.ports.items():
             env[f"GEARSHIFT_{name.upper()}_ADDR"] = f"{self.settings.host}:{port}"
         return env
@@ -57,6 +74,10 @@ class Stack:
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         env = self.environment()
+        if self.with_policy:
+            self.processes["policy"] = subprocess.Popen(
+                [sys.executable, "-m", "gearshift.cli", "serve-policy"], env=env, start_new_session=True
+            )
         for name in START_ORDER:
             port = self.ports[name]
             child_env = dict(env, GEARSHIFT_PORT=str(port), GEARSHIFT_METRICS_PORT=str(port + METRICS_PORT_OFFSET))
@@ -66,20 +87,23 @@ class Stack:
                 start_new_session=True,  # Ctrl-C reaches us; we stop the children in order
             )
 
-    def wait_ready(self, timeout: float = 60.0) -> dict[str, tuple[str, str]]:
+    def wait_ready(self, timeout: float = 180.0) -> dict[str, tuple[str, str]]:
+        """Waits until every service reports SERVING (and the policy server answers /health)."""
         settings = self.settings.model_copy(update={f"{n}_addr": f"{self.settings.host}:{p}" for n, p in self.ports.items()})
         deadline = time.monotonic() + timeout
         while True:
             dead = [n for n, p in self.processes.items() if p.poll() is not None]
             if dead:
-                raise RuntimeError(f"service(s) exited during start-up: {', '.join(dead)}")
+                raise RuntimeError(f"exited during start-up: {', '.join(dead)}")
             results = asyncio.run(check_health(settings, timeout=1.0))
+            if self.with_policy:
+                results["policy"] = (self.policy_url, policy_health(self.policy_url))
             if all(state == "SERVING" for _, state in results.values()) or time.monotonic() > deadline:
                 return results
-            time.sleep(0.2)
+            time.sleep(0.3)
 
     def stop(self, grace: float = 10.0) -> None:
-        for name in reversed(START_ORDER):
+        for name in ("executor", "router", "planner", "reward", "sandbox", "store", "policy"):
             process = self.processes.get(name)
             if process and process.poll() is None:
                 process.send_signal(signal.SIGTERM)
@@ -105,7 +129,10 @@ class Stack:
         try:
             results = self.wait_ready()
             for name, (address, state) in results.items():
-                print(f"{name:<9} {address:<22} {state}", flush=True)
+                print(f"{name:<9} {address:<30} {state}", flush=True)
+            if not all(state == "SERVING" for _, state in results.values()):
+                print("gearshift up: not every service became ready", file=sys.stderr)
+                return 1
             print(f"store: {self.settings.store_database_url() if self.settings.database_url else self.data_dir / 'store.db'}")
             print("gearshift is up; Ctrl-C stops it", flush=True)
             while not stopping:

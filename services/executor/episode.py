@@ -354,7 +354,7 @@ class EpisodeRunner:
         trajectory.wall_seconds = time.monotonic() - started
         trajectory.planning.CopyFrom(planning_stats(trajectory))
         trajectory.cost.CopyFrom(self.costs.price_trajectory(trajectory))
-        if score and trajectory.status == TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED:
+        if score:  # an episode that ran out of budget is scored too: it has no correct answer
             scored = await self.down.reward.Score(
                 reward_pb2.ScoreRequest(reference_answer=request.reference_answer, rollouts=[trajectory])
             )

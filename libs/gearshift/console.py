@@ -1,0 +1,86 @@
+"""What the CLI shows a person: the live view of an episode and stored trajectories."""
+
+from __future__ import annotations
+
+import json
+
+from google.protobuf.json_format import MessageToDict
+from rich.console import Console
+from rich.table import Table
+
+from gearshift.common.v1.common_pb2 import Mode, PlanDecision, RoutingStrategy, Trajectory, TrajectoryStatus
+from gearshift.executor.v1 import executor_pb2
+
+MODE = {Mode.MODE_INSTANT: "instant", Mode.MODE_REASONING: "reasoning", Mode.MODE_AGENTIC: "agentic"}
+MODE_BY_NAME = {name: mode for mode, name in MODE.items()} | {"auto": Mode.MODE_UNSPECIFIED}
+
+
+def status_name(status: int) -> str:
+    return TrajectoryStatus.Name(status).removeprefix("TRAJECTORY_STATUS_").lower()
+
+
+def as_json(trajectory: Trajectory) -> str:
+    return json.dumps(MessageToDict(trajectory, preserving_proto_field_name=True), indent=2)
+
+
+class LiveView:
+    """Prints an episode's events as they stream in."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.in_text = False
+
+    def show(self, item: executor_pb2.SolveEvent) -> None:
+        kind = item.WhichOneof("event")
+        if kind != "chunk" and self.in_text:
+            self.console.print()
+            self.in_text = False
+        if kind == "mode_chosen":
+            strategy = RoutingStrategy.Name(item.mode_chosen.strategy).removeprefix("ROUTING_STRATEGY_").lower()
+            self.console.print(f"[bold]mode[/] {MODE[item.mode_chosen.mode]} ({strategy}): {item.mode_chosen.rationale}")
+        elif kind == "plan":
+            decision = PlanDecision.Name(item.plan.decision).removeprefix("PLAN_DECISION_").lower()
+            steps = "; ".join(step.action for step in item.plan.plan.steps)
+            self.console.print(f"[bold cyan]turn {item.turn} plan[/] {decision}" + (f": {steps}" if steps else ""))
+        elif kind == "chunk":
+            self.console.print(item.chunk.text, end="", style="dim", markup=False, highlight=False)
+            self.in_text = True
+        elif kind == "tool_call":
+            self.console.print(f"[bold yellow]call {item.tool_call.id}[/] {item.tool_call.name} {item.tool_call.arguments_json}", markup=True)
+        elif kind == "tool_result":
+            result = item.tool_result
+            text = f"error: {result.error}" if result.is_error else result.output.strip()
+            self.console.print(f"[bold yellow]result {result.call_id}[/] {text[:300]}")
+        elif kind == "answer":
+            self.console.print(f"[bold green]answer[/] {item.answer.text}")
+
+
+def summary_table(trajectory: Trajectory) -> Table:
+    table = Table(show_header=True, header_style="bold")
+    for column in ("mode", "status", "turns", "tool calls", "input tok", "output tok", "cost $", "reward", "seconds"):
+        table.add_column(column)
+    reward = trajectory.reward
+    scored = trajectory.HasField("reward")
+    table.add_row(
+        MODE.get(trajectory.mode, "?"),
+        status_name(trajectory.status),
+        str(len(trajectory.turns)),
+        str(sum(len(turn.tool_calls) for turn in trajectory.turns)),
+        str(trajectory.usage.input_tokens),
+        str(trajectory.usage.output_tokens),
+        f"{trajectory.cost.total_usd:.6f}",
+        (f"{reward.value:.2f} ({'correct' if reward.correct else 'wrong'})" if scored else "-"),
+        f"{trajectory.wall_seconds:.1f}",
+    )
+    return table
+
+
+def trajectories_table(trajectories: list[Trajectory]) -> Table:
+    table = Table(show_header=True, header_style="bold")
+    for column in ("id", "created", "mode", "status", "correct", "cost $", "query"):
+        table.add_column(column, overflow="ellipsis", no_wrap=column != "query")
+    for t in trajectories:
+        correct = ("yes" if t.reward.correct else "no") if t.HasField("reward") else "-"
+        created = t.created_at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S")
+        table.add_row(t.id, created, MODE.get(t.mode, "?"), status_name(t.status), correct, f"{t.cost.total_usd:.6f}", t.query[:80])
+    return table
