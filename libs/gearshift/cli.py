@@ -103,25 +103,14 @@ def solve(question: str, mode: str, reference: str, max_steps: int, as_json: boo
     from rich.console import Console
 
     from gearshift import console as view
-    from gearshift.clients import service_channel
-    from gearshift.executor.v1 import executor_pb2, executor_pb2_grpc
+    from gearshift.executor.v1 import executor_pb2
 
     request = executor_pb2.SolveRequest(
         query=question, mode=view.MODE_BY_NAME[mode], reference_answer=reference, budget=executor_pb2.Budget(max_steps=max_steps)
     )
     out = Console()
-    live = None if as_json else view.LiveView(out)
-
-    async def run():
-        async with service_channel("executor") as channel:
-            async for item in executor_pb2_grpc.ExecutorStub(channel).Solve(request):
-                if live:
-                    live.show(item)
-                if item.WhichOneof("event") == "final":
-                    return item.final.trajectory
-
     try:
-        trajectory = asyncio.run(run())
+        trajectory = asyncio.run(view.solve(get_settings(), request, None if as_json else view.LiveView(out)))
     except grpc.aio.AioRpcError as exc:
         raise click.ClickException(f"{exc.code().name}: {exc.details()}") from None
     if as_json:
@@ -129,6 +118,43 @@ def solve(question: str, mode: str, reference: str, max_steps: int, as_json: boo
     else:
         out.print(view.summary_table(trajectory))
         out.print(f"trajectory {trajectory.id}")
+
+
+DEMO_QUESTIONS = (
+    ("What is the capital of France?", "auto", "Paris"),
+    ("What is 17*23?", "agentic", "391"),
+    ("Tom has 3 boxes of 12 apples and eats 5. How many apples are left?", "reasoning", "31"),
+)
+
+
+@main.command()
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Where the SQLite store lives")
+@click.option("--base-port", type=int, default=None, help="First of seven consecutive ports")
+def demo(data_dir: str | None, base_port: int | None) -> None:
+    """Start the embedded stack, solve a few example questions live, then stop it."""
+    from rich.console import Console
+
+    from gearshift import console as view
+    from gearshift.executor.v1 import executor_pb2
+    from gearshift.stack import Stack
+
+    out = Console()
+    stack = Stack(get_settings(), data_dir=data_dir, base_port=base_port)
+    stack.start()
+    try:
+        results = stack.wait_ready()
+        down = [name for name, (_, state) in results.items() if state != "SERVING"]
+        if down:
+            raise click.ClickException(f"not ready: {', '.join(down)}")
+        settings = stack.client_settings()
+        for question, mode, reference in DEMO_QUESTIONS:
+            out.rule(f"{question}  [dim](mode {mode}, reference {reference})[/]")
+            request = executor_pb2.SolveRequest(query=question, mode=view.MODE_BY_NAME[mode], reference_answer=reference)
+            trajectory = asyncio.run(view.solve(settings, request, view.LiveView(out)))
+            out.print(view.summary_table(trajectory))
+        out.print(f"stored in {stack.data_dir / 'store.db'}; read them with `gearshift trajectories list`")
+    finally:
+        stack.stop()
 
 
 @main.group()

@@ -9,7 +9,9 @@ from rich.console import Console
 from rich.table import Table
 
 from gearshift.common.v1.common_pb2 import Mode, PlanDecision, RoutingStrategy, Trajectory, TrajectoryStatus
-from gearshift.executor.v1 import executor_pb2
+from gearshift.clients import service_channel
+from gearshift.executor.v1 import executor_pb2, executor_pb2_grpc
+from gearshift.settings import Settings
 
 MODE = {Mode.MODE_INSTANT: "instant", Mode.MODE_REASONING: "reasoning", Mode.MODE_AGENTIC: "agentic"}
 MODE_BY_NAME = {name: mode for mode, name in MODE.items()} | {"auto": Mode.MODE_UNSPECIFIED}
@@ -84,3 +86,14 @@ def trajectories_table(trajectories: list[Trajectory]) -> Table:
         created = t.created_at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S")
         table.add_row(t.id, created, MODE.get(t.mode, "?"), status_name(t.status), correct, f"{t.cost.total_usd:.6f}", t.query[:80])
     return table
+
+
+async def solve(settings: Settings, request: executor_pb2.SolveRequest, live: LiveView | None) -> Trajectory:
+    """Streams one Solve through the executor, showing events live; returns the stored trajectory."""
+    async with service_channel("executor", settings) as channel:
+        async for item in executor_pb2_grpc.ExecutorStub(channel).Solve(request):
+            if live:
+                live.show(item)
+            if item.WhichOneof("event") == "final":
+                return item.final.trajectory
+    raise RuntimeError("the executor closed the stream without a final event")

@@ -87,9 +87,14 @@ class Stack:
                 start_new_session=True,  # Ctrl-C reaches us; we stop the children in order
             )
 
+    def client_settings(self) -> Settings:
+        """Settings whose addresses point at this stack's services."""
+        addresses = {f"{name}_addr": f"{self.settings.host}:{port}" for name, port in self.ports.items()}
+        return self.settings.model_copy(update=addresses | {"policy_url": self.policy_url})
+
     def wait_ready(self, timeout: float = 180.0) -> dict[str, tuple[str, str]]:
         """Waits until every service reports SERVING (and the policy server answers /health)."""
-        settings = self.settings.model_copy(update={f"{n}_addr": f"{self.settings.host}:{p}" for n, p in self.ports.items()})
+        settings = self.client_settings()
         deadline = time.monotonic() + timeout
         while True:
             dead = [n for n, p in self.processes.items() if p.poll() is not None]

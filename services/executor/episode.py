@@ -308,7 +308,7 @@ class EpisodeRunner:
             raise InvalidArgument("budget fields must not be negative")
         if request.trajectory_id:
             try:
-                uuid.UUID(request.trajectory_id)
+                request.trajectory_id = str(uuid.UUID(request.trajectory_id))  # the store keeps canonical ids
             except ValueError:
                 raise InvalidArgument("trajectory_id must be a UUID") from None
 
