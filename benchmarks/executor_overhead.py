@@ -1,0 +1,108 @@
+"""The executor's own overhead per episode and per turn, with the model taken out.
+
+The policy is the ScriptedPolicy stand-in (answers instantly), so what remains is the
+platform: gRPC hops, the policy HTTP call, parsing, accounting, scoring and the store write.
+It is compared, in the same run and process, with the floor: a bare loopback gRPC unary
+round-trip (health Check) times the number of hops the episode makes. Tool execution time
+(reported by the sandbox) is subtracted: it is the tool's, not the executor's.
+
+    .venv/bin/python benchmarks/executor_overhead.py [--episodes 200] [--postgres URL]
+
+Goal (issue 3): overhead at most 1.5x the floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from gearshift.clients import channel
+from gearshift.common.v1.common_pb2 import Mode
+from gearshift.executor.v1 import executor_pb2, executor_pb2_grpc
+from gearshift.settings import Settings
+from gearshift.testing.scripted_policy import serve_scripted
+from gearshift.testing.stack import inprocess_stack
+
+SEARCH_CALL = "<tool_call>\n{'id': 1, 'name': 'web_search', 'arguments': {'query': 'capital of France'}}\n</tool_call>"
+
+# Hops per episode shape: client->executor, executor->router, ->policy per turn, ->planner per
+# agentic turn, ->sandbox per tool call, ->store.Put (no reference given, so no reward call).
+SHAPES = {
+    "instant": {"mode": Mode.MODE_INSTANT, "hops": 1 + 1 + 1 + 1, "turns": 1},
+    "agentic (1 tool turn + answer)": {"mode": Mode.MODE_AGENTIC, "hops": 1 + 1 + 2 * 2 + 1 + 1, "turns": 2},
+}
+
+
+def instant_model(body: dict) -> str:
+    messages = body.get("messages") or []
+    last = messages[-1]["content"] if messages else ""
+    if last.startswith("You regulate"):
+        return "ACT"
+    if "<tool_response>" in last:
+        return "<answer>Paris</answer>"
+    if last.rstrip().endswith("<answer>"):
+        return "Paris</answer>"
+    return "Searching.</plan>\n" + SEARCH_CALL
+
+
+async def bare_rtt(address: str, settings: Settings, n: int) -> float:
+    async with channel(address, settings) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        for _ in range(50):
+            await stub.Check(health_pb2.HealthCheckRequest())
+        samples = []
+        for _ in range(n):
+            started = time.perf_counter()
+            await stub.Check(health_pb2.HealthCheckRequest())
+            samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
+
+
+async def episode_times(settings: Settings, mode: int, n: int) -> tuple[float, float]:
+    """Median episode latency and median tool time, in seconds."""
+    latencies, tool_times = [], []
+    async with channel(settings.executor_addr, settings) as ch:
+        stub = executor_pb2_grpc.ExecutorStub(ch)
+        for index in range(n + 10):
+            started = time.perf_counter()
+            async for item in stub.Solve(executor_pb2.SolveRequest(query="What is the capital of France?", mode=mode)):
+                final = item
+            elapsed = time.perf_counter() - started
+            trajectory = final.final.trajectory
+            tools = sum(r.wall_seconds for turn in trajectory.turns for r in turn.tool_results)
+            if index >= 10:  # warm-up excluded
+                latencies.append(elapsed)
+                tool_times.append(tools)
+    return statistics.median(latencies), statistics.median(tool_times)
+
+
+async def main(episodes: int, postgres: str | None) -> None:
+    data_dir = tempfile.mkdtemp(prefix="gearshift-bench-")
+    settings = Settings(data_dir=data_dir, metrics_port=0, database_url=postgres)
+    async with serve_scripted(instant_model) as policy_url:
+        async with inprocess_stack(settings.model_copy(update={"policy_url": policy_url})) as stack:
+            rtt = await bare_rtt(stack.executor_addr, stack, episodes * 5)
+            print(f"bare loopback gRPC round-trip (median of {episodes * 5}): {rtt * 1e3:.3f} ms")
+            print(f"store: {'Postgres' if postgres else 'SQLite file'}; policy: ScriptedPolicy stand-in (answers instantly)")
+            print(f"{'episode':<32} {'hops':>4} {'median ms':>10} {'tool ms':>8} {'overhead ms':>12} {'floor ms':>9} {'ratio':>6} {'per turn ms':>12}")
+            for name, shape in SHAPES.items():
+                latency, tools = await episode_times(stack, shape["mode"], episodes)
+                overhead = latency - tools
+                floor = rtt * shape["hops"]
+                print(
+                    f"{name:<32} {shape['hops']:>4} {latency * 1e3:>10.2f} {tools * 1e3:>8.2f} {overhead * 1e3:>12.2f}"
+                    f" {floor * 1e3:>9.2f} {overhead / floor:>6.2f} {overhead / shape['turns'] * 1e3:>12.2f}"
+                )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--episodes", type=int, default=200, help="Measured episodes per shape")
+    parser.add_argument("--postgres", default=None, help="Store on this Postgres URL instead of a SQLite file")
+    args = parser.parse_args()
+    asyncio.run(main(args.episodes, args.postgres))
