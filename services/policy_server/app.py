@@ -3,16 +3,18 @@ in OpenAI's shape (bad input is a 400 with a message, never a crash)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import asdict
+from typing import TypeVar
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from gearshift.errors import GearshiftError, InvalidArgument, NotFound, ResourceExhausted, Unauthenticated, Unavailable
 from gearshift.services.policy_server.core import Job, PolicyEngine
@@ -21,6 +23,8 @@ from gearshift.services.policy_server.parsing import OutputSplitter, Piece, spli
 from gearshift.services.policy_server.schemas import ChatCompletionRequest, CompletionRequest, LoadRequest
 
 log = logging.getLogger("gearshift.policy_server.http")
+T = TypeVar("T")
+DISCONNECT_POLL_SECONDS = 0.2
 
 HTTP_STATUS = {InvalidArgument: 400, Unauthenticated: 401, NotFound: 404, ResourceExhausted: 429, Unavailable: 503}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
@@ -77,6 +81,10 @@ def create_app(engine: PolicyEngine) -> FastAPI:
     async def domain_error(request: Request, exc: GearshiftError) -> JSONResponse:
         return error_response(HTTP_STATUS.get(type(exc), 500), str(exc))
 
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, exc: ClientGone) -> Response:
+        return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("internal error on %s", request.url.path)
@@ -101,26 +109,30 @@ def create_app(engine: PolicyEngine) -> FastAPI:
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/completions", dependencies=[Depends(require_key)])
-    async def completions(body: CompletionRequest):
+    async def completions(body: CompletionRequest, request: Request):
         jobs = engine.completion_jobs(body)
         meta = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": engine.served_name}
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return _stream(_completion_events(engine, jobs[0], meta, include_usage))
-        results = [await engine.generate_all(job) for job in jobs]
+
+        async def generate_each() -> list[GenerationResult]:
+            return [await engine.generate_all(job) for job in jobs]
+
+        results = await _unless_disconnected(request, generate_each())
         choices = [
             {"index": i, "text": r.text, "finish_reason": r.finish_reason, "logprobs": None} for i, r in enumerate(results)
         ]
         return {**meta, "choices": choices, "usage": _usage(results)}
 
     @app.post("/v1/chat/completions", dependencies=[Depends(require_key)])
-    async def chat_completions(body: ChatCompletionRequest):
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
         job, parse_tools = engine.chat_job(body)
         meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": engine.served_name}
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             return _stream(_chat_events(engine, job, parse_tools, meta, include_usage))
-        result = await engine.generate_all(job)
+        result = await _unless_disconnected(request, engine.generate_all(job))
         output = split_output(result.text, parse_tools)
         message = {"role": "assistant", "content": output.content, "reasoning_content": output.reasoning_content}
         if output.tool_calls:
@@ -134,6 +146,25 @@ def create_app(engine: PolicyEngine) -> FastAPI:
         return asdict(await engine.switch(body.model, body.served_model_name))
 
     return app
+
+
+class ClientGone(Exception):
+    """The client hung up before its reply was ready."""
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Awaits work, cancelling it (and so the generation) when the client hangs up: a caller
+    that gave up must not keep the one generation thread busy."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                raise ClientGone()
+    finally:
+        task.cancel()
 
 
 def _stream(events: AsyncIterator[str]) -> StreamingResponse:

@@ -147,7 +147,12 @@ class PolicyEngine:
             raise InvalidArgument(f"tool_choice names {choice['function']['name']!r}, which is not among the tools")
         params = self._params(request)
         loaded = self._current
-        prompt = render_chat(loaded.tokenizer, messages, tools, choice)
+        try:
+            prompt = render_chat(loaded.tokenizer, messages, tools, choice)
+        except InvalidArgument:
+            raise
+        except Exception as exc:  # jinja raises whatever a template author chose (TemplateError, ...)
+            raise InvalidArgument(f"the model's chat template rejected these messages: {exc}") from None
         return self._job(loaded, prompt, params, special=False), use_tools
 
     # Running

@@ -202,3 +202,15 @@ async def test_a_client_that_goes_away_stops_its_generation(http, policy_server)
             break
         await asyncio.sleep(0.02)
     assert policy_server.engine.in_flight == 0
+
+
+async def test_a_caller_that_gives_up_on_a_plain_request_stops_its_generation(http, policy_server):
+    body = {"prompt": PROMPT, "max_tokens": 2000, "temperature": 0, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        await http.post("/completions", json=body, timeout=0.3)
+    for _ in range(100):
+        if policy_server.engine.in_flight == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert policy_server.engine.in_flight == 0
+    assert (await complete(http, max_tokens=3, ignore_eos=True))["usage"]["completion_tokens"] == 3
