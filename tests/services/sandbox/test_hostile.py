@@ -1,0 +1,166 @@
+"""Hostile code: every program is contained with a clear per-call error (or a harmless result)
+while the service keeps serving, and a trivial call answers at normal latency afterwards."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import grpc
+import pytest
+
+from gearshift.common.v1.common_pb2 import ToolResult
+from gearshift.services.sandbox import core
+from tests.services.sandbox.conftest import SERVICE_SECRET, run_python
+
+SERVICE_PID = os.getpid()  # the sandbox service runs inside the test process
+SERVICE_FILE = Path(core.__file__).resolve()
+ESCAPE_NAME = f"gearshift-escape-{uuid.uuid4().hex[:8]}"
+latencies: dict[str, float] = {}
+
+
+@dataclass
+class Hostile:
+    name: str
+    code: str
+    contained: Callable[[ToolResult], bool]
+    timeout: float = 0.0
+
+
+def error_has(*fragments: str) -> Callable[[ToolResult], bool]:
+    return lambda r: r.is_error and any(f in r.error for f in fragments)
+
+
+def output_has(*fragments: str) -> Callable[[ToolResult], bool]:
+    return lambda r: all(f in r.output for f in fragments)
+
+
+BATTERY = [
+    Hostile("fork bomb", "import os\nwhile True:\n    os.fork()", error_has("BlockingIOError", "timed out", "died"), 2.0),
+    Hostile("thread bomb", "import threading, time\nfor _ in range(10_000):\n    threading.Thread(target=time.sleep, args=(60,)).start()",
+            error_has("can't start new thread", "RuntimeError")),
+    Hostile("memory bomb, one allocation", "x = bytearray(1 << 34)", error_has("MemoryError")),
+    Hostile("memory bomb, growing list", "a = []\nwhile True:\n    a.append(' ' * 10**6)", error_has("MemoryError", "died")),
+    Hostile("cpu spin past the wall clock", "while True:\n    pass", error_has("timed out after 1 s"), 1.0),
+    Hostile("cpu spin past the cpu limit", "while True:\n    pass", error_has("CPU time limit exceeded", "died"), 6.0),
+    Hostile("ignores SIGTERM and spins", "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile True: pass",
+            error_has("timed out"), 0.5),
+    Hostile("endless output", "while True:\n    print('y' * 1000)",
+            lambda r: r.is_error and r.truncated and "output truncated after 2000 characters" in r.output),
+    Hostile("one endless line on stderr", "import os\nwhile True:\n    os.write(2, b'z' * 65536)",
+            lambda r: r.is_error and r.truncated and "output exceeded" in r.error),
+    Hostile("deep recursion", "def f(n):\n    return f(n + 1)\nf(0)", error_has("RecursionError")),
+    Hostile("recursion limit lifted", "import sys\nsys.setrecursionlimit(10**7)\ndef f(n):\n    return f(n + 1)\nf(0)",
+            error_has("died", "MemoryError", "RecursionError", "CPU time limit", "timed out"), 2.5),
+    Hostile("read /etc/shadow", "print(open('/etc/shadow').read())", error_has("PermissionError")),
+    Hostile("read own environment", "import os\nprint(dict(os.environ))\ntry:\n    print(open('/proc/self/environ').read())\n"
+            "except PermissionError:\n    print('denied')",
+            lambda r: not r.is_error and "'HOME': '/tmp'" in r.output and SERVICE_SECRET not in r.output and "GEARSHIFT" not in r.output),
+    Hostile("read the service's environment", f"print(open('/proc/{SERVICE_PID}/environ').read())",
+            error_has("FileNotFoundError", "PermissionError")),
+    Hostile("read the service's own files", f"print(open({str(SERVICE_FILE)!r}).read())",
+            error_has("FileNotFoundError", "PermissionError")),
+    Hostile("list the service's processes", "import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))",
+            lambda r: not r.is_error and r.output.strip() in ("[1]", "[1, 2]")),
+    Hostile("write outside the temp dir", "open('/usr/local/gearshift-escape', 'w').write('x')", error_has("Read-only file system")),
+    Hostile("append to /etc/passwd", "open('/etc/passwd', 'a').write('evil::0:0::/:/bin/sh\\n')",
+            error_has("Read-only file system", "PermissionError")),
+    Hostile("write to /dev/shm", "open('/dev/shm/gearshift-escape', 'w').write('x')", error_has("Read-only file system", "PermissionError")),
+    Hostile("write to the host's /tmp", f"open('/tmp/{ESCAPE_NAME}', 'w').write('x')\nprint('wrote')",
+            lambda r: not r.is_error and not Path(f"/tmp/{ESCAPE_NAME}").exists()),
+    Hostile("connect to Postgres", "import socket\nsocket.create_connection(('127.0.0.1', 5432), timeout=1)",
+            error_has("Network is unreachable", "network access is disabled")),
+    Hostile("connect to Redis", "import socket\ns = socket.socket()\ns.settimeout(1)\ns.connect(('127.0.0.1', 6379))",
+            error_has("Network is unreachable", "network access is disabled")),
+    Hostile("resolve a name", "import socket\nsocket.getaddrinfo('example.com', 80)", error_has("gaierror", "network access")),
+    Hostile("spawn a shell", "import subprocess\nr = subprocess.run(['sh', '-c', 'id -u; cat /etc/shadow; touch /etc/evil'], "
+            "capture_output=True, text=True)\nprint(r.stdout, r.stderr)",
+            lambda r: r.output.split()[0] not in ("0", "") and "root:" not in r.output and "Permission denied" in r.output),
+    Hostile("kill the parent", "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('still here')",
+            lambda r: "still here" in r.output or r.is_error),
+    Hostile("kill the service by pid", f"import os\nos.kill({SERVICE_PID}, 9)", error_has("ProcessLookupError", "PermissionError")),
+    Hostile("kill every process", "import os\nos.kill(-1, 9)", error_has("ProcessLookupError")),
+    Hostile("become root", "import os\nos.setuid(0)", error_has("PermissionError")),
+    Hostile("ctypes: setuid, mount and unshare", "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "print(libc.setuid(0), libc.mount(b'none', b'/usr', b'tmpfs', 0, None), libc.unshare(0x40000000))",
+            output_has("-1 -1 -1")),
+    Hostile("ctypes: null pointer read", "import ctypes\nctypes.string_at(0)", error_has("died")),
+    Hostile("os tricks: chroot, nice, raise limits", "import os, resource\nfor f in (lambda: os.chroot('/'), lambda: os.nice(-5), "
+            "lambda: resource.setrlimit(resource.RLIMIT_NPROC, (10**6, 10**6))):\n    try:\n        f()\n        print('allowed')\n"
+            "    except (PermissionError, ValueError) as e:\n        print('refused')",
+            lambda r: r.output.split() == ["refused"] * 3),
+    Hostile("daemon that outlives the call", "import os, time, ctypes\nif os.fork() == 0:\n    os.setsid()\n"
+            "    ctypes.CDLL(None).prctl(15, b'gs-escapee', 0, 0, 0)\n    time.sleep(60)\nprint('parent done')",
+            lambda r: "parent done" in r.output),
+    Hostile("forge a result on the control socket", "import os\nos.write(3, b'{\"ok\": true, \"marked\": true}\\n')\nwhile True: pass",
+            lambda r: r.wall_seconds < 4.0),
+    Hostile("close stdout and stderr", "import os\nos.close(1)\nos.close(2)\nx = 1", lambda r: r.wall_seconds < 3.0),
+    Hostile("fake end marker in output", "print('\\x00gearshift-end-000000000000000000000000\\x00 and more')",
+            output_has("and more")),
+    Hostile("zip bomb written to disk", "import zipfile, zlib\nwith zipfile.ZipFile('bomb.zip', 'w', zipfile.ZIP_DEFLATED) as z:\n"
+            "    for i in range(8):\n        z.writestr(f'part{i}', b'\\0' * (3 << 20))\n"
+            "zipfile.ZipFile('bomb.zip').extractall('out')", error_has("No space left on device", "File too large")),
+    Hostile("one file past the size limit", "open('big', 'wb').write(b'\\0' * (8 << 20))", error_has("File too large")),
+    Hostile("a million tiny files", "for i in range(1_000_000):\n    open(f'f{i}', 'w').close()", error_has("No space left on device")),
+    Hostile("too many open files", "files = [open('/dev/null') for _ in range(10_000)]", error_has("Too many open files")),
+    Hostile("unicode edge cases", "print('\\udcff lone surrogate', '\\u202e RTL', 'e\\u0301', '\\U0001F600', '\\u2028', '\\x00')\n"
+            "π = 3.14159\nprint(π)", lambda r: not r.is_error and "3.14159" in r.output and "\\udcff" in r.output),
+]
+
+
+async def test_baseline_latency(sandbox):
+    _, stub = sandbox
+    latencies["before"] = await _trivial_p50(stub)
+
+
+@pytest.mark.parametrize("program", BATTERY, ids=[h.name for h in BATTERY])
+async def test_hostile_program_is_contained(sandbox, program: Hostile):
+    _, stub = sandbox
+    result = await run_python(stub, program.code, timeout=program.timeout)
+    assert program.contained(result), f"{program.name}: is_error={result.is_error} error={result.error!r} output={result.output[:300]!r}"
+    if result.is_error:
+        assert result.error and "\n" not in result.error
+
+
+async def test_huge_code_string_is_refused(sandbox):
+    settings, stub = sandbox
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await run_python(stub, "#" * (settings.sandbox.max_code_chars + 1))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    near_limit = await run_python(stub, "x = 1\n" * (settings.sandbox.max_code_chars // 6 - 2) + "print(x)")
+    assert near_limit.output == "1\n"
+
+
+async def test_nothing_outlives_its_call():
+    time.sleep(0.3)
+    survivors = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _comm(p) == "gs-escapee"]
+    assert survivors == []
+
+
+async def test_service_still_answers_at_normal_latency(sandbox):
+    _, stub = sandbox
+    after = await _trivial_p50(stub)
+    assert after < 0.1, f"p50 after the battery {after * 1000:.1f} ms"
+    assert after < 5 * latencies["before"] + 0.02
+
+
+async def _trivial_p50(stub) -> float:
+    samples = []
+    for _ in range(15):
+        started = time.perf_counter()
+        result = await run_python(stub, "print(1 + 1)")
+        samples.append(time.perf_counter() - started)
+        assert result.output == "2\n"
+    return statistics.median(samples)
+
+
+def _comm(proc: Path) -> str:
+    try:
+        return (proc / "comm").read_text().strip()
+    except OSError:
+        return ""
