@@ -39,7 +39,7 @@ SCENARIOS = scenarios()
 SERVICE_MONITOR_SCHEMA = json.loads((CHART.parent.parent / "tests/charts/servicemonitor.schema.json").read_text())
 COMMON_KEYS = {
     "enabled", "image", "replicaCount", "resources", "autoscaling", "pdb", "serviceMonitor",
-    "securityContext", "nodeSelector", "tolerations", "affinity",
+    "securityContext", "nodeSelector", "tolerations", "affinity", "env", "envFromSecret",
 }
 
 
@@ -291,6 +291,7 @@ def test_vllm_policy_runs_on_gpu_nodes_with_configurable_parsers_and_weights_fro
         (("policy.vllm.enableAutoToolChoice=true", "policy.engine=vllm", "policy.image.repository=vllm/vllm-openai",
           "policy.image.tag=v0.33.0", "policy.vllm.weights.create=true"), "needs policy.vllm.toolCallParser"),
         (("worker.serviceMonitor.enabled=true",), "worker exposes no metrics port"),
+        (("policy.serviceMonitor.enabled=true",), "policy exposes no metrics port"),
         (("router.securityContext.runAsNonRoot=false",), "runAsNonRoot"),
         (("router.securityContext.allowPrivilegeEscalation=true",), "allowPrivilegeEscalation"),
         (("podSecurityContext.runAsUser=0",), "runAsUser"),
@@ -392,3 +393,13 @@ def test_every_component_template_goes_through_the_one_helper():
         source = (CHART / "templates" / component / f"{component}.yaml").read_text()
         assert 'include "gearshift.grpcService"' in source or 'include "gearshift.component"' in source, component
         assert "kind: Deployment" not in source, component
+
+
+def test_secret_settings_come_from_a_named_secret_and_vllm_metrics_are_scraped():
+    docs = render(("ci/gpu-agents-a1-values.yaml",))
+    policy = named(docs, "Deployment", name("policy"))["spec"]["template"]["spec"]["containers"][0]
+    assert policy["envFrom"] == [{"secretRef": {"name": "vllm-api-key"}}]
+    monitor = named(docs, "ServiceMonitor", name("policy"))
+    assert monitor["spec"]["endpoints"][0]["port"] == "http"
+    router = named(docs, "Deployment", name("router"))["spec"]["template"]["spec"]["containers"][0]
+    assert "envFrom" not in router

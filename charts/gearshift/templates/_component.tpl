@@ -97,6 +97,12 @@ spec:
           env:
             {{- toYaml . | nindent 12 }}
           {{- end }}
+          {{- with $v.envFromSecret }}
+          # Secret settings (API keys, ...): every key of this Secret becomes a variable.
+          envFrom:
+            - secretRef:
+                name: {{ . }}
+          {{- end }}
           {{- range $probe := list "startupProbe" "livenessProbe" "readinessProbe" }}
           {{- with index $container $probe }}
           {{ $probe }}:

@@ -53,6 +53,11 @@ template:
           {{- with include "gearshift.componentEnv" (dict "values" $t) | trim }}
           {{- . | nindent 10 }}
           {{- end }}
+        {{- with $t.envFromSecret }}
+        envFrom:
+          - secretRef:
+              name: {{ . }}
+        {{- end }}
         resources:
           {{- toYaml $resources | nindent 10 }}
         securityContext:
