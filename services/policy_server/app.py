@@ -15,6 +15,8 @@ from typing import TypeVar
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from gearshift.errors import GearshiftError, InvalidArgument, NotFound, ResourceExhausted, Unauthenticated, Unavailable
 from gearshift.services.policy_server.core import Job, PolicyEngine
@@ -58,6 +60,25 @@ def _sse(payload: dict | str) -> str:
 def _bearer(request: Request) -> str | None:
     header = request.headers.get("authorization", "")
     return header[7:] if header.lower().startswith("bearer ") else None
+
+
+class EngineCollector:
+    """Reads the engine's totals when Prometheus scrapes."""
+
+    def __init__(self, engine: PolicyEngine):
+        self.engine = engine
+
+    def collect(self):
+        tally = self.engine.tally
+        yield CounterMetricFamily("gearshift_policy_generations", "Finished generations", value=tally.generations)
+        yield CounterMetricFamily("gearshift_policy_prompt_tokens", "Prompt tokens read", value=tally.prompt_tokens)
+        yield CounterMetricFamily("gearshift_policy_completion_tokens", "Tokens generated", value=tally.completion_tokens)
+        yield CounterMetricFamily(
+            "gearshift_policy_generation_seconds", "Seconds from accepting to finishing generations (queueing included)",
+            value=tally.generation_seconds,
+        )
+        yield CounterMetricFamily("gearshift_policy_switches", "Checkpoint switches", value=tally.switches)
+        yield GaugeMetricFamily("gearshift_policy_in_flight", "Generations running or queued", value=self.engine.in_flight)
 
 
 def create_app(engine: PolicyEngine) -> FastAPI:
@@ -140,6 +161,13 @@ def create_app(engine: PolicyEngine) -> FastAPI:
         finish = "tool_calls" if output.tool_calls else result.finish_reason
         choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
         return {**meta, "object": "chat.completion", "choices": [choice], "usage": _usage([result])}
+
+    registry = CollectorRegistry()
+    registry.register(EngineCollector(engine))
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/load", dependencies=[Depends(require_admin)])
     async def load(body: LoadRequest) -> dict:

@@ -12,6 +12,7 @@ the old model is freed when the last of them ends.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -54,6 +55,17 @@ class SwitchReport:
     in_flight: int  # generations still running on the old model at the swap
 
 
+@dataclass
+class Tally:
+    """Running totals since start (served as Prometheus metrics on /metrics)."""
+
+    generations: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    generation_seconds: float = 0.0
+    switches: int = 0
+
+
 class PolicyEngine:
     """The one model of this process and the thread that generates with it."""
 
@@ -63,6 +75,7 @@ class PolicyEngine:
         self.served_name = settings.served_model_name
         self._current = loaded
         self._in_flight = 0
+        self.tally = Tally()
         self._switching = asyncio.Lock()
         self._worker = ThreadPoolExecutor(
             1, thread_name_prefix="policy-generate", initializer=self._pin_threads, initargs=(settings.threads,)
@@ -187,20 +200,27 @@ class PolicyEngine:
                 item = await queue.get()
                 if isinstance(item, Exception):
                     raise item
-                yield item
                 if isinstance(item, GenerationResult):
-                    elapsed = time.perf_counter() - started
-                    log.debug("%d tokens in %.2f s", item.completion_tokens, elapsed)
+                    self._count(item, time.perf_counter() - started)  # before the consumer may close us
+                    yield item
                     return
+                yield item
         finally:
             cancelled.set()
             self._in_flight -= 1
 
+    def _count(self, result: GenerationResult, seconds: float) -> None:
+        self.tally.generations += 1
+        self.tally.prompt_tokens += result.prompt_tokens
+        self.tally.completion_tokens += result.completion_tokens
+        self.tally.generation_seconds += seconds
+
     async def generate_all(self, job: Job) -> GenerationResult:
         """Runs a job to the end and returns its result (for non-streamed replies)."""
-        async for item in self.run(job):
-            if isinstance(item, GenerationResult):
-                return item
+        async with contextlib.aclosing(self.run(job)) as items:
+            async for item in items:
+                if isinstance(item, GenerationResult):
+                    return item
         raise RuntimeError("generation ended without a result")
 
     # Hot switch
@@ -213,6 +233,7 @@ class PolicyEngine:
             swap_started = time.perf_counter()
             in_flight = self._in_flight
             self._current = loaded
+            self.tally.switches += 1
             if served_name:
                 self.served_name = served_name
             done = time.perf_counter()

@@ -214,3 +214,16 @@ async def test_a_caller_that_gives_up_on_a_plain_request_stops_its_generation(ht
         await asyncio.sleep(0.02)
     assert policy_server.engine.in_flight == 0
     assert (await complete(http, max_tokens=3, ignore_eos=True))["usage"]["completion_tokens"] == 3
+
+
+async def test_metrics_count_the_tokens_served(http, policy_server):
+    def read(text: str, name: str) -> float:
+        return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+    url = str(policy_server.base_url).removesuffix("/v1") + "/metrics"
+    before = (await http.get(url)).text
+    await complete(http, max_tokens=5, ignore_eos=True)
+    after = (await http.get(url)).text
+    assert read(after, "gearshift_policy_completion_tokens_total") - read(before, "gearshift_policy_completion_tokens_total") == 5
+    assert read(after, "gearshift_policy_generations_total") == read(before, "gearshift_policy_generations_total") + 1
+    assert read(after, "gearshift_policy_in_flight") == 0
