@@ -67,6 +67,7 @@ class SandboxSettings(BaseModel):
     tmp_mb: int = Field(64, description="Size of a call's private writable /tmp")
     tmp_inodes: int = Field(4_096, description="Files and directories a call may create in /tmp")
     warm_workers: int = Field(4, description="Pre-started isolated python workers kept ready")
+    namespaces: bool = Field(True, description="Isolate python in network, pid and mount namespaces where permitted")
     uid_base: int = Field(200_000, description="First uid of the range python workers run as (root only)")
     uid_count: int = Field(10_000, description="Size of that uid range")
     hidden_paths: list[Path] = Field(

@@ -90,6 +90,7 @@ def _isolation_config(settings: Settings) -> dict:
         "import_paths": [str(p.resolve()) for p in sandbox.import_paths],
         "preload": list(sandbox.preload_modules),
         "fallback_tmp": tempfile.gettempdir(),
+        "namespaces": sandbox.namespaces,
     }
 
 

@@ -266,7 +266,13 @@ class Zygote:
         return self._process is not None and self._process.returncode is None
 
     async def spawn(self, limits: WorkerLimits) -> Worker:
-        """Forks one worker, waits until it is isolated, and returns it."""
+        """Forks one worker, waits until it is isolated, and returns it (restarting a dead zygote)."""
+        if not self.running:
+            async with self._lock:
+                if not self.running:
+                    log.warning("the sandbox zygote exited (code %s); restarting it", self._process and self._process.returncode)
+                    await self.stop()
+                    await self.start()
         uid = self.uids.take()
         try:
             return await self._spawn(limits, uid)

@@ -70,11 +70,14 @@ def _prctl(option: int, value: int) -> None:
 # --- isolation -----------------------------------------------------------------------------
 
 
-def probe() -> dict:
-    """What isolation this machine allows, tried in a throwaway child."""
+def probe(namespaces: bool = True) -> dict:
+    """What isolation this machine allows, tried in a throwaway child (namespaces=False skips them)."""
     checks = {"net_ns": CLONE_NEWNET, "mount_ns": CLONE_NEWNS, "pid_ns": CLONE_NEWPID}
     found = {}
     for name, flag in checks.items():
+        if not namespaces:
+            found[name] = False
+            continue
         pid = os.fork()
         if pid == 0:
             os._exit(0 if _libc.unshare(flag) == 0 else 1)
@@ -315,7 +318,7 @@ def main() -> None:
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlive the service
     _prctl(PR_SET_CHILD_SUBREAPER, 1)  # adopt workers' pid-1 processes and reap them
     control = socket.socket(fileno=config["control_fd"])
-    found = probe()
+    found = probe(config.get("namespaces", True))
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # reap workers without waiting on them
     _preload(config.get("preload", []))
     control.send(json.dumps({"isolation": found, "pid": os.getpid()}).encode())

@@ -3,6 +3,7 @@ while the service keeps serving, and a trivial call answers at normal latency af
 
 from __future__ import annotations
 
+import asyncio
 import os
 import statistics
 import time
@@ -137,7 +138,7 @@ async def test_huge_code_string_is_refused(sandbox):
 
 
 async def test_nothing_outlives_its_call():
-    time.sleep(0.3)
+    await asyncio.sleep(0.3)
     survivors = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _comm(p) == "gs-escapee"]
     assert survivors == []
 

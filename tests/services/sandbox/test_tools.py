@@ -6,10 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client import REGISTRY
 
 from gearshift.clients import channel
 from gearshift.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
@@ -252,3 +255,57 @@ async def test_serper_backend_when_configured(tmp_path, site):
         async with channel(f"127.0.0.1:{server.port}", settings) as ch:
             result = await call(sandbox_pb2_grpc.SandboxStub(ch), "web_search", {"query": "otters"})
             assert not result.is_error and "[1] Hit for otters (id: https://example.org/a)" in result.output
+
+
+async def test_metrics_count_calls_errors_and_latency_per_tool(sandbox):
+    _, stub = sandbox
+
+    def sample(name: str, **labels) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    before = (sample("sandbox_tool_calls_total", tool="web_search", outcome="ok"),
+              sample("sandbox_tool_errors_total", tool="python"), sample("sandbox_tool_seconds_count", tool="python"))
+    await call(stub, "web_search", {"query": "otters"})
+    await run_python(stub, "1/0")
+    after = (sample("sandbox_tool_calls_total", tool="web_search", outcome="ok"),
+             sample("sandbox_tool_errors_total", tool="python"), sample("sandbox_tool_seconds_count", tool="python"))
+    assert [b - a for a, b in zip(before, after)] == [1, 1, 1]
+
+
+async def test_concurrency_limit_queues_calls(tmp_path):
+    settings = sandbox_settings(tmp_path, max_concurrency=1, warm_workers=2)
+    async with running(await build(settings), settings) as server:
+        async with channel(f"127.0.0.1:{server.port}", settings) as ch:
+            stub = sandbox_pb2_grpc.SandboxStub(ch)
+            started = time.perf_counter()
+            results = await asyncio.gather(*(run_python(stub, "import time; time.sleep(0.3)") for _ in range(3)))
+            assert all(not r.is_error for r in results)
+            assert time.perf_counter() - started >= 0.9
+
+
+async def test_a_dead_zygote_is_restarted(tmp_path):
+    settings = sandbox_settings(tmp_path, warm_workers=0)
+    service = await build(settings)
+    sandbox = service.handlers[0].servicer.sandbox
+    async with running(service, settings) as server:
+        async with channel(f"127.0.0.1:{server.port}", settings) as ch:
+            stub = sandbox_pb2_grpc.SandboxStub(ch)
+            assert (await run_python(stub, "print(1)")).output == "1\n"
+            sandbox.zygote._process.kill()
+            await sandbox.zygote._process.wait()
+            assert (await run_python(stub, "print(2)")).output == "2\n"
+
+
+async def test_without_namespaces_a_socket_guard_and_a_private_workdir_remain(tmp_path):
+    settings = sandbox_settings(tmp_path, namespaces=False, warm_workers=0)
+    async with running(await build(settings), settings) as server:
+        async with channel(f"127.0.0.1:{server.port}", settings) as ch:
+            stub = sandbox_pb2_grpc.SandboxStub(ch)
+            blocked = await run_python(stub, "import socket\nsocket.create_connection(('127.0.0.1', 6379))")
+            assert blocked.is_error and "network access is disabled in the sandbox" in blocked.error
+            where = await run_python(stub, "import os\nprint(os.getcwd(), os.getuid())")
+            workdir, uid = where.output.split()
+            assert Path(workdir).name.startswith("gearshift-sandbox-") and int(uid) >= settings.sandbox.uid_base
+            assert not Path(workdir).exists()  # removed with its worker
+            readonly = await run_python(stub, "open('/etc/passwd', 'a')")
+            assert readonly.is_error and "PermissionError" in readonly.error
