@@ -63,7 +63,11 @@ class Sessions:
                 except BaseException:
                     self._live.pop(session.id, None)
                     raise
-            outcome = await session.worker.run(code, timeout, max_output_chars, keep=True)
+            try:
+                outcome = await session.worker.run(code, timeout, max_output_chars, keep=True)
+            except BaseException:
+                self._drop(session)  # cancelled mid-call: its interpreter was killed
+                raise
             session.last_used = time.monotonic()
             if not outcome.alive:
                 self._drop(session)

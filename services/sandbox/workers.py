@@ -158,7 +158,12 @@ class Worker:
         collected = _Collected()
         collecting = asyncio.create_task(_collect(self.output[0], marker.encode(), keep_bytes, stop_bytes, collected))
         answering = asyncio.create_task(reader.readline())
-        limit_error, result = await self._await_result(collecting, answering, collected, timeout, stop_bytes)
+        try:
+            limit_error, result = await self._await_result(collecting, answering, collected, timeout, stop_bytes)
+        except BaseException:  # the caller went away (RPC cancelled): nothing may keep running
+            collecting.cancel()
+            self.kill()
+            raise
         cpu = _cpu_of(self.pid) if limit_error else float((result or {}).get("cpu") or 0.0)
 
         error = limit_error

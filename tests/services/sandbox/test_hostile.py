@@ -4,6 +4,7 @@ while the service keeps serving, and a trivial call answers at normal latency af
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import statistics
 import time
@@ -15,7 +16,8 @@ from typing import Callable
 import grpc
 import pytest
 
-from gearshift.common.v1.common_pb2 import ToolResult
+from gearshift.common.v1.common_pb2 import ToolCall, ToolResult
+from gearshift.sandbox.v1 import sandbox_pb2
 from gearshift.services.sandbox import core
 from tests.services.sandbox.conftest import SERVICE_SECRET, run_python
 
@@ -165,3 +167,22 @@ def _comm(proc: Path) -> str:
         return (proc / "comm").read_text().strip()
     except OSError:
         return ""
+
+
+async def test_a_cancelled_call_leaves_nothing_running(sandbox):
+    _, stub = sandbox
+    code = "import ctypes, time\nctypes.CDLL(None).prctl(15, b'gs-abandoned', 0, 0, 0)\ntime.sleep(60)"
+    for session_id in ("", "s-abandoned"):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Execute(_python_request(code, session_id), timeout=0.5)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        await asyncio.sleep(0.3)
+        assert [p for p in Path("/proc").iterdir() if p.name.isdigit() and _comm(p) == "gs-abandoned"] == []
+    closed = await stub.CloseSession(sandbox_pb2.CloseSessionRequest(session_id="s-abandoned"))
+    assert not closed.closed  # the session ended with its interpreter
+
+
+def _python_request(code: str, session_id: str) -> sandbox_pb2.ExecuteRequest:
+    return sandbox_pb2.ExecuteRequest(
+        call=ToolCall(id="c", name="python", arguments_json=json.dumps({"code": code})), session_id=session_id, timeout_seconds=5
+    )
