@@ -291,7 +291,6 @@ def test_vllm_policy_runs_on_gpu_nodes_with_configurable_parsers_and_weights_fro
         (("policy.vllm.enableAutoToolChoice=true", "policy.engine=vllm", "policy.image.repository=vllm/vllm-openai",
           "policy.image.tag=v0.33.0", "policy.vllm.weights.create=true"), "needs policy.vllm.toolCallParser"),
         (("worker.serviceMonitor.enabled=true",), "worker exposes no metrics port"),
-        (("policy.serviceMonitor.enabled=true",), "policy exposes no metrics port"),
         (("router.securityContext.runAsNonRoot=false",), "runAsNonRoot"),
         (("router.securityContext.allowPrivilegeEscalation=true",), "allowPrivilegeEscalation"),
         (("podSecurityContext.runAsUser=0",), "runAsUser"),
@@ -395,11 +394,12 @@ def test_every_component_template_goes_through_the_one_helper():
         assert "kind: Deployment" not in source, component
 
 
-def test_secret_settings_come_from_a_named_secret_and_vllm_metrics_are_scraped():
+def test_secret_settings_come_from_a_named_secret_and_both_policy_engines_are_scraped():
     docs = render(("ci/gpu-agents-a1-values.yaml",))
     policy = named(docs, "Deployment", name("policy"))["spec"]["template"]["spec"]["containers"][0]
     assert policy["envFrom"] == [{"secretRef": {"name": "vllm-api-key"}}]
-    monitor = named(docs, "ServiceMonitor", name("policy"))
-    assert monitor["spec"]["endpoints"][0]["port"] == "http"
+    for scenario in (docs, render(("ci/production-values.yaml",))):  # vLLM, built-in
+        monitor = named(scenario, "ServiceMonitor", name("policy"))
+        assert monitor["spec"]["endpoints"][0] | {"port": "http", "path": "/metrics"} == monitor["spec"]["endpoints"][0]
     router = named(docs, "Deployment", name("router"))["spec"]["template"]["spec"]["containers"][0]
     assert "envFrom" not in router
