@@ -255,6 +255,7 @@ class Zygote:
         self._process = await asyncio.create_subprocess_exec(
             sys.executable, "-I", "-S", str(ZYGOTE_SCRIPT), json.dumps(config),
             pass_fds=[theirs.fileno()], env={"LANG": "C.UTF-8"}, cwd="/",
+            start_new_session=True,  # a terminal's Ctrl-C is for the service, which stops the zygote itself
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
         )
         theirs.close()
