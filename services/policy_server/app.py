@@ -152,9 +152,9 @@ def create_app(engine: PolicyEngine) -> FastAPI:
         meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": engine.served_name}
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _stream(_chat_events(engine, job, parse_tools, meta, include_usage))
+            return _stream(_chat_events(engine, job, parse_tools, meta, include_usage, raw=body.continue_final_message))
         result = await _unless_disconnected(request, engine.generate_all(job))
-        output = split_output(result.text, parse_tools)
+        output = split_output(result.text, parse_tools, parse_reasoning=not body.continue_final_message)
         message = {"role": "assistant", "content": output.content, "reasoning_content": output.reasoning_content}
         if output.tool_calls:
             message["tool_calls"] = output.tool_calls
@@ -233,7 +233,7 @@ def _delta(piece: Piece, call_index: int) -> dict:
 
 
 async def _chat_events(
-    engine: PolicyEngine, job: Job, parse_tools: bool, meta: dict, include_usage: bool
+    engine: PolicyEngine, job: Job, parse_tools: bool, meta: dict, include_usage: bool, raw: bool = False
 ) -> AsyncIterator[str]:
     meta = {**meta, "object": "chat.completion.chunk"}
 
@@ -241,7 +241,7 @@ async def _chat_events(
         return _sse({**meta, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
 
     async def events() -> AsyncIterator[str]:
-        splitter = OutputSplitter(parse_tools)
+        splitter = OutputSplitter(parse_tools, parse_reasoning=not raw)
         calls = 0
         yield chunk({"role": "assistant", "content": ""})
         async for item in engine.run(job):

@@ -161,12 +161,13 @@ class PolicyEngine:
         params = self._params(request)
         loaded = self._current
         try:
-            prompt = render_chat(loaded.tokenizer, messages, tools, choice)
+            prompt = render_chat(loaded.tokenizer, messages, tools, choice, request.continue_final_message)
         except InvalidArgument:
             raise
         except Exception as exc:  # jinja raises whatever a template author chose (TemplateError, ...)
             raise InvalidArgument(f"the model's chat template rejected these messages: {exc}") from None
-        return self._job(loaded, prompt, params, special=False), use_tools
+        # A continued assistant message comes back raw, as a completion would.
+        return self._job(loaded, prompt, params, special=False), use_tools and not request.continue_final_message
 
     # Running
 

@@ -115,12 +115,13 @@ class OutputSplitter:
     """
 
     parse_tools: bool
+    parse_reasoning: bool = True  # off for raw continuations of an assistant message
     _state: str = "content"  # "content", "reasoning" or "tool"
     _close: str = ""
     _buffer: str = ""
 
     def _open_tags(self) -> list[str]:
-        return list(REASONING_TAGS) + ([TOOL_OPEN] if self.parse_tools else [])
+        return (list(REASONING_TAGS) if self.parse_reasoning else []) + ([TOOL_OPEN] if self.parse_tools else [])
 
     def feed(self, text: str) -> list[Piece]:
         self._buffer += text
@@ -187,9 +188,9 @@ class ChatOutput:
     tool_calls: list[dict]
 
 
-def split_output(text: str, parse_tools: bool) -> ChatOutput:
+def split_output(text: str, parse_tools: bool, parse_reasoning: bool = True) -> ChatOutput:
     """The whole-text form of OutputSplitter, for non-streamed replies."""
-    splitter = OutputSplitter(parse_tools)
+    splitter = OutputSplitter(parse_tools, parse_reasoning)
     pieces = splitter.feed(text) + splitter.finish()
     content = "".join(p.text for p in pieces if p.kind == "content").strip()
     reasoning = "".join(p.text for p in pieces if p.kind == "reasoning").strip()

@@ -95,11 +95,13 @@ def tool_directive(tool_choice: str | dict | None) -> str:
     return ""
 
 
-def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None, tool_choice: str | dict | None) -> str:
-    """The prompt text for a chat request, ending with the assistant turn's opening."""
+def render_chat(
+    tokenizer, messages: list[dict], tools: list[dict] | None, tool_choice: str | dict | None, continue_final: bool = False
+) -> str:
+    """The prompt text for a chat request, ending with the assistant turn's opening, or inside
+    the last assistant message when continue_final is set."""
+    turn = {"add_generation_prompt": not continue_final, "continue_final_message": continue_final}
     if template_renders_tools(tokenizer):
-        return tokenizer.apply_chat_template(
-            _native(messages), tools=tools or None, tokenize=False, add_generation_prompt=True
-        )
+        return tokenizer.apply_chat_template(_native(messages), tools=tools or None, tokenize=False, **turn)
     plain = _as_plain_chatml(messages, tools, tool_directive(tool_choice) if tools else "")
-    return tokenizer.apply_chat_template(plain, tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(plain, tokenize=False, **turn)

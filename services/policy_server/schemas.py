@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class StreamOptions(BaseModel):
@@ -111,6 +111,19 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[ToolDefinition] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    # vLLM extensions: continue the last (assistant) message instead of opening a new turn. The
+    # continuation comes back as raw text, tags and all, like a completion.
+    continue_final_message: bool = Field(False, description="Continue the final assistant message")
+    add_generation_prompt: bool = Field(True, description="Open a new assistant turn after the messages")
+
+    @model_validator(mode="after")
+    def _continuation(self) -> ChatCompletionRequest:
+        if self.continue_final_message:
+            if self.add_generation_prompt:
+                raise ValueError("continue_final_message needs add_generation_prompt false")
+            if self.messages[-1].role != "assistant":
+                raise ValueError("continue_final_message needs the last message to be the assistant's")
+        return self
 
 
 class LoadRequest(BaseModel):

@@ -227,3 +227,35 @@ async def test_metrics_count_the_tokens_served(http, policy_server):
     assert read(after, "gearshift_policy_completion_tokens_total") - read(before, "gearshift_policy_completion_tokens_total") == 5
     assert read(after, "gearshift_policy_generations_total") == read(before, "gearshift_policy_generations_total") + 1
     assert read(after, "gearshift_policy_in_flight") == 0
+
+
+async def test_continuing_the_assistant_message_equals_completing_its_rendered_prompt(http, tokenizer):
+    """continue_final_message (vLLM's extension) extends the assistant text in place, raw."""
+    messages = [{"role": "user", "content": "Count."}, {"role": "assistant", "content": "<reasoning>one, two,"}]
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
+    assert rendered.rstrip().endswith("one, two,")
+    sampled = {"max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    chat = await http.post(
+        "/chat/completions",
+        json={"messages": messages, "continue_final_message": True, "add_generation_prompt": False, **sampled},
+    )
+    assert chat.status_code == 200, chat.text
+    message = chat.json()["choices"][0]["message"]
+    completion = await complete(http, prompt=rendered, **sampled)
+    assert message["content"] == completion["choices"][0]["text"]  # raw: no reasoning split
+    assert not message.get("reasoning_content")
+
+
+@pytest.mark.parametrize(
+    ("body", "hint"),
+    [
+        ({"messages": [{"role": "assistant", "content": "x"}], "continue_final_message": True}, "add_generation_prompt false"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "continue_final_message": True, "add_generation_prompt": False},
+            "last message to be the assistant",
+        ),
+    ],
+)
+async def test_bad_continuations_are_400(http, body, hint):
+    response = await http.post("/chat/completions", json=body)
+    assert response.status_code == 400 and hint in response.json()["error"]["message"]
