@@ -14,6 +14,8 @@ from gearshift.settings import RouterSettings
 
 MODES = (Mode.MODE_INSTANT, Mode.MODE_REASONING, Mode.MODE_AGENTIC)
 MODE_BY_NAME = {name: mode for mode, name in a2fm.MODE_NAMES.items()}
+RATIONALE_CHARS = 300  # one sentence; longer rationales are cut
+LABEL_TOKENS = 12  # enough for "toolcalling_agent" in any tokenizer
 STRATEGY_BY_NAME = {"model": RoutingStrategy.ROUTING_STRATEGY_MODEL, "learned": RoutingStrategy.ROUTING_STRATEGY_LEARNED}
 
 
@@ -54,7 +56,8 @@ class ModeRouter:
         if strategy == RoutingStrategy.ROUTING_STRATEGY_FORCED:
             if not forced_mode:
                 raise InvalidArgument("strategy FORCED needs forced_mode INSTANT, REASONING or AGENTIC")
-            return ModeDecision(forced_mode, strategy, a2fm.FORCED_JUSTIFICATION[forced_mode], a2fm.forced_prefix(forced_mode))
+            rationale = a2fm.FORCED_JUSTIFICATION[forced_mode]
+            return ModeDecision(forced_mode, strategy, rationale, a2fm.episode_prefix(forced_mode, rationale))
         if strategy == RoutingStrategy.ROUTING_STRATEGY_LEARNED:
             if self.learned is None:
                 raise FailedPrecondition("no learned router is published; train one with `gearshift router train`")
@@ -64,26 +67,39 @@ class ModeRouter:
         raise InvalidArgument(f"unknown strategy {strategy}")
 
     async def _ask_policy(self, query: str) -> ModeDecision:
-        """The policy writes a rationale and a classification block; unknown labels are re-asked."""
+        """The policy writes a rationale and a classification block. A reply without a known label
+        is re-asked with its rationale and the block's opening prefilled, so the model only has
+        to name the label; after max_attempts the configured fallback mode is used."""
         if self.policy is None:
             raise FailedPrecondition("model routing needs a policy server")
         input_tokens = output_tokens = 0
         rationale = ""
         for attempt in range(1, self.config.max_attempts + 1):
-            reply = await self.policy.chat(
-                prompts.messages(query),
-                max_tokens=self.config.max_tokens,
-                temperature=0.0 if attempt == 1 else self.config.retry_temperature,
-                stop=[a2fm.CLASSIFICATION_STOP],
-            )
+            if attempt == 1:
+                reply = await self.policy.chat(
+                    prompts.messages(query), max_tokens=self.config.max_tokens, temperature=0.0, stop=[a2fm.CLASSIFICATION_STOP]
+                )
+                text = reply.content or ""
+                rationale = text.split("<classification>")[0].strip().split("\n")[0][:RATIONALE_CHARS]
+            else:
+                opening = f"{rationale}\n<classification>\n" if rationale else "<classification>\n"
+                reply = await self.policy.chat(
+                    prompts.messages(query, opening),
+                    max_tokens=LABEL_TOKENS,
+                    temperature=0.0 if attempt == 2 else self.config.retry_temperature,
+                    stop=[a2fm.CLASSIFICATION_STOP],
+                    continue_final_message=True,
+                    add_generation_prompt=False,
+                )
+                text = opening + (reply.content or "")
             input_tokens += reply.usage.prompt_tokens
             output_tokens += reply.usage.completion_tokens
-            mode, rationale = a2fm.parse_classification(reply.content or "")
+            mode, said = a2fm.parse_classification(text)
             if mode is not None:
-                prefix = f"{rationale}\n{a2fm.classification_block(mode)}" if rationale else a2fm.classification_block(mode)
-                return ModeDecision(mode, RoutingStrategy.ROUTING_STRATEGY_MODEL, rationale, prefix,
+                rationale = said.split("\n")[0][:RATIONALE_CHARS]
+                return ModeDecision(mode, RoutingStrategy.ROUTING_STRATEGY_MODEL, rationale, a2fm.episode_prefix(mode, rationale),
                                     input_tokens=input_tokens, output_tokens=output_tokens, attempts=attempt)
         mode = MODE_BY_NAME[self.config.fallback_mode]
         note = f"No known label after {self.config.max_attempts} attempts; fell back to {self.config.fallback_mode}."
-        return ModeDecision(mode, RoutingStrategy.ROUTING_STRATEGY_MODEL, note, a2fm.forced_prefix(mode),
+        return ModeDecision(mode, RoutingStrategy.ROUTING_STRATEGY_MODEL, note, a2fm.episode_prefix(mode, note),
                             input_tokens=input_tokens, output_tokens=output_tokens, attempts=self.config.max_attempts)

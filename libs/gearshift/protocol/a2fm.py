@@ -32,6 +32,7 @@ FORCED_JUSTIFICATION = {
 }
 
 _CLASSIFICATION = re.compile(r"<classification>\s*(.*?)\s*(?:</classification>|$)", re.S)
+_LABEL = re.compile("|".join(LABELS))
 
 
 def classification_block(mode: int) -> str:
@@ -48,8 +49,8 @@ def parse_classification(text: str) -> tuple[int | None, str]:
     match = _CLASSIFICATION.search(text)
     if not match:
         return None, text.strip()
-    label = match.group(1).strip().strip("`'\"").lower()
-    return LABELS.get(label), text[: match.start()].strip()
+    label = _LABEL.search(match.group(1).lower())  # tolerant: "default_agent: answer directly" counts
+    return (LABELS[label.group(0)] if label else None), text[: match.start()].strip()
 
 
 def tag_content(text: str, tag: str) -> str | None:

@@ -20,6 +20,8 @@ TOOLS = frozenset({"python", "web_search", "crawl_page"})
         ("Needs a tool.\n<classification>\n toolcalling_agent \n", Mode.MODE_AGENTIC),  # cut by the stop word
         ("<classification>`Reasoning_Agent`</classification>", Mode.MODE_REASONING),
         ("<classification>\nsuper_agent\n</classification>", None),
+        ("<classification>\ndefault_agent: answer directly as <", Mode.MODE_INSTANT),
+        ("<classification>agent</classification> toolcalling_agent", None),  # a label outside the block
         ("I think instant.", None),
     ],
 )

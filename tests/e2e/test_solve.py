@@ -1,0 +1,65 @@
+"""End to end over real gRPC with the real model: every mode through the executor, with the
+router, planner, sandbox, reward and store (Postgres) each on its own loopback port, against
+the built-in policy server and against vLLM's CPU server. Small budgets keep it quick."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from gearshift.clients import channel
+from gearshift.common.v1.common_pb2 import Mode, RoutingStrategy, Trajectory, TrajectoryStatus
+from gearshift.executor.v1 import executor_pb2, executor_pb2_grpc
+from gearshift.settings import ExecutorSettings, PlannerSettings, RouterSettings
+from gearshift.testing.stack import inprocess_stack
+
+QUESTION, REFERENCE = "What is the capital of France?", "Paris"
+SMALL = {
+    "executor": ExecutorSettings(max_tokens_per_turn=40, max_steps_agentic=2, max_steps_other=1),
+    "planner": PlannerSettings(max_tokens=48, max_horizon=2),
+    "router": RouterSettings(max_attempts=2, max_tokens=48),
+}
+
+
+async def solve_every_mode(settings) -> dict[int, tuple[list[str], Trajectory]]:
+    results = {}
+    async with inprocess_stack(settings) as stack, channel(stack.executor_addr, stack) as ch:
+        stub = executor_pb2_grpc.ExecutorStub(ch)
+        for mode in (Mode.MODE_INSTANT, Mode.MODE_REASONING, Mode.MODE_AGENTIC, Mode.MODE_UNSPECIFIED):
+            events = [e async for e in stub.Solve(executor_pb2.SolveRequest(query=QUESTION, mode=mode, reference_answer=REFERENCE))]
+            results[mode] = ([e.WhichOneof("event") for e in events], events[-1].final.trajectory)
+    return results
+
+
+def check(results: dict, database_url: str) -> None:
+    for mode, (kinds, trajectory) in results.items():
+        assert kinds[0] == "mode_chosen" and kinds[-1] == "final" and "chunk" in kinds
+        if mode:
+            assert trajectory.mode == mode and trajectory.routing_strategy == RoutingStrategy.ROUTING_STRATEGY_FORCED
+        else:
+            assert trajectory.routing_strategy == RoutingStrategy.ROUTING_STRATEGY_MODEL and trajectory.mode
+        assert trajectory.status in (TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED, TrajectoryStatus.TRAJECTORY_STATUS_BUDGET_EXHAUSTED)
+        assert trajectory.turns and trajectory.usage.output_tokens > 0 and trajectory.cost.total_usd > 0
+        assert trajectory.HasField("reward") and trajectory.reward.correct == (trajectory.reward.value > 0)
+    agentic = results[Mode.MODE_AGENTIC][1]
+    assert all(turn.plan_decision for turn in agentic.turns if turn.tool_calls or turn.index == 0)
+
+    ids = [trajectory.id for _, trajectory in results.values()]
+    with psycopg.connect(database_url.replace("postgresql+psycopg", "postgresql")) as db:
+        rows = db.execute("SELECT id, payload FROM trajectories WHERE id = ANY(%s)", (ids,)).fetchall()
+    stored = {row[0]: Trajectory.FromString(row[1]) for row in rows}
+    for _, trajectory in results.values():
+        assert stored[trajectory.id].turns == trajectory.turns  # the full trajectory, turn by turn
+
+
+@pytest.mark.model
+async def test_every_mode_with_the_builtin_policy_server(settings, postgres_url, builtin_policy):
+    configured = settings.model_copy(update={"policy_url": builtin_policy, "database_url": postgres_url, **SMALL})
+    check(await solve_every_mode(configured), postgres_url)
+
+
+@pytest.mark.model
+@pytest.mark.vllm
+async def test_every_mode_with_vllm(settings, postgres_url, vllm_policy):
+    configured = settings.model_copy(update={"policy_url": vllm_policy, "database_url": postgres_url, **SMALL})
+    check(await solve_every_mode(configured), postgres_url)
