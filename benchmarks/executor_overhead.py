@@ -6,7 +6,7 @@ It is compared, in the same run and process, with the floor: a bare loopback gRP
 round-trip (health Check) times the number of hops the episode makes. Tool execution time
 (reported by the sandbox) is subtracted: it is the tool's, not the executor's.
 
-    .venv/bin/python benchmarks/executor_overhead.py [--episodes 200] [--postgres URL]
+    .venv/bin/python benchmarks/executor_overhead.py [--episodes 200] [--postgres URL] [--in-process]
 
 Goal (issue 3): overhead at most 1.5x the floor.
 """
@@ -25,9 +25,11 @@ from gearshift.clients import channel
 from gearshift.common.v1.common_pb2 import Mode
 from gearshift.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.settings import Settings
+from gearshift.stack import Stack
 from gearshift.testing.scripted_policy import serve_scripted
 from gearshift.testing.stack import inprocess_stack
 
+BASE_PORT = 57100  # seven consecutive ports for the one-process-per-service stack
 SEARCH_CALL = "<tool_call>\n{'id': 1, 'name': 'web_search', 'arguments': {'query': 'capital of France'}}\n</tool_call>"
 
 # Hops per episode shape: client->executor, executor->router, ->policy per turn, ->planner per
@@ -81,28 +83,44 @@ async def episode_times(settings: Settings, mode: int, n: int) -> tuple[float, f
     return statistics.median(latencies), statistics.median(tool_times)
 
 
-async def main(episodes: int, postgres: str | None) -> None:
-    data_dir = tempfile.mkdtemp(prefix="gearshift-bench-")
-    settings = Settings(data_dir=data_dir, metrics_port=0, database_url=postgres)
+async def measure(stack: Settings, episodes: int) -> None:
+    rtt = await bare_rtt(stack.executor_addr, stack, episodes * 5)
+    print(f"bare loopback gRPC round-trip to the executor (median of {episodes * 5}): {rtt * 1e3:.3f} ms")
+    print(f"{'episode':<32} {'hops':>4} {'median ms':>10} {'tool ms':>8} {'overhead ms':>12} {'floor ms':>9} {'ratio':>6} {'per turn ms':>12}")
+    for name, shape in SHAPES.items():
+        latency, tools = await episode_times(stack, shape["mode"], episodes)
+        overhead = latency - tools
+        floor = rtt * shape["hops"]
+        print(
+            f"{name:<32} {shape['hops']:>4} {latency * 1e3:>10.2f} {tools * 1e3:>8.2f} {overhead * 1e3:>12.2f}"
+            f" {floor * 1e3:>9.2f} {overhead / floor:>6.2f} {overhead / shape['turns'] * 1e3:>12.2f}"
+        )
+
+
+async def main(episodes: int, postgres: str | None, in_process: bool) -> None:
+    settings = Settings(data_dir=tempfile.mkdtemp(prefix="gearshift-bench-"), metrics_port=0, database_url=postgres)
+    print(f"store: {'Postgres' if postgres else 'SQLite file'}; policy: ScriptedPolicy stand-in (answers instantly)")
     async with serve_scripted(instant_model) as policy_url:
-        async with inprocess_stack(settings.model_copy(update={"policy_url": policy_url})) as stack:
-            rtt = await bare_rtt(stack.executor_addr, stack, episodes * 5)
-            print(f"bare loopback gRPC round-trip (median of {episodes * 5}): {rtt * 1e3:.3f} ms")
-            print(f"store: {'Postgres' if postgres else 'SQLite file'}; policy: ScriptedPolicy stand-in (answers instantly)")
-            print(f"{'episode':<32} {'hops':>4} {'median ms':>10} {'tool ms':>8} {'overhead ms':>12} {'floor ms':>9} {'ratio':>6} {'per turn ms':>12}")
-            for name, shape in SHAPES.items():
-                latency, tools = await episode_times(stack, shape["mode"], episodes)
-                overhead = latency - tools
-                floor = rtt * shape["hops"]
-                print(
-                    f"{name:<32} {shape['hops']:>4} {latency * 1e3:>10.2f} {tools * 1e3:>8.2f} {overhead * 1e3:>12.2f}"
-                    f" {floor * 1e3:>9.2f} {overhead / floor:>6.2f} {overhead / shape['turns'] * 1e3:>12.2f}"
-                )
+        settings = settings.model_copy(update={"policy_url": policy_url})
+        if in_process:
+            print("services: all in this process, one event loop")
+            async with inprocess_stack(settings) as stack:
+                await measure(stack, episodes)
+            return
+        print("services: one process each, as deployed (gearshift up)")
+        stack = Stack(settings, base_port=BASE_PORT, with_policy=False)
+        stack.start()
+        try:
+            await asyncio.to_thread(stack.wait_ready)
+            await measure(stack.client_settings(), episodes)
+        finally:
+            stack.stop()
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--episodes", type=int, default=200, help="Measured episodes per shape")
     parser.add_argument("--postgres", default=None, help="Store on this Postgres URL instead of a SQLite file")
+    parser.add_argument("--in-process", action="store_true", help="All services in this process instead of one each")
     args = parser.parse_args()
-    asyncio.run(main(args.episodes, args.postgres))
+    asyncio.run(main(args.episodes, args.postgres, args.in_process))
