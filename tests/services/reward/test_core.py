@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from gearshift.rewards import verifiers
 from gearshift.services.reward.core import RewardScorer
@@ -14,14 +15,15 @@ async def test_math_runs_off_the_main_thread_and_a_slow_check_counts_incorrect(s
     threads = []
     real_math_match = verifiers.math_match
 
-    def recording_math_match(*args):
+    def slow_math_match(*args):
         threads.append(threading.current_thread())
+        time.sleep(0.3)  # slower than the bound below, whatever sympy has cached by now
         return real_math_match(*args)
 
-    monkeypatch.setattr(verifiers, "math_match", recording_math_match)
+    monkeypatch.setattr(verifiers, "math_match", slow_math_match)
     scorer = RewardScorer(settings.model_copy(update={"reward": settings.reward.model_copy(update={"verify_timeout_seconds": 0.005})}))
     try:
-        slow = rollout(INSTANT, "$(x+1)^{40}$")  # sympy needs about 0.25 s to compare these
+        slow = rollout(INSTANT, "$(x+1)^{40}$")
         with caplog.at_level(logging.WARNING, logger="gearshift.reward"):
             scored = await scorer.score("$(x+1)^{40}$", None, "correctness", [slow])
         assert not scored.score.rewards[0].correct
