@@ -176,6 +176,49 @@ class ExecutorSettings(BaseModel):
     tool_timeout_seconds: float = Field(10.0, gt=0, description="Limit of one tool call")
 
 
+class OrchestrationSettings(BaseModel):
+    """The closed loop: Celery tasks, the training trigger, the promotion gate and publishing."""
+
+    trigger_new_scored: int = Field(256, ge=1, description="Start a training round once this many new scored trajectories arrived since the last")
+    trigger_interval_seconds: float = Field(300.0, gt=0, description="How often Celery beat checks the trigger")
+    round_job: Literal["sft", "distill", "apo"] = Field("sft", description="Training job a triggered round runs")
+    round_config: dict = Field(default_factory=dict, description="Base --config of a triggered round's job (the dataset snapshot and parent are added)")
+    runner: Literal["local", "kubernetes"] = Field("local", description="Where training jobs run: a local subprocess or a Kubernetes Job")
+    checkpoints_dir: Path | None = Field(None, description="Where runs write checkpoints (default: data_dir/checkpoints)")
+    job_timeout_seconds: float = Field(86_400.0, gt=0, description="A training run still going after this long is stopped and failed")
+    lease_seconds: float = Field(60.0, gt=0, description="A running task whose heartbeat is older than this counts as crashed and is taken over")
+    eval_suite: str = Field("arith", description="Evaluation suite of the promotion gate")
+    eval_split: str = Field("test", description="Held-out split the promotion gate evaluates on")
+    accuracy_margin: float = Field(0.0, ge=0, description="Largest accuracy drop (absolute, 0..1) the gate accepts vs the published checkpoint")
+    cost_of_pass_margin: float = Field(0.05, ge=0, description="Largest relative cost-of-pass rise the gate accepts vs the published checkpoint")
+    publish_target: Literal["builtin", "vllm_lora", "deployment"] = Field(
+        "builtin", description="How to publish: POST /v1/load on the built-in server, vLLM runtime LoRA loading, or a rolling restart of the policy Deployment"
+    )
+    publish_timeout_seconds: float = Field(600.0, gt=0, description="Longest wait for a publish (load or rollout) to finish")
+
+
+class KubernetesSettings(BaseModel):
+    """Training Jobs on a cluster (KubernetesRunner) and the policy Deployment (rolling publish)."""
+
+    namespace: str = Field("default", description="Namespace of training Jobs, their ConfigMaps and the policy Deployment")
+    job_template: Path | None = Field(None, description="YAML of the Job to start from (the chart's training-job ConfigMap); none: built from these settings")
+    image: str = Field("gearshift-training:latest", description="Training image (without a job template)")
+    gpus: int = Field(0, ge=0, description="nvidia.com/gpu per training pod; more than one runs under torchrun")
+    cpu: str = Field("2", description="CPU request of a training pod")
+    memory: str = Field("8Gi", description="Memory request of a training pod")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels training pods must match")
+    tolerations: list[dict] = Field(default_factory=list, description="Tolerations of training pods (Kubernetes toleration objects)")
+    checkpoints_claim: str = Field("gearshift-checkpoints", description="PersistentVolumeClaim holding checkpoints")
+    checkpoints_mount_path: str = Field("/checkpoints", description="Where the claim is mounted (the run's GEARSHIFT_DATA_DIR)")
+    service_account: str | None = Field(None, description="Service account of training pods")
+    backoff_limit: int = Field(1, ge=0, description="Pod retries of a training Job")
+    active_deadline_seconds: int = Field(86_400, ge=1, description="Longest a training Job may run")
+    ttl_seconds_after_finished: int = Field(86_400, ge=0, description="Finished Jobs are deleted after this long")
+    poll_seconds: float = Field(10.0, gt=0, description="How often a running Job's status is read")
+    policy_deployment: str = Field("gearshift-policy", description="Deployment restarted by a rolling publish")
+    policy_container: str = Field("policy", description="Container of that Deployment whose model argument changes")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GEARSHIFT_", env_nested_delimiter="__", extra="ignore")
 
@@ -209,6 +252,8 @@ class Settings(BaseSettings):
     router: RouterSettings = Field(default_factory=RouterSettings)
     planner: PlannerSettings = Field(default_factory=PlannerSettings)
     executor: ExecutorSettings = Field(default_factory=ExecutorSettings)
+    orchestration: OrchestrationSettings = Field(default_factory=OrchestrationSettings)
+    kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
 
     def service_port(self, service: str) -> int:
         return self.port if self.port is not None else DEFAULT_PORTS[service]

@@ -110,6 +110,34 @@ class CheckpointTrajectoryRow(Base):
     __table_args__ = (Index(None, "trajectory_id"),)
 
 
+class JobRunRow(Base):
+    """One orchestration task run (score, snapshot, train, evaluate, publish, round), keyed by
+    its dedupe key so a task delivered twice finds its own record and does its work once."""
+
+    __tablename__ = "job_runs"
+
+    key: Mapped[str] = mapped_column(String(CHECKPOINT_ID_CHARS), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    status: Mapped[str] = mapped_column(String(16))  # running, succeeded, failed
+    params: Mapped[dict] = mapped_column(JSON)
+    result: Mapped[dict] = mapped_column(JSON)
+    # What the run started outside this database (a Job name, a run directory): found again on a retry.
+    external_id: Mapped[str] = mapped_column(Text)
+    log: Mapped[str] = mapped_column(Text)
+    error: Mapped[str] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(SmallInteger)
+    owner: Mapped[str] = mapped_column(Text)
+    created_at_us: Mapped[int] = mapped_column(BigInteger)
+    heartbeat_at_us: Mapped[int] = mapped_column(BigInteger)
+    finished_at_us: Mapped[int | None] = mapped_column(BigInteger)
+
+    __table_args__ = (
+        Index(None, "kind", "created_at_us"),
+        Index(None, "status", "created_at_us"),
+    )
+
+
 trajectories = TrajectoryRow.__table__
 checkpoints = CheckpointRow.__table__
 checkpoint_trajectories = CheckpointTrajectoryRow.__table__
+job_runs = JobRunRow.__table__

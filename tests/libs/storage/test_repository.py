@@ -7,11 +7,13 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import text
 
 from gearshift.common.v1.common_pb2 import Checkpoint, Reward
 from gearshift.errors import AlreadyExists, NotFound
 from gearshift.storage import Keyset, TrajectoryFilter, TrajectoryRepository, upgrade_to_head
+from gearshift.storage.database import alembic_config
 from gearshift.storage.models import Base
 from gearshift.storage.repository import Correctness
 from tests.libs.storage.helpers import BASE_US, make_trajectory
@@ -22,7 +24,7 @@ def test_migrations_build_exactly_the_models(repository: TrajectoryRepository):
         differences = compare_metadata(MigrationContext.configure(connection), Base.metadata)
         version = connection.execute(text("SELECT version_num FROM alembic_version")).scalar_one()
     assert differences == []
-    assert version == "0001"
+    assert version == ScriptDirectory.from_config(alembic_config()).get_current_head()
     upgrade_to_head(repository.engine)  # a second start-up changes nothing
     with repository.engine.connect() as connection:
         assert connection.execute(text("SELECT count(*) FROM alembic_version")).scalar_one() == 1
