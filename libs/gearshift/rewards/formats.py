@@ -2,7 +2,8 @@
 
 - instant: only <answer>...</answer>;
 - reasoning: <reasoning>...</reasoning> then <answer>...</answer>;
-- agentic: <plan> first, then steps of free text, <summary> and <tool_call> blocks (one Python
+- agentic: <plan> first (free thinking text, such as an SR2AM "Plan:" block, may come before
+  it), then steps of free text, <summary> and <tool_call> blocks (one Python
   dict literal per line, 1-10 per block), and one <answer> at the very end.
 
 A leading routing rationale and <classification> block is allowed and must name the mode.
@@ -18,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gearshift.common.v1.common_pb2 import Mode, Trajectory
-from gearshift.protocol.a2fm import LABELS, MAX_PARALLEL_CALLS, tag_content
+from gearshift.protocol.a2fm import LABELS, MAX_PARALLEL_CALLS, render_transcript, tag_content
 
 TAGS = ("classification", "answer", "reasoning", "plan", "tool_call", "tool_response", "summary")
 _TAG = re.compile(rf"<(/?)({'|'.join(TAGS)})>")
@@ -118,8 +119,11 @@ def check_format(mode: int, outputs: Sequence[str]) -> FormatCheck:
 
 
 def check_trajectory_format(trajectory: Trajectory) -> FormatCheck:
-    """check_format on a trajectory's mode and turns."""
-    return check_format(trajectory.mode, [turn.output for turn in trajectory.turns])
+    """check_format on the whole assistant turn as the policy saw it: the routing prefix and
+    mode opener the executor injected, every turn's output and the tool responses."""
+    if not trajectory.turns:
+        return FormatCheck(False, "no turns")
+    return check_format(trajectory.mode, [render_transcript(trajectory)])
 
 
 def final_answer(trajectory: Trajectory) -> str:
@@ -162,11 +166,12 @@ def _reasoning(blocks: list[Block]) -> FormatCheck:
 
 
 def _agentic(blocks: list[Block]) -> FormatCheck:
-    if blocks[0].tag != "plan":
+    tagged = [b for b in blocks if b.tag is not None]  # free text (thinking, SR2AM "Plan:") may lead
+    if tagged[0].tag != "plan":
         return FormatCheck(False, "agentic mode starts with <plan>")
-    if not blocks[0].content.strip():
+    if not tagged[0].content.strip():
         return FormatCheck(False, "empty <plan>")
-    for block in blocks[1:-1]:
+    for block in blocks[blocks.index(tagged[0]) + 1 : -1]:
         if block.tag not in (None, "plan", "summary", "tool_call"):
             return FormatCheck(False, f"<{block.tag}> in the middle of an agentic trajectory")
         if block.tag == "tool_call":

@@ -21,11 +21,12 @@ SR2AM_TURNS = (
 
 
 def output_for(mode: int, answer: str) -> tuple[str, ...]:
-    """Turn outputs that follow the mode's A^2FM format."""
+    """Turn outputs that follow the mode's A^2FM format, as the executor stores them: after the
+    routing prefix and mode opener (<answer>, <reasoning>) it injected."""
     if mode == INSTANT:
-        return (f"<answer>{answer}</answer>",)
+        return (f"{answer}</answer>",)
     if mode == REASONING:
-        return (f"<reasoning>Work it out step by step.</reasoning>\n<answer>{answer}</answer>",)
+        return (f"Work it out step by step.</reasoning>\n<answer>{answer}</answer>",)
     return (AGENTIC_TURNS[0], f"The tool says so.\n<answer>{answer}</answer>")
 
 
@@ -41,7 +42,7 @@ def rollout(
     """A rollout in mode; forced ones carry requested_mode and strategy FORCED as APO makes them."""
     outputs = outputs if outputs is not None else output_for(mode, answer)
     if not well_formed:
-        outputs = (f"Sure! {answer}",)
+        outputs = (f"</reasoning>Sure! {answer}",)  # a closing tag that was never opened
     turns = [
         Turn(index=i, output=text, usage=TokenUsage(input_tokens=100, output_tokens=50))
         for i, text in enumerate(outputs)

@@ -80,6 +80,7 @@ async def test_agentic_episode_plans_calls_tools_answers_and_is_stored(stack):
     trajectory = events[-1].final.trajectory
     assert trajectory.status == TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED
     assert trajectory.answer == "391" and trajectory.reward.correct
+    assert trajectory.reward.format_valid  # the A^2FM format, judged on the replayed transcript
     first, second = trajectory.turns
     assert first.plan_decision == PlanDecision.PLAN_DECISION_PLAN_NEW and len(first.plan.steps) == 2
     assert [c.name for c in first.tool_calls] == ["python"]
@@ -114,6 +115,7 @@ async def test_forced_direct_modes(stack, mode, answer):
     trajectory = events[-1].final.trajectory
     assert trajectory.mode == mode and trajectory.routing_strategy == RoutingStrategy.ROUTING_STRATEGY_FORCED
     assert trajectory.answer == answer and trajectory.reward.correct == (answer == "391")
+    assert trajectory.reward.format_valid
     assert not any(turn.tool_calls for turn in trajectory.turns)
 
 
