@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 from pydantic import SecretStr
@@ -76,3 +78,18 @@ async def test_token_is_required_when_configured(settings):
         async with channel(address, secured) as trusted:
             reply = await router_pb2_grpc.RouterStub(trusted).Route(request)
             assert reply.mode == Mode.MODE_INSTANT
+
+
+async def test_reflection_lists_the_services_only_when_enabled(settings):
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    for enabled in (True, False):
+        configured = settings.model_copy(update={"reflection": enabled})
+        async with running(await build(configured), configured) as server:
+            with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:  # the reflection client is synchronous
+                database = ProtoReflectionDescriptorDatabase(ch)
+                if enabled:
+                    assert FULL_NAME in await asyncio.to_thread(database.get_services)
+                else:
+                    with pytest.raises(grpc.RpcError):
+                        await asyncio.to_thread(database.get_services)
