@@ -159,6 +159,19 @@ class RouterSettings(BaseModel):
     fallback_mode: Literal["instant", "reasoning", "agentic"] = Field("instant", description="Mode when no attempt names a known label")
 
 
+class LearnedRouterSettings(BaseModel):
+    """The learned cost-aware router: how it decides, where artefacts live, how it hot-reloads."""
+
+    enabled: bool = Field(True, description="Load the newest published router checkpoint from the store and keep polling for newer ones")
+    accuracy_floor: float = Field(0.5, ge=0, le=1, description="Only modes with a predicted success probability at least this compete on cost of pass")
+    poll_seconds: float = Field(5.0, gt=0, description="How often the router service asks the store for a newly published router")
+    artefact_dir: Path | None = Field(None, description="Where `gearshift router train` writes artefacts (default: data_dir/routers)")
+    embedding_threads: int = Field(1, ge=0, description="torch threads for the sentence embedding in the router service (0 = torch's default)")
+
+    def artefact_root(self, data_dir: Path) -> Path:
+        return self.artefact_dir or data_dir / "routers"
+
+
 class PlannerSettings(BaseModel):
     max_horizon: int = Field(3, ge=1, description="Most steps in one simulative plan")
     max_tokens: int = Field(160, ge=16, description="Tokens for one plan")
@@ -250,6 +263,7 @@ class Settings(BaseSettings):
     store: StoreSettings = Field(default_factory=StoreSettings)
     policy: PolicySettings = Field(default_factory=PolicySettings)
     router: RouterSettings = Field(default_factory=RouterSettings)
+    learned_router: LearnedRouterSettings = Field(default_factory=LearnedRouterSettings)
     planner: PlannerSettings = Field(default_factory=PlannerSettings)
     executor: ExecutorSettings = Field(default_factory=ExecutorSettings)
     orchestration: OrchestrationSettings = Field(default_factory=OrchestrationSettings)
