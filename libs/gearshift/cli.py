@@ -157,6 +157,16 @@ def demo(data_dir: str | None, base_port: int | None) -> None:
         stack.stop()
 
 
+@main.command()
+@click.argument("job", type=click.Choice(["sft", "distill", "apo"]))
+@click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False), help="JSON or YAML job config")
+def train(job: str, config_path: str) -> None:
+    """Run a training job; writes a checkpoint directory with result.json."""
+    from gearshift.training.cli import run_job, summary
+
+    click.echo(summary(run_job(job, config_path)))
+
+
 @main.group()
 def trajectories() -> None:
     """Read stored trajectories."""
@@ -199,6 +209,46 @@ def trajectories_show(trajectory_id: str, as_json: bool) -> None:
     out.print(f"[bold]query[/] {trajectory.query}")
     out.print(render_transcript(trajectory), markup=False, highlight=False)
     out.print(view.summary_table(trajectory))
+
+
+@main.group("eval", invoke_without_command=True)
+@click.option("--suite", default="default", show_default=True, help="A registered suite or a .jsonl file")
+@click.option("--modes", default="instant,reasoning,agentic,auto", show_default=True, help="Comma-separated: instant, reasoning, agentic, auto, learned")
+@click.option("--n", "n", type=int, default=20, show_default=True, help="Items of the split to run")
+@click.option("--samples", type=int, default=1, show_default=True, help="Samples per item and mode (k of pass@k)")
+@click.option("--split", type=click.Choice(["train", "dev", "test"]), default="test", show_default=True)
+@click.option("--run-id", default=None, help="Resume or name a run (default: SUITE-TIMESTAMP)")
+@click.option("--concurrency", type=int, default=4, show_default=True, help="Episodes in flight at once")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Report folder (default: DATA_DIR/eval/RUN_ID)")
+@click.option("--inprocess", is_flag=True, help="Start the services and the built-in policy server in this process")
+@click.pass_context
+def eval_(ctx, suite, modes, n, samples, split, run_id, concurrency, out_dir, inprocess) -> None:
+    """Evaluate modes on a suite through the executor; writes a Markdown/PNG report."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from gearshift.evaluation.cli import run_eval
+
+    run_eval(get_settings(), suite, modes, n, samples, split, run_id, concurrency, out_dir, inprocess)
+
+
+@eval_.command("compare")
+@click.argument("run_a")
+@click.argument("run_b")
+def eval_compare(run_a: str, run_b: str) -> None:
+    """Show per-mode differences of run B against run A."""
+    from gearshift.evaluation.cli import run_compare
+
+    run_compare(get_settings(), run_a, run_b)
+
+
+@eval_.command("report")
+@click.argument("run_id")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Report folder (default: DATA_DIR/eval/RUN_ID)")
+def eval_report(run_id: str, out_dir: str | None) -> None:
+    """Recompute and rewrite a stored run's report."""
+    from gearshift.evaluation.cli import run_report
+
+    run_report(get_settings(), run_id, out_dir)
 
 
 def _store_call(call):

@@ -1,0 +1,94 @@
+"""Configuration shared by the training jobs. No torch import here: services, CI and the
+orchestrator load and validate job configs cheaply."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MODE_NAMES = ("instant", "reasoning", "agentic")
+ModeName = Literal["instant", "reasoning", "agentic"]
+
+
+class Strict(BaseModel):
+    """Unknown keys in a config file are mistakes, not silently ignored options."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class DataConfig(Strict):
+    """Which stored trajectories a job reads (a TrajectoryFilter for the store's Export)."""
+
+    modes: list[ModeName] = Field(default_factory=list, description="Only these modes (empty: all)")
+    correctness: Literal["any", "correct", "incorrect", "unscored"] = Field("any", description="Reward verdict to keep")
+    min_reward: float | None = Field(None, description="Keep rewards at least this (scored trajectories only)")
+    max_reward: float | None = Field(None, description="Keep rewards at most this (scored trajectories only)")
+    task_source: str = Field("", description="Only this task source (suite name); empty: all")
+    split: str = Field("", description='Only this split ("train", "dev", "test"); empty: all')
+    model_version: str = Field("", description="Only trajectories produced by this model version; empty: all")
+    run_ids: list[str] = Field(default_factory=list, description="Only these run ids (one Export per id); empty: all")
+    completed_only: bool = Field(True, description="Keep only trajectories that ended with an answer (status COMPLETED)")
+    limit: int = Field(0, ge=0, description="Read at most this many trajectories per Export (0: all)")
+
+
+class ModelConfig(Strict):
+    """The model being trained and how its weights are adapted."""
+
+    base: str = Field("smollm2", description='Starting weights: "smollm2", "tiny" or a Hugging Face checkpoint directory')
+    parent_checkpoint_id: str = Field("", description="Registry id of the starting checkpoint (lineage); empty: the base model")
+    lora: bool = Field(False, description="Train LoRA adapters (peft) instead of the full weights")
+    lora_rank: int = Field(16, ge=1, description="LoRA rank r")
+    lora_alpha: int = Field(32, ge=1, description="LoRA scaling alpha")
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout")
+    lora_target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="Module names LoRA adapts",
+    )
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass (less memory, slower)")
+
+
+class OptimConfig(Strict):
+    """AdamW with linear warm-up and a constant or linearly decaying rate."""
+
+    learning_rate: float = Field(1e-5, gt=0, description="Peak learning rate")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    warmup_steps: int = Field(0, ge=0, description="Steps of linear warm-up from 0")
+    schedule: Literal["constant", "linear"] = Field("constant", description="After warm-up: constant, or linear decay to 0 at max_steps")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient norm clipping")
+    max_steps: int = Field(100, ge=1, description="Optimizer steps in the run")
+    seed: int = Field(0, description="Seed of sampling, shuffling and initialisation")
+    threads: int = Field(2, ge=1, description="torch intra-op threads")
+
+
+class OutputConfig(Strict):
+    """Where the checkpoint goes and how often the run saves resumable state."""
+
+    dir: Path = Field(..., description="Checkpoint directory: weights, result.json, metrics.jsonl, resume state")
+    checkpoint_id: str = Field("", description="Registry id of the new checkpoint (default: a fresh uuid)")
+    save_every: int = Field(50, ge=1, description="Save resumable state (weights, optimizer, scheduler, step) every N steps")
+    resume: bool = Field(True, description="Continue from saved resume state in dir when there is some")
+    register_checkpoint: bool = Field(True, description="Register the checkpoint in the store's registry when store_addr is set")
+    progress: bool = Field(True, description="Show a progress bar")
+
+
+class JobConfig(Strict):
+    """What every training job's config has."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The model being trained")
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer and schedule")
+    output: OutputConfig = Field(..., description="Checkpoint directory and saving")
+    store_addr: str = Field("", description="Trajectory store (host:port) for data and the registry; empty: no store")
+
+    @classmethod
+    def from_file(cls, path: str | Path):
+        """Reads a JSON or YAML config file and validates it."""
+        text = Path(path).read_text()
+        if Path(path).suffix == ".json":
+            return cls.model_validate(json.loads(text))
+        import yaml  # only YAML configs need it
+
+        return cls.model_validate(yaml.safe_load(text) or {})

@@ -1,0 +1,71 @@
+"""Training data from the trajectory store: a TrajectoryFilter built from the job's config,
+streamed through Export, and a dataset snapshot id that names exactly what was read."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Iterable
+
+from gearshift.clients import channel
+from gearshift.common.v1.common_pb2 import Mode, Trajectory, TrajectoryStatus
+from gearshift.settings import Settings
+from gearshift.store.v1 import store_pb2, store_pb2_grpc
+from gearshift.training.config import DataConfig
+
+MODES = {"instant": Mode.MODE_INSTANT, "reasoning": Mode.MODE_REASONING, "agentic": Mode.MODE_AGENTIC}
+CORRECTNESS = {
+    "any": store_pb2.CORRECTNESS_UNSPECIFIED,
+    "correct": store_pb2.CORRECTNESS_CORRECT,
+    "incorrect": store_pb2.CORRECTNESS_INCORRECT,
+    "unscored": store_pb2.CORRECTNESS_UNSCORED,
+}
+
+
+def trajectory_filters(config: DataConfig) -> list[store_pb2.TrajectoryFilter]:
+    """The store filters for a data config: one per run id (the filter takes a single one)."""
+    base = store_pb2.TrajectoryFilter(
+        modes=[MODES[mode] for mode in config.modes],
+        correctness=CORRECTNESS[config.correctness],
+        task_source=config.task_source,
+        split=config.split,
+        model_version=config.model_version,
+        statuses=[TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED] if config.completed_only else [],
+    )
+    if config.min_reward is not None:
+        base.min_reward = config.min_reward
+    if config.max_reward is not None:
+        base.max_reward = config.max_reward
+    if not config.run_ids:
+        return [base]
+    filters = []
+    for run_id in config.run_ids:
+        one = store_pb2.TrajectoryFilter()
+        one.CopyFrom(base)
+        one.run_id = run_id
+        filters.append(one)
+    return filters
+
+
+async def export(store_addr: str, config: DataConfig, settings: Settings | None = None) -> list[Trajectory]:
+    """Every matching trajectory with its turns, oldest first, each id once."""
+    settings = settings or Settings()
+    found: dict[str, Trajectory] = {}
+    async with channel(store_addr, settings) as ch:
+        stub = store_pb2_grpc.TrajectoryStoreStub(ch)
+        for query in trajectory_filters(config):
+            request = store_pb2.ExportRequest(filter=query, include_turns=True, limit=config.limit)
+            async for trajectory in stub.Export(request):
+                found.setdefault(trajectory.id, trajectory)
+    return list(found.values())
+
+
+def load_trajectories(store_addr: str, config: DataConfig, settings: Settings | None = None) -> list[Trajectory]:
+    """export() for synchronous callers (the trainers)."""
+    return asyncio.run(export(store_addr, config, settings))
+
+
+def snapshot_id(trajectory_ids: Iterable[str]) -> str:
+    """Names a dataset by its content: the hash of its sorted trajectory ids."""
+    digest = hashlib.sha256("\n".join(sorted(set(trajectory_ids))).encode()).hexdigest()
+    return f"ds-{digest[:16]}"

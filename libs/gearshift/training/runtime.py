@@ -1,0 +1,221 @@
+"""What every training run does besides its loss: load the model, build the optimizer, resume
+after a crash, step with clipping, log metrics (JSON lines), show progress, save the checkpoint
+with result.json and register it in the store's registry with its lineage."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from gearshift.common.v1.common_pb2 import Checkpoint, CheckpointStatus
+from gearshift.settings import Settings
+from gearshift.training import checkpoints
+from gearshift.training.config import JobConfig, OptimConfig
+
+RESULT_FILE = "result.json"
+METRICS_FILE = "metrics.jsonl"
+RESUME_DIR = "resume"
+POLICY_KIND = "policy"
+
+StepCallback = Callable[[int, dict], None]
+
+
+def build_optimizer(model: torch.nn.Module, optim: OptimConfig):
+    """AdamW over the trainable parameters, linear warm-up, then constant or linear decay."""
+    params = [param for param in model.parameters() if param.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=optim.learning_rate, weight_decay=optim.weight_decay, betas=optim.betas)
+
+    def factor(step: int) -> float:
+        if optim.warmup_steps and step < optim.warmup_steps:
+            return (step + 1) / optim.warmup_steps
+        if optim.schedule == "linear":
+            return max(0.0, (optim.max_steps - step) / max(1, optim.max_steps - optim.warmup_steps))
+        return 1.0
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def code_version() -> str:
+    """The git commit of the code that trained (or "unknown" outside a checkout)."""
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=Path(__file__).parent, timeout=5
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+@dataclass
+class Run:
+    """One training run of a job; create it with Run.start."""
+
+    job: str
+    config: JobConfig
+    policy: checkpoints.LoadedPolicy
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    checkpoint_id: str
+    start_step: int = 0
+    step: int = 0
+    on_step: StepCallback | None = None
+    last_metrics: dict = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, job: str, config: JobConfig, on_step: StepCallback | None = None) -> Run:
+        """Loads the model and optimizer, and resumes from saved state when there is some."""
+        torch.manual_seed(config.optim.seed)
+        torch.set_num_threads(config.optim.threads)
+        policy = checkpoints.load_policy(config.model, Settings().data_dir / "models")
+        policy.model.train()
+        optimizer, scheduler = build_optimizer(policy.model, config.optim)
+        output = config.output.dir
+        output.mkdir(parents=True, exist_ok=True)
+        checkpoint_id = config.output.checkpoint_id or _saved_id(output) or str(uuid.uuid4())
+        (output / "checkpoint_id").write_text(checkpoint_id)
+        step = checkpoints.load_resume(output / RESUME_DIR, policy.model, optimizer, scheduler) if config.output.resume else 0
+        return cls(job, config, policy, optimizer, scheduler, checkpoint_id, start_step=step, step=step, on_step=on_step)
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.policy.model
+
+    @property
+    def tokenizer(self):
+        return self.policy.tokenizer
+
+    @property
+    def output(self) -> Path:
+        return self.config.output.dir
+
+    def steps(self) -> Iterator[int]:
+        """The steps still to run (1-based), with a progress bar."""
+        remaining = range(self.start_step + 1, self.config.optim.max_steps + 1)
+        if not self.config.output.progress:
+            yield from remaining
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        columns = (TextColumn(f"{self.job}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.fields[loss]}"))
+        with Progress(*columns, transient=False) as progress:
+            task = progress.add_task(self.job, total=self.config.optim.max_steps, completed=self.start_step, loss="")
+            for step in remaining:
+                yield step
+                progress.update(task, advance=1, loss=f"loss {self.last_metrics.get('loss', float('nan')):.4f}")
+
+    def update(self, step: int, loss: torch.Tensor, metrics: dict, started: float) -> None:
+        """Backward, clip, optimizer and scheduler step; then metrics and, every save_every
+        steps, the resume state."""
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"step {step}: loss is {float(loss)}")
+        loss.backward()
+        params = [param for param in self.model.parameters() if param.requires_grad]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.optim.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step = step
+        record = {
+            "step": step,
+            "loss": float(loss),
+            "grad_norm": float(grad_norm),
+            "lr": self.scheduler.get_last_lr()[0],
+            "seconds": time.perf_counter() - started,
+            **metrics,
+        }
+        if "tokens" in metrics:
+            record["tokens_per_second"] = metrics["tokens"] / record["seconds"]
+        self.last_metrics = record
+        with open(self.output / METRICS_FILE, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+        if step % self.config.output.save_every == 0:
+            checkpoints.save_resume(self.output / RESUME_DIR, self.model, self.optimizer, self.scheduler, step)
+        if self.on_step:
+            self.on_step(step, record)
+
+    def finish(self, trajectory_ids: list[str], dataset_snapshot: str, metrics: dict | None = None) -> dict:
+        """finalize(), then the registry (from synchronous trainers)."""
+        result = self.finalize(trajectory_ids, dataset_snapshot, metrics)
+        if self.registers:
+            asyncio.run(register(self.config.store_addr, result))
+        return result
+
+    @property
+    def registers(self) -> bool:
+        return bool(self.config.store_addr and self.config.output.register_checkpoint)
+
+    def finalize(self, trajectory_ids: list[str], dataset_snapshot: str, metrics: dict | None = None) -> dict:
+        """Saves the weights and writes result.json; returns the result."""
+        checkpoints.save_weights(self.policy, self.output)
+        checkpoints.save_resume(self.output / RESUME_DIR, self.model, self.optimizer, self.scheduler, self.step)
+        history = read_metrics(self.output)
+        losses = [record["loss"] for record in history]
+        result = {
+            "checkpoint_id": self.checkpoint_id,
+            "parent_id": self.config.model.parent_checkpoint_id,
+            "job": self.job,
+            "uri": str(self.output.resolve()),
+            "lora": self.policy.is_lora,
+            "config": json.loads(self.config.model_dump_json()),
+            "code_version": code_version(),
+            "dataset_snapshot": dataset_snapshot,
+            "trajectory_ids": sorted(trajectory_ids),
+            "metrics": {
+                "steps": self.step,
+                "first_loss": losses[0] if losses else math.nan,
+                "final_loss": losses[-1] if losses else math.nan,
+                **(metrics or {}),
+            },
+        }
+        (self.output / RESULT_FILE).write_text(json.dumps(result, indent=2))
+        return result
+
+
+def _saved_id(output: Path) -> str:
+    """The id a previous (interrupted) run of this directory chose, so a resume keeps it."""
+    path = output / "checkpoint_id"
+    return path.read_text().strip() if path.exists() else ""
+
+
+def read_metrics(output: Path) -> list[dict]:
+    """The metrics lines of a run, one dict per step."""
+    path = output / METRICS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def as_checkpoint(result: dict) -> Checkpoint:
+    """The registry record of a finished run: a CANDIDATE policy with its lineage."""
+    metrics = {key: float(value) for key, value in result["metrics"].items() if isinstance(value, int | float) and math.isfinite(value)}
+    return Checkpoint(
+        id=result["checkpoint_id"],
+        kind=POLICY_KIND,
+        uri=result["uri"],
+        parent_id=result["parent_id"],
+        job=result["job"],
+        config_json=json.dumps(result["config"]),
+        code_version=result["code_version"],
+        dataset_snapshot=result["dataset_snapshot"],
+        trajectory_ids=result["trajectory_ids"],
+        eval_metrics={f"train/{key}": value for key, value in metrics.items()},
+        status=CheckpointStatus.CHECKPOINT_STATUS_CANDIDATE,
+    )
+
+
+async def register(store_addr: str, result: dict) -> Checkpoint:
+    """Records the checkpoint in the store's registry."""
+    from gearshift.clients import channel
+    from gearshift.store.v1 import store_pb2, store_pb2_grpc
+
+    async with channel(store_addr, Settings()) as ch:
+        stub = store_pb2_grpc.TrajectoryStoreStub(ch)
+        return await stub.RegisterCheckpoint(store_pb2.RegisterCheckpointRequest(checkpoint=as_checkpoint(result)))

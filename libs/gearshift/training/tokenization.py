@@ -1,0 +1,146 @@
+"""Trajectories to token ids with loss masks, through the model's own chat template.
+
+The prompt is exactly what serving sends: prompts.messages(query) rendered with the generation
+prompt. The assistant turn is the stored transcript (a2fm.render_transcript), cut into pieces
+the model wrote (targets) and pieces the platform wrote (masked):
+- tool responses (the environment's text);
+- what the executor injects: a forced mode's justification and classification block, the mode
+  opener after the classification, and the planner's plan block at the start of agentic turns.
+For model-routed trajectories the rationale and classification block are targets: one model
+learns to route, then to answer in that mode (A^2FM route-then-align).
+
+Masks are computed on characters and mapped to tokens with the tokenizer's offsets, so the ids
+are those of tokenizing the whole text at once, as the policy server does; a token that
+straddles a target and a masked piece is masked.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from gearshift.common.v1.common_pb2 import PlanDecision, RoutingStrategy, Trajectory, TrajectoryStatus
+from gearshift.protocol import a2fm, prompts
+from gearshift.protocol.sr2am import render_plan
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A piece of the assistant turn and whether the loss learns it."""
+
+    text: str
+    target: bool
+
+
+@dataclass
+class Encoded:
+    """Token ids of prompt + assistant turn; target[i] says token i is learned (predicted from i-1)."""
+
+    input_ids: list[int]
+    target: list[bool]
+
+    @property
+    def target_count(self) -> int:
+        return sum(self.target)
+
+
+def injected_plan_block(turn) -> str:
+    """The plan block the executor writes at the start of an agentic turn (see EpisodeRunner._regulate)."""
+    if not turn.plan_decision:
+        return ""
+    block = {
+        PlanDecision.PLAN_DECISION_PLAN_NEW: render_plan(turn.plan),
+        PlanDecision.PLAN_DECISION_CONTINUE: "Plan:",
+        PlanDecision.PLAN_DECISION_ACT: "Plan: None",
+    }[turn.plan_decision]
+    return f"\n{block}\n" if turn.index else f"{block}\n{prompts.AGENTIC_OPENER}"
+
+
+def assistant_segments(trajectory: Trajectory) -> list[Segment]:
+    """The assistant turn of a stored trajectory in target and masked pieces; joined, they equal
+    a2fm.render_transcript(trajectory)."""
+    routed_by_model = trajectory.routing_strategy == RoutingStrategy.ROUTING_STRATEGY_MODEL
+    head = f"{trajectory.routing_rationale}\n" if trajectory.routing_rationale else ""
+    pieces = [
+        Segment(head + a2fm.classification_block(trajectory.mode), target=routed_by_model),
+        Segment(prompts.MODE_OPENERS[trajectory.mode], target=False),
+    ]
+    for turn in trajectory.turns:
+        output, injected = turn.output, injected_plan_block(turn)
+        if injected and output.startswith(injected):
+            pieces.append(Segment(injected, target=False))
+            output = output[len(injected):]
+        pieces.append(Segment(output, target=True))
+        pieces.append(Segment(a2fm.tool_response_of(turn.tool_results), target=False))
+    return [piece for piece in pieces if piece.text]
+
+
+def prompt_text(tokenizer, query: str) -> str:
+    """The prompt serving sends for a query: system + user + the assistant turn's opening."""
+    return tokenizer.apply_chat_template(prompts.messages(query), tokenize=False, add_generation_prompt=True)
+
+
+@functools.lru_cache(maxsize=8)
+def _end_of_turn(tokenizer) -> str:
+    """The text the chat template closes an assistant turn with, without trailing whitespace."""
+    chat = prompts.messages("q", "a")
+    whole = tokenizer.apply_chat_template(chat, tokenize=False)
+    opened = tokenizer.apply_chat_template(chat, tokenize=False, continue_final_message=True)
+    return whole[len(opened):].rstrip()
+
+
+def encode(tokenizer, query: str, segments: list[Segment], end_of_turn: bool, max_length: int | None = None) -> Encoded:
+    """Tokenizes prompt + segments (+ the end-of-turn marker as a target when end_of_turn)."""
+    text = prompt_text(tokenizer, query)
+    spans = []
+    pieces = list(segments) + ([Segment(_end_of_turn(tokenizer), True)] if end_of_turn else [])
+    for piece in pieces:
+        start = len(text)
+        text += piece.text
+        if piece.target:
+            spans.append((start, len(text)))
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    target = [_inside(start, end, spans) for start, end in encoded["offset_mapping"]]
+    ids = list(encoded["input_ids"])
+    if max_length is not None:
+        ids, target = ids[:max_length], target[:max_length]
+    return Encoded(ids, target)
+
+
+def encode_trajectory(tokenizer, trajectory: Trajectory, max_length: int | None = None) -> Encoded:
+    """A stored trajectory with its masks; a completed one also learns to end its turn."""
+    completed = trajectory.status == TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED
+    return encode(tokenizer, trajectory.query, assistant_segments(trajectory), completed, max_length)
+
+
+def _inside(start: int, end: int, spans: list[tuple[int, int]]) -> bool:
+    return end > start and any(low <= start and end <= high for low, high in spans)
+
+
+@dataclass
+class Batch:
+    """Right-padded tensors; target_mask[b, t] says token t of row b is learned."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    target_mask: torch.Tensor
+
+    @property
+    def tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+
+def collate(examples: list[Encoded], pad_id: int) -> Batch:
+    """Pads a list of encoded examples to the longest one."""
+    width = max(len(example.input_ids) for example in examples)
+    ids = torch.full((len(examples), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(examples), width), dtype=torch.long)
+    target = torch.zeros((len(examples), width), dtype=torch.bool)
+    for row, example in enumerate(examples):
+        n = len(example.input_ids)
+        ids[row, :n] = torch.tensor(example.input_ids)
+        attention[row, :n] = 1
+        target[row, :n] = torch.tensor(example.target)
+    return Batch(ids, attention, target)
