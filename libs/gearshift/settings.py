@@ -200,8 +200,10 @@ class OrchestrationSettings(BaseModel):
     checkpoints_dir: Path | None = Field(None, description="Where runs write checkpoints (default: data_dir/checkpoints)")
     job_timeout_seconds: float = Field(86_400.0, gt=0, description="A training run still going after this long is stopped and failed")
     lease_seconds: float = Field(60.0, gt=0, description="A running task whose heartbeat is older than this counts as crashed and is taken over")
-    eval_suite: str = Field("arith", description="Evaluation suite of the promotion gate")
+    eval_suite: str = Field("basic_arithmetic", description="Evaluation suite of the promotion gate")
     eval_split: str = Field("test", description="Held-out split the promotion gate evaluates on")
+    eval_items: int = Field(20, ge=1, description="Items of the held-out split the gate evaluates")
+    eval_mode: str = Field("auto", description="Evaluation mode of the gate (auto: the model routes itself)")
     accuracy_margin: float = Field(0.0, ge=0, description="Largest accuracy drop (absolute, 0..1) the gate accepts vs the published checkpoint")
     cost_of_pass_margin: float = Field(0.05, ge=0, description="Largest relative cost-of-pass rise the gate accepts vs the published checkpoint")
     publish_target: Literal["builtin", "vllm_lora", "deployment"] = Field(

@@ -1,0 +1,216 @@
+"""What each orchestration task does, without Celery: score, snapshot, train, evaluate,
+promote. The trajectory store and the reward service are reached over gRPC like every other
+client; only the job journal is read directly from the database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from gearshift.clients import channel
+from gearshift.common.v1.common_pb2 import Checkpoint, CheckpointStatus, TrajectoryStatus
+from gearshift.errors import FailedPrecondition, NotFound
+from gearshift.orchestration.promotion import Decision, EvalResult, Evaluator, Margins, decide, stored_result
+from gearshift.orchestration.runners import Heartbeat, RunSpec, Runner
+from gearshift.reward.v1 import reward_pb2, reward_pb2_grpc
+from gearshift.settings import Settings
+from gearshift.store.v1 import store_pb2, store_pb2_grpc
+
+SCORED = -1e308  # min_reward at or above this matches every scored trajectory
+JOBS = ("sft", "distill", "apo")
+
+
+def digest(*parts) -> str:
+    """A short stable hash of JSON-able parts (dedupe keys, run names)."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def run_name(job: str, key: str) -> str:
+    """A DNS-1123 name for a run (Kubernetes Job and ConfigMap names)."""
+    return re.sub(r"[^a-z0-9-]", "-", f"gearshift-{job}-{digest(key)}".lower())[:52]
+
+
+def checkpoints_dir(settings: Settings) -> Path:
+    return settings.orchestration.checkpoints_dir or settings.data_dir / "checkpoints"
+
+
+# ---------------------------------------------------------------- scoring
+
+
+async def unscored_with_reference(settings: Settings, limit: int) -> list:
+    """Completed, unscored trajectories that carry a reference answer (oldest first)."""
+    flt = store_pb2.TrajectoryFilter(
+        correctness=store_pb2.CORRECTNESS_UNSCORED, statuses=[TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED]
+    )
+    found = []
+    async with channel(settings.store_addr, settings) as ch:
+        async for trajectory in store_pb2_grpc.TrajectoryStoreStub(ch).Export(store_pb2.ExportRequest(filter=flt)):
+            if trajectory.reference_answer:
+                found.append(trajectory)
+                if len(found) >= limit:
+                    break
+    return found
+
+
+async def score(settings: Settings, trajectories: list) -> int:
+    """Scores trajectories with the reward service (APO, one group per query and reference,
+    so the forced-instant success rate is the group's) and stores each reward."""
+    groups = defaultdict(list)
+    for trajectory in trajectories:
+        groups[(trajectory.query, trajectory.reference_answer)].append(trajectory)
+    scored = 0
+    async with channel(settings.reward_addr, settings) as reward_ch, channel(settings.store_addr, settings) as store_ch:
+        reward = reward_pb2_grpc.RewardStub(reward_ch)
+        store = store_pb2_grpc.TrajectoryStoreStub(store_ch)
+        for (_, reference), rollouts in groups.items():
+            reply = await reward.Score(
+                reward_pb2.ScoreRequest(reference_answer=reference, kind=reward_pb2.REWARD_KIND_APO, rollouts=rollouts)
+            )
+            for one in reply.scored:
+                await store.SetReward(store_pb2.SetRewardRequest(id=one.trajectory_id, reward=one.reward))
+                scored += 1
+    return scored
+
+
+async def count_scored_since(settings: Settings, since_us: int, enough: int) -> tuple[int, int]:
+    """(how many scored trajectories were created after since_us, capped at `enough`; the
+    newest one's creation time in microseconds, or since_us when there is none)."""
+    flt = store_pb2.TrajectoryFilter(min_reward=SCORED)
+    if since_us:
+        flt.created_after.FromMicroseconds(since_us + 1)
+    count, newest = 0, since_us
+    async with channel(settings.store_addr, settings) as ch:
+        request = store_pb2.ExportRequest(filter=flt, limit=enough)
+        async for trajectory in store_pb2_grpc.TrajectoryStoreStub(ch).Export(request):
+            count += 1
+            newest = max(newest, trajectory.created_at.ToMicroseconds())
+    return count, newest
+
+
+# ---------------------------------------------------------------- dataset snapshots
+
+
+def data_filter(data: dict) -> store_pb2.TrajectoryFilter:
+    """The store filter of a job's `data` section (gearshift.training.config.DataConfig)."""
+    from gearshift.training.config import DataConfig
+    from gearshift.training.data import trajectory_filters
+
+    filters = trajectory_filters(DataConfig.model_validate(data))
+    if len(filters) != 1:
+        raise FailedPrecondition("a snapshot takes one filter (at most one run id)")
+    return filters[0]
+
+
+async def snapshot(settings: Settings, data: dict) -> dict:
+    """Freezes what a data filter matches now: the ids, named by their hash (the trainers'
+    snapshot id), written to data_dir/snapshots/<id>.json."""
+    from gearshift.training.data import snapshot_id
+
+    request = store_pb2.ExportRequest(filter=data_filter(data))
+    async with channel(settings.store_addr, settings) as ch:
+        ids = [t.id async for t in store_pb2_grpc.TrajectoryStoreStub(ch).Export(request)]
+    if not ids:
+        raise FailedPrecondition(f"no trajectories match {data}")
+    name = snapshot_id(ids)
+    path = settings.data_dir / "snapshots" / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"id": name, "data": data, "trajectory_ids": sorted(ids)}))
+    return {"snapshot": name, "count": len(ids), "path": str(path), "data": data}
+
+
+# ---------------------------------------------------------------- training
+
+
+def train_config(settings: Settings, job: str, base: dict, key: str, data: dict | None, parent: Checkpoint | None) -> RunSpec:
+    """The run's --config: the caller's base config, the data filter, the parent checkpoint as
+    starting weights (lineage), a checkpoint id and directory derived from the dedupe key (a
+    retried run writes the same checkpoint), and the store to read from and register in."""
+    if job not in JOBS:
+        raise FailedPrecondition(f"unknown training job {job!r}; one of {', '.join(JOBS)}")
+    name = run_name(job, key)
+    output_dir = checkpoints_dir(settings) / name
+    config = json.loads(json.dumps(base))  # a deep copy
+    if data is not None:
+        config["data"] = config.get("data", {}) | data
+    if parent is not None:
+        config.setdefault("model", {}).update(base=parent.uri, parent_checkpoint_id=parent.id)
+    config["output"] = config.get("output", {}) | {"dir": str(output_dir), "checkpoint_id": name}
+    config.setdefault("store_addr", settings.store_addr)
+    return RunSpec(name=name, job=job, config=config, output_dir=output_dir)
+
+
+def train(runner: Runner, spec: RunSpec, external_id: str, heartbeat: Heartbeat, timeout: float) -> dict:
+    """Starts (or re-attaches to) the run and waits for it; its result.json, or the registry's
+    record of the checkpoint when the result file is on storage this worker cannot read."""
+    outcome = runner.wait(spec, external_id, heartbeat, timeout)
+    if not outcome.succeeded:
+        raise FailedPrecondition(f"training run {spec.name} failed: {outcome.reason}\n{outcome.log[-2000:]}")
+    result = outcome.result or {"checkpoint_id": spec.config["output"]["checkpoint_id"]}
+    return {"checkpoint_id": result.get("checkpoint_id") or result.get("id") or spec.name, "run": spec.name,
+            "output_dir": str(spec.output_dir), "metrics": result.get("metrics", {}), "log_tail": outcome.log[-4000:]}
+
+
+# ---------------------------------------------------------------- registry
+
+
+async def get_checkpoint(settings: Settings, checkpoint_id: str) -> Checkpoint:
+    async with channel(settings.store_addr, settings) as ch:
+        return await store_pb2_grpc.TrajectoryStoreStub(ch).GetCheckpoint(store_pb2.GetCheckpointRequest(id=checkpoint_id))
+
+
+async def published(settings: Settings, kind: str = "policy") -> Checkpoint | None:
+    """The newest published checkpoint of a kind."""
+    async with channel(settings.store_addr, settings) as ch:
+        reply = await store_pb2_grpc.TrajectoryStoreStub(ch).ListCheckpoints(
+            store_pb2.ListCheckpointsRequest(kind=kind, status=CheckpointStatus.CHECKPOINT_STATUS_PUBLISHED, limit=1)
+        )
+    return reply.checkpoints[0] if reply.checkpoints else None
+
+
+async def update_checkpoint(settings: Settings, checkpoint_id: str, status: int, metrics: dict[str, float]) -> Checkpoint:
+    finite = {name: value for name, value in metrics.items() if isinstance(value, (int, float))}
+    async with channel(settings.store_addr, settings) as ch:
+        return await store_pb2_grpc.TrajectoryStoreStub(ch).UpdateCheckpoint(
+            store_pb2.UpdateCheckpointRequest(id=checkpoint_id, status=status, eval_metrics=finite)
+        )
+
+
+# ---------------------------------------------------------------- promotion
+
+
+@dataclass
+class GateOutcome:
+    decision: Decision
+    candidate: Checkpoint
+    baseline: Checkpoint | None
+
+
+async def gate(settings: Settings, checkpoint_id: str, evaluator: Evaluator) -> GateOutcome:
+    """Evaluates the candidate (and the published checkpoint, unless its figures for this suite
+    split are already in the registry), records the figures, and decides."""
+    o = settings.orchestration
+    candidate = await get_checkpoint(settings, checkpoint_id)
+    if not candidate.id:
+        raise NotFound(f"checkpoint {checkpoint_id} is not registered")
+    result = stored_result(candidate, o.eval_suite, o.eval_split) or evaluator.evaluate(candidate, o.eval_suite, o.eval_split)
+    await update_checkpoint(settings, candidate.id, 0, result.metrics(o.eval_suite, o.eval_split))
+    baseline = await published(settings, candidate.kind or "policy")
+    baseline_result = None
+    if baseline is not None and baseline.id != candidate.id:
+        baseline_result = stored_result(baseline, o.eval_suite, o.eval_split)
+        if baseline_result is None:
+            baseline_result = evaluator.evaluate(baseline, o.eval_suite, o.eval_split)
+            await update_checkpoint(settings, baseline.id, 0, baseline_result.metrics(o.eval_suite, o.eval_split))
+    decision = decide(result, baseline_result, Margins(o.accuracy_margin, o.cost_of_pass_margin))
+    return GateOutcome(decision, candidate, baseline if baseline_result else None)
+
+
+def eval_summary(result: EvalResult) -> dict:
+    """JSON-safe figures (inf as null)."""
+    return {"accuracy": result.accuracy, "cost_of_pass": result.cost_of_pass if math.isfinite(result.cost_of_pass) else None}

@@ -1,0 +1,179 @@
+"""The Celery tasks of the closed loop. Each one claims a dedupe key in the job journal before
+any side effect (see journal.py), so delivering a task twice does its work once:
+
+    score_new -> build_snapshot -> train -> promote (evaluate + gate + publish)
+
+`start_round` chains them; `check_trigger` (Celery beat) starts a round once
+orchestration.trigger_new_scored scored trajectories arrived since the last round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from functools import lru_cache
+
+from celery import chain
+
+from gearshift.common.v1.common_pb2 import CheckpointStatus
+from gearshift.orchestration import steps
+from gearshift.orchestration.app import app
+from gearshift.orchestration.evaluators import HarnessEvaluator
+from gearshift.orchestration.journal import Claim, JobJournal
+from gearshift.orchestration.promotion import Evaluator
+from gearshift.orchestration.publishing import publish as publish_checkpoint
+from gearshift.orchestration.runners import make_runner
+from gearshift.settings import Settings, get_settings
+from gearshift.storage import create_store_engine, upgrade_to_head
+
+log = logging.getLogger(__name__)
+
+# Tests and embedders replace how checkpoints are evaluated (the harness by default).
+evaluator_factory: Callable[[Settings], Evaluator] = HarnessEvaluator
+
+
+@lru_cache(maxsize=1)
+def journal() -> JobJournal:
+    settings = get_settings()
+    engine = create_store_engine(settings.store_database_url(), pool_size=2)
+    upgrade_to_head(engine)
+    return JobJournal(engine, settings.orchestration.lease_seconds)
+
+
+def once(key: str, kind: str, params: dict, work: Callable[[JobJournal, str], dict]) -> dict:
+    """Runs work(journal, key) unless the journal says it is done or being done elsewhere;
+    records its result or its error."""
+    book = journal()
+    claim, run = book.claim(key, kind, params)
+    if claim is Claim.DONE:
+        return run.result | {"deduplicated": True}
+    if claim is Claim.BUSY:
+        return {"key": key, "busy": True, "owner": run.owner}
+    try:
+        result = work(book, run.external_id)
+    except Exception as exc:
+        book.fail(key, f"{type(exc).__name__}: {exc}")
+        raise
+    book.succeed(key, result | {"key": key})
+    return result | {"key": key}
+
+
+@app.task(name="gearshift.orchestration.tasks.score_new")
+def score_new(limit: int = 500) -> dict:
+    """Scores completed trajectories that have a reference and no reward yet."""
+    settings = get_settings()
+    pending = asyncio.run(steps.unscored_with_reference(settings, limit))
+    if not pending:
+        return {"scored": 0}
+    key = f"score:{steps.digest(sorted(t.id for t in pending))}"
+    return once(key, "score", {"count": len(pending)},
+                lambda *_: {"scored": asyncio.run(steps.score(settings, pending))})
+
+
+@app.task(name="gearshift.orchestration.tasks.build_snapshot")
+def build_snapshot(previous: dict | None = None, data: dict | None = None) -> dict:
+    """Freezes the trajectories a data filter matches (default: scored, correct, completed)."""
+    settings = get_settings()
+    data = data or {"correctness": "correct"}
+    result = asyncio.run(steps.snapshot(settings, data))
+    return once(f"snapshot:{result['snapshot']}", "snapshot", {"data": data}, lambda *_: result)
+
+
+@app.task(name="gearshift.orchestration.tasks.train")
+def train(previous: dict | None = None, job: str = "sft", config: dict | None = None, parent_id: str = "", key: str = "") -> dict:
+    """Runs one training job to its end (local subprocess or Kubernetes Job)."""
+    settings = get_settings()
+    previous = previous or {}
+    data = previous.get("data")
+    parent = asyncio.run(steps.get_checkpoint(settings, parent_id)) if parent_id else asyncio.run(steps.published(settings))
+    key = key or f"train:{job}:{steps.digest(config or {}, previous.get('snapshot'), parent.id if parent else '')}"
+    spec = steps.train_config(settings, job, config or {}, key, data, parent)
+    runner = make_runner(settings)
+
+    def work(book: JobJournal, external_id: str) -> dict:
+        if not external_id:  # a first attempt; a retried one re-attaches to what it recorded
+            external_id = runner.start(spec)
+            book.heartbeat(key, external_id=external_id)
+        result = steps.train(runner, spec, external_id, lambda tail: book.heartbeat(key, log=tail),
+                             settings.orchestration.job_timeout_seconds)
+        book.heartbeat(key, log=result.pop("log_tail"))
+        return result | {"snapshot": previous.get("snapshot", "")}
+
+    return once(key, "train", {"job": job, "config": spec.config}, work)
+
+
+@app.task(name="gearshift.orchestration.tasks.promote")
+def promote(previous: dict | None = None, checkpoint_id: str = "") -> dict:
+    """The promotion gate on a candidate: evaluate, compare with the published checkpoint,
+    then publish it or mark it rejected."""
+    settings = get_settings()
+    checkpoint_id = checkpoint_id or (previous or {}).get("checkpoint_id", "")
+
+    def work(*_) -> dict:
+        outcome = asyncio.run(steps.gate(settings, checkpoint_id, evaluator_factory(settings)))
+        decision = outcome.decision
+        result = {
+            "checkpoint_id": checkpoint_id,
+            "promoted": decision.promote,
+            "reasons": decision.reasons,
+            "candidate": steps.eval_summary(decision.candidate),
+            "baseline": steps.eval_summary(decision.baseline) if decision.baseline else None,
+            "baseline_id": outcome.baseline.id if outcome.baseline else "",
+        }
+        if not decision.promote:
+            asyncio.run(steps.update_checkpoint(settings, checkpoint_id, CheckpointStatus.CHECKPOINT_STATUS_REJECTED, {}))
+            return result
+        return result | publish.run(checkpoint_id=checkpoint_id)
+
+    return once(f"promote:{checkpoint_id}", "promote", {"checkpoint_id": checkpoint_id}, work)
+
+
+@app.task(name="gearshift.orchestration.tasks.publish")
+def publish(checkpoint_id: str) -> dict:
+    """Switches serving to the checkpoint and marks it PUBLISHED (the previous one stays
+    PUBLISHED in history; the newest published is the one served)."""
+    settings = get_settings()
+
+    def work(*_) -> dict:
+        checkpoint = asyncio.run(steps.get_checkpoint(settings, checkpoint_id))
+        report = publish_checkpoint(checkpoint, settings)
+        asyncio.run(steps.update_checkpoint(
+            settings, checkpoint_id, CheckpointStatus.CHECKPOINT_STATUS_PUBLISHED, {"switch_seconds": report.switch_seconds}
+        ))
+        return {"published": checkpoint_id, "target": report.target, "switch_seconds": report.switch_seconds}
+
+    return once(f"publish:{checkpoint_id}", "publish", {"checkpoint_id": checkpoint_id}, work)
+
+
+def round_chain(job: str, config: dict, data: dict | None = None):
+    """One training round as a Celery chain: score -> snapshot -> train -> promote."""
+    return chain(score_new.si(), build_snapshot.s(data=data), train.s(job=job, config=config), promote.s())
+
+
+@app.task(name="gearshift.orchestration.tasks.start_round")
+def start_round(job: str | None = None, config: dict | None = None, data: dict | None = None) -> dict:
+    """Starts one training round now. Started twice, the second chain finds every step done."""
+    settings = get_settings()
+    job = job or settings.orchestration.round_job
+    config = config if config is not None else settings.orchestration.round_config
+    return {"chain": round_chain(job, config, data).apply_async().id}
+
+
+@app.task(name="gearshift.orchestration.tasks.check_trigger")
+def check_trigger() -> dict:
+    """Starts a round when enough new scored trajectories arrived since the last round."""
+    settings = get_settings()
+    last = journal().latest("round")
+    since = int(last.params.get("watermark_us", 0)) if last else 0
+    needed = settings.orchestration.trigger_new_scored
+    count, newest = asyncio.run(steps.count_scored_since(settings, since, needed))
+    if count < needed:
+        return {"new_scored": count, "needed": needed, "started": False}
+    key = f"round:{newest}"
+    claim, _ = journal().claim(key, "round", {"watermark_us": newest, "job": settings.orchestration.round_job})
+    if claim is not Claim.NEW:
+        return {"new_scored": count, "started": False, "key": key}
+    chain_id = round_chain(settings.orchestration.round_job, settings.orchestration.round_config).apply_async().id
+    journal().succeed(key, {"chain": chain_id, "watermark_us": newest})
+    return {"new_scored": count, "started": True, "key": key, "chain": chain_id}
