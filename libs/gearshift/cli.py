@@ -268,5 +268,11 @@ def _store_call(call):
         raise click.ClickException(f"{exc.code().name}: {exc.details()}") from None
 
 
+# `gearshift router train|publish|list`: the router training job's commands (lazy imports inside).
+from gearshift.jobs.router.cli import router as _router_group  # noqa: E402
+
+main.add_command(_router_group)
+
+
 if __name__ == "__main__":
     main()

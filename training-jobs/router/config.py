@@ -1,0 +1,58 @@
+"""The router training job's configuration (no torch import: cheap to load anywhere)."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class RouterTrainingConfig(BaseModel):
+    """What to train on, how, and where the artefact goes. Load from JSON or TOML with from_file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task_source: str = Field("", description="Only trajectories of this suite (task_source); empty = every suite")
+    run_ids: list[str] = Field(default_factory=list, description="Only these evaluation runs; empty = every run")
+    model_version: str = Field("", description="Only trajectories of this policy checkpoint; empty = any")
+    train_splits: list[str] = Field(default_factory=lambda: ["train"], description="Splits whose items the classifiers learn from")
+    eval_split: str = Field(
+        "dev", description="Split of held-out items for the offline evaluation; empty = hold out a share of the training items"
+    )
+    holdout_fraction: float = Field(
+        0.2, gt=0, lt=1, description="Share of training items held out (by a hash of the item id) when the eval split has no items"
+    )
+    embedding: Literal["minilm", "static", "none"] = Field(
+        "minilm",
+        description="Query embedding: minilm (full all-MiniLM-L6-v2, milliseconds), static (its token embeddings averaged, "
+        "microseconds, no torch) or none (lexical features only)",
+    )
+    max_tokens: int = Field(128, ge=8, description="Word pieces of a query kept for the embedding")
+    l2: float = Field(1.0, ge=0, description="L2 penalty of each mode's logistic regression (on standardised features)")
+    max_iterations: int = Field(50, ge=1, description="Most Newton steps per classifier")
+    accuracy_floor: float = Field(
+        0.5, ge=0, le=1, description="Accuracy floor used by the offline evaluation (serving uses GEARSHIFT_LEARNED_ROUTER__ACCURACY_FLOOR)"
+    )
+    min_items: int = Field(4, ge=1, description="Fewest training items with forced attempts; fewer is an error")
+    bootstrap_samples: int = Field(1_000, ge=1, description="Bootstrap resamples for the cost-of-pass confidence intervals")
+    version: str = Field("", description="Artefact version and checkpoint id; empty = router-<UTC time>-<data hash>")
+    artefact_dir: Path | None = Field(None, description="Where artefacts go (default: GEARSHIFT_LEARNED_ROUTER__ARTEFACT_DIR or data_dir/routers)")
+    register: bool = Field(True, description="Register the artefact in the store's checkpoint registry (kind router)")
+
+    @model_validator(mode="after")
+    def _eval_split_is_held_out(self) -> RouterTrainingConfig:
+        if self.eval_split and self.eval_split in self.train_splits:
+            raise ValueError(f"eval_split {self.eval_split!r} is also a training split")
+        if not self.train_splits:
+            raise ValueError("train_splits is empty")
+        return self
+
+    @classmethod
+    def from_file(cls, path: Path) -> RouterTrainingConfig:
+        """A .json or .toml file holding these fields."""
+        text = Path(path).read_text()
+        data = tomllib.loads(text) if Path(path).suffix == ".toml" else json.loads(text)
+        return cls.model_validate(data)
