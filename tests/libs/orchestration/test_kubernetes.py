@@ -1,0 +1,88 @@
+"""The training Job the KubernetesRunner submits, rendered and validated offline against the
+Kubernetes 1.35 schemas (strict: unknown fields fail), and the policy Deployment patch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from gearshift.common.v1.common_pb2 import Checkpoint
+from gearshift.orchestration.publishing import CHECKPOINT_ANNOTATION, deployment_patch
+from gearshift.orchestration.runners import RunSpec, build_config_map, build_job, to_manifest
+from gearshift.settings import KubernetesSettings
+from tests.charts.k8s import KUBE_VERSION, find_helm, named, render
+
+SPEC = RunSpec(name="gearshift-sft-0123abcd", job="sft", config={"optim": {"max_steps": 2}}, output_dir=Path("/checkpoints/x"))
+GPU_NODES = {
+    "gpus": 4,
+    "node_selector": {"nvidia.com/gpu.present": "true"},
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "checkpoints_claim": "ckpts",
+}
+
+
+def validate(manifest: dict) -> None:
+    kubernetes_validate.validate(manifest, KUBE_VERSION, strict=True)
+
+
+def test_job_from_settings_has_gpus_placement_claim_and_torchrun():
+    job = to_manifest(build_job(SPEC, KubernetesSettings(namespace="train", **GPU_NODES)))
+    validate(job)
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert job["metadata"] == {"name": SPEC.name, "namespace": "train", "labels": {"gearshift.io/training-run": SPEC.name, "gearshift.io/job": "sft"}}
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert container["command"][:4] == ["torchrun", "--standalone", "--nproc-per-node", "4"]
+    assert container["args"] == ["sft", "--config", "/etc/gearshift/train/config.yaml"]
+    assert pod["nodeSelector"] == GPU_NODES["node_selector"] and pod["tolerations"] == GPU_NODES["tolerations"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["checkpoints"]["persistentVolumeClaim"]["claimName"] == "ckpts"
+    assert volumes["config"]["configMap"]["name"] == f"{SPEC.name}-config"
+    assert pod["restartPolicy"] == "Never"
+
+
+def test_one_gpu_runs_without_torchrun():
+    container = to_manifest(build_job(SPEC, KubernetesSettings(gpus=1)))["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["gearshift", "train"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+
+
+def test_config_map_carries_the_config_file():
+    config_map = to_manifest(build_config_map(SPEC, {"gearshift.io/job": "sft"}))
+    validate(config_map)
+    assert yaml.safe_load(config_map["data"]["config.yaml"]) == SPEC.config
+
+
+@pytest.mark.skipif(find_helm() is None, reason="helm is not installed (scripts/install-k8s-tools.sh)")
+def test_job_from_the_charts_template(tmp_path):
+    """The worker's template comes from the chart's training-job ConfigMap: the run's Job keeps
+    the chart's pod (image, GPUs, claim) and gets its own name, args and config ConfigMap."""
+    docs = render(("values-gpu.yaml",))
+    template = named(docs, "ConfigMap", "gearshift-training-job")["data"]["job.yaml"]
+    (tmp_path / "job.yaml").write_text(template)
+    job = to_manifest(build_job(SPEC, KubernetesSettings(namespace="gearshift", job_template=tmp_path / "job.yaml")))
+    validate(job)
+    assert "generateName" not in job["metadata"] and job["metadata"]["name"] == SPEC.name
+    pod = job["spec"]["template"]["spec"]
+    container = next(c for c in pod["containers"] if c["name"] == "train")
+    assert container["args"] == ["sft", "--config", "/etc/gearshift/train/config.yaml"]
+    chart_pod = yaml.safe_load(template)["spec"]["template"]["spec"]
+    assert container["image"] == chart_pod["containers"][0]["image"]
+    quantities = {kind: {name: str(value) for name, value in values.items()} for kind, values in chart_pod["containers"][0]["resources"].items()}
+    assert container["resources"] == quantities  # the GPU count 1 becomes the quantity "1"
+    assert next(v for v in pod["volumes"] if v["name"] == "config")["configMap"]["name"] == f"{SPEC.name}-config"
+    assert job["metadata"]["labels"]["app.kubernetes.io/component"] == "training"
+
+
+def test_deployment_patch_points_vllm_or_builtin_at_the_checkpoint():
+    checkpoint = Checkpoint(id="sft-1", uri="/checkpoints/sft-1")
+    vllm = {"spec": {"template": {"spec": {"containers": [{"name": "policy", "args": ["--model", "/weights/base", "--port", "8000"]}]}}}}
+    patch = deployment_patch(vllm, "policy", checkpoint)
+    assert patch["spec"]["template"]["spec"]["containers"] == [{"name": "policy", "args": ["--model", "/checkpoints/sft-1", "--port", "8000"]}]
+    assert patch["spec"]["template"]["metadata"]["annotations"] == {CHECKPOINT_ANNOTATION: "sft-1"}
+    builtin = {"spec": {"template": {"spec": {"containers": [{"name": "policy", "command": ["gearshift", "serve-policy"]}]}}}}
+    (container,) = deployment_patch(builtin, "policy", checkpoint)["spec"]["template"]["spec"]["containers"]
+    assert container["env"] == [{"name": "GEARSHIFT_POLICY__MODEL", "value": "/checkpoints/sft-1"}]
