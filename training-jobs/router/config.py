@@ -40,7 +40,7 @@ class RouterTrainingConfig(BaseModel):
     bootstrap_samples: int = Field(1_000, ge=1, description="Bootstrap resamples for the cost-of-pass confidence intervals")
     version: str = Field("", description="Artefact version and checkpoint id; empty = router-<UTC time>-<data hash>")
     artefact_dir: Path | None = Field(None, description="Where artefacts go (default: GEARSHIFT_LEARNED_ROUTER__ARTEFACT_DIR or data_dir/routers)")
-    register: bool = Field(True, description="Register the artefact in the store's checkpoint registry (kind router)")
+    register_checkpoint: bool = Field(True, description="Register the artefact in the store's checkpoint registry (kind router)")
 
     @model_validator(mode="after")
     def _eval_split_is_held_out(self) -> RouterTrainingConfig:

@@ -141,7 +141,7 @@ class RouterTrainer:
             path = await asyncio.to_thread(model.save, directory / model.version)
             log.info("router %s written to %s", model.version, path)
             checkpoint = None
-            if self.config.register:
+            if self.config.register_checkpoint:
                 checkpoint = await self._register(store_pb2_grpc.TrajectoryStoreStub(ch), model, path, dataset)
         return TrainingResult(model.version, path, model, evaluation, checkpoint)
 

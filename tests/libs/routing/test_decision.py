@@ -1,0 +1,55 @@
+"""The expected-cost-of-pass decision on hand-computed cases."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from gearshift.routing.decision import ModeEstimate, choose_mode
+
+I, R, A = 1, 2, 3  # instant, reasoning, agentic
+COSTS = {I: 1.0, R: 4.0, A: 10.0}
+
+
+def test_lowest_expected_cost_of_pass_wins():
+    # cost of pass: I 1/0.2 = 5, R 4/0.9 = 4.44, A 10/0.95 = 10.5
+    choice = choose_mode({I: 0.2, R: 0.9, A: 0.95}, COSTS, accuracy_floor=0.0)
+    assert choice.mode == R and choice.floor_met
+    by_mode = {e.mode: e for e in choice.estimates}
+    assert by_mode[I].cost_of_pass_usd == pytest.approx(5.0)
+    assert by_mode[R].cost_of_pass_usd == pytest.approx(4 / 0.9)
+    assert by_mode[A].cost_of_pass_usd == pytest.approx(10 / 0.95)
+
+
+def test_the_floor_removes_cheap_but_unreliable_modes():
+    probabilities = {I: 0.3, R: 0.5, A: 0.9}  # cost of pass 3.33, 8, 11.1
+    assert choose_mode(probabilities, COSTS, accuracy_floor=0.0).mode == I
+    assert choose_mode(probabilities, COSTS, accuracy_floor=0.4).mode == R
+    assert choose_mode(probabilities, COSTS, accuracy_floor=0.6).mode == A
+    assert choose_mode(probabilities, COSTS, accuracy_floor=0.5).mode == R  # the floor is inclusive
+
+
+def test_no_mode_above_the_floor_falls_back_to_the_most_likely():
+    choice = choose_mode({I: 0.1, R: 0.3, A: 0.2}, COSTS, accuracy_floor=0.9)
+    assert choice.mode == R and not choice.floor_met
+
+
+def test_ties_go_to_the_cheaper_mode():
+    # I: 1/0.25 = 4, R: 4/1.0 = 4 -> equal cost of pass, instant is cheaper per attempt
+    assert choose_mode({I: 0.25, R: 1.0, A: 0.1}, COSTS, accuracy_floor=0.0).mode == I
+    # a tie in probability below the floor also goes to the cheaper mode
+    assert choose_mode({I: 0.2, R: 0.2, A: 0.2}, COSTS, accuracy_floor=0.5).mode == I
+    # float noise is a tie too: 0.1 * 3 is not exactly 0.3
+    assert choose_mode({R: 0.1 * 3, A: 0.75}, {R: 1.0, A: 2.5}, accuracy_floor=0.0).mode == R
+
+
+def test_zero_probability_means_infinite_cost_of_pass():
+    assert ModeEstimate(I, 0.0, 1.0).cost_of_pass_usd == math.inf
+    assert choose_mode({I: 0.0, A: 0.01}, COSTS, accuracy_floor=0.0).mode == A
+
+
+def test_only_modes_with_both_figures_compete():
+    assert choose_mode({I: 0.99, A: 0.5}, {A: 1.0, R: 0.1}, accuracy_floor=0.0).mode == A
+    with pytest.raises(ValueError):
+        choose_mode({I: 0.9}, {A: 1.0}, accuracy_floor=0.0)
