@@ -15,7 +15,7 @@ def group_zscore(rewards: torch.Tensor, groups: torch.Tensor, eps: float = 1e-6)
     for group in torch.unique(groups):
         members = groups == group
         values = rewards[members]
-        if values.numel() < 2:
+        if values.numel() < 2 or bool((values == values[0]).all()):
             continue
         advantages[members] = (values - values.mean()) / (values.std() + eps)
     return advantages

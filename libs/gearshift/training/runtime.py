@@ -112,25 +112,26 @@ class Run:
                 progress.update(task, advance=1, loss=f"loss {self.last_metrics.get('loss', float('nan')):.4f}")
 
     def update(self, step: int, loss: torch.Tensor, metrics: dict, started: float) -> None:
-        """Backward, clip, optimizer and scheduler step; then metrics and, every save_every
-        steps, the resume state."""
+        """One optimizer step on loss, then record() the step."""
+        grad_norm = self.optimize(loss)
+        self.record(step, float(loss), {"grad_norm": grad_norm, **metrics}, started)
+
+    def optimize(self, loss: torch.Tensor) -> float:
+        """Backward, gradient clipping, optimizer and scheduler step; returns the gradient norm."""
         if not torch.isfinite(loss):
-            raise FloatingPointError(f"step {step}: loss is {float(loss)}")
+            raise FloatingPointError(f"loss is {float(loss)}")
         loss.backward()
         params = [param for param in self.model.parameters() if param.requires_grad]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.optim.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        return float(grad_norm)
+
+    def record(self, step: int, loss: float, metrics: dict, started: float) -> None:
+        """Ends a step: a metrics line, the resume state every save_every steps, the callback."""
         self.step = step
-        record = {
-            "step": step,
-            "loss": float(loss),
-            "grad_norm": float(grad_norm),
-            "lr": self.scheduler.get_last_lr()[0],
-            "seconds": time.perf_counter() - started,
-            **metrics,
-        }
+        record = {"step": step, "loss": loss, "lr": self.scheduler.get_last_lr()[0], "seconds": time.perf_counter() - started, **metrics}
         if "tokens" in metrics:
             record["tokens_per_second"] = metrics["tokens"] / record["seconds"]
         self.last_metrics = record

@@ -9,9 +9,9 @@ the model wrote (targets) and pieces the platform wrote (masked):
 For model-routed trajectories the rationale and classification block are targets: one model
 learns to route, then to answer in that mode (A^2FM route-then-align).
 
-Masks are computed on characters and mapped to tokens with the tokenizer's offsets, so the ids
-are those of tokenizing the whole text at once, as the policy server does; a token that
-straddles a target and a masked piece is masked.
+Each piece is tokenized on its own, so no token straddles a learned and a masked piece (the
+whole text tokenized at once merges, e.g., the ">" ending a tool call with the "<" opening the
+tool response); a generated piece gets the tokens the model emits for that text.
 """
 
 from __future__ import annotations
@@ -93,30 +93,26 @@ def _end_of_turn(tokenizer) -> str:
 
 def encode(tokenizer, query: str, segments: list[Segment], end_of_turn: bool, max_length: int | None = None) -> Encoded:
     """Tokenizes prompt + segments (+ the end-of-turn marker as a target when end_of_turn)."""
-    text = prompt_text(tokenizer, query)
-    spans = []
+    ids = _ids(tokenizer, prompt_text(tokenizer, query))
+    target = [False] * len(ids)
     pieces = list(segments) + ([Segment(_end_of_turn(tokenizer), True)] if end_of_turn else [])
     for piece in pieces:
-        start = len(text)
-        text += piece.text
-        if piece.target:
-            spans.append((start, len(text)))
-    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    target = [_inside(start, end, spans) for start, end in encoded["offset_mapping"]]
-    ids = list(encoded["input_ids"])
+        piece_ids = _ids(tokenizer, piece.text)
+        ids += piece_ids
+        target += [piece.target] * len(piece_ids)
     if max_length is not None:
         ids, target = ids[:max_length], target[:max_length]
     return Encoded(ids, target)
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def encode_trajectory(tokenizer, trajectory: Trajectory, max_length: int | None = None) -> Encoded:
     """A stored trajectory with its masks; a completed one also learns to end its turn."""
     completed = trajectory.status == TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED
     return encode(tokenizer, trajectory.query, assistant_segments(trajectory), completed, max_length)
-
-
-def _inside(start: int, end: int, spans: list[tuple[int, int]]) -> bool:
-    return end > start and any(low <= start and end <= high for low, high in spans)
 
 
 @dataclass

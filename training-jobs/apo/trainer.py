@@ -1,0 +1,204 @@
+"""APO: Adaptive Policy Optimization (A^2FM, arXiv 2510.12838, section 3.3), i.e. GRPO
+(arXiv 2402.03300) with adaptive sampling and SR2AM's clip-higher.
+
+Per step and prompt: rho forced rollouts for each mode (the executor injects the forced prefix)
+and gamma free rollouts, all through the executor and sandbox as in serving, with the policy
+server serving the current training weights; rewards from the reward service (APO, or SR2AM's
+tiered reward); group z-score advantages; logprobs recomputed with the training model on each
+rollout's tokens, tool responses and injected text masked; loss = clipped ratio with
+eps_low/eps_high, per-trajectory token mean, then group mean (+ optional k3 KL to a reference).
+
+By default the services run in this process and the built-in policy server serves the very
+module being trained (rollouts and updates alternate, so it always generates with the newest
+weights and no reload is needed). With rollout.executor_addr, a running executor is used and its
+policy server loads the new weights after each update (POST /v1/load).
+
+Example:
+    gearshift train apo --config apo.yaml
+    # apo.yaml: {output: {dir: /tmp/apo}, rho: 1, gamma: 1,
+    #            prompts: [{query: "What is 17*23?", reference_answer: "391"}]}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import httpx
+import torch
+
+from gearshift.jobs.apo.config import APOConfig, APOPrompt
+from gearshift.jobs.apo.rollouts import Group, collect
+from gearshift.services.policy_server import weights
+from gearshift.settings import ExecutorSettings, PolicySettings, Settings
+from gearshift.training import advantages, checkpoints, data, forward, losses, tokenization
+from gearshift.training.runtime import Run, StepCallback, register
+
+SERVED_NAME = "policy-in-training"
+
+
+def gather_prompts(config: APOConfig) -> tuple[list[APOPrompt], list[str]]:
+    """Inline prompts plus stored trajectories with a reference answer (each query once)."""
+    prompts, ids = list(config.prompts), []
+    if config.data is not None:
+        if not config.store_addr:
+            raise ValueError("data needs store_addr")
+        seen = {p.query for p in prompts}
+        for trajectory in data.load_trajectories(config.store_addr, config.data):
+            if trajectory.reference_answer and trajectory.query not in seen:
+                seen.add(trajectory.query)
+                prompts.append(APOPrompt(query=trajectory.query, reference_answer=trajectory.reference_answer, labels=dict(trajectory.labels)))
+                ids.append(trajectory.id)
+    if not prompts:
+        raise ValueError("no prompts: give prompts inline or a data filter")
+    if config.group_size < 2:
+        raise ValueError("a group needs at least two rollouts (3 * rho + gamma >= 2)")
+    return prompts, ids
+
+
+@dataclass
+class RolloutBatch:
+    """Rollouts encoded for the loss, with their group, reward and advantage."""
+
+    batch: tokenization.Batch
+    rewards: torch.Tensor
+    groups: torch.Tensor
+    advantages: torch.Tensor
+
+
+def encode_groups(tokenizer, groups: list[Group], max_length: int) -> RolloutBatch:
+    """Tokens and masks of every rollout (no end-of-turn target: serving stops at stop words,
+    so the policy never sampled one)."""
+    encoded, rewards, group_ids = [], [], []
+    for index, group in enumerate(groups):
+        for rollout, reward in zip(group.rollouts, group.rewards):
+            segments = tokenization.assistant_segments(rollout)
+            encoded.append(tokenization.encode(tokenizer, rollout.query, segments, end_of_turn=False, max_length=max_length))
+            rewards.append(reward)
+            group_ids.append(index)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    reward_tensor, group_tensor = torch.tensor(rewards), torch.tensor(group_ids)
+    return RolloutBatch(tokenization.collate(encoded, pad_id), reward_tensor, group_tensor, advantages.group_zscore(reward_tensor, group_tensor))
+
+
+def rollout_logprobs(model, batch: tokenization.Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, T] logprobs of the rollout tokens under model (zeros off target) and the target mask."""
+    out = forward.target_logits(model, batch)
+    logp = losses.token_logprobs(out.logits, out.tokens)
+    mask = torch.zeros_like(batch.target_mask)
+    mask[out.rows, out.columns] = True
+    return forward.dense(logp, out, batch.input_ids.shape), mask
+
+
+def apo_update(run: Run, rollouts: RolloutBatch, config: APOConfig, reference=None) -> list[losses.PolicyLoss]:
+    """updates_per_batch optimizer steps on one rollout batch; returns each step's loss."""
+    logp_old = logp_ref = None
+    if config.updates_per_batch > 1:
+        with torch.no_grad():
+            logp_old, _ = rollout_logprobs(run.model, rollouts.batch)
+    if reference is not None and config.kl_coef:
+        with torch.no_grad():
+            logp_ref, _ = rollout_logprobs(reference, rollouts.batch)
+    results = []
+    for _ in range(config.updates_per_batch):
+        logp, mask = rollout_logprobs(run.model, rollouts.batch)
+        old = logp.detach() if logp_old is None else logp_old  # strictly on-policy: ratio 1
+        result = losses.policy_loss(
+            logp, old, rollouts.advantages, mask, rollouts.groups, config.eps_low, config.eps_high, config.kl_coef, logp_ref
+        )
+        run.optimize(result.loss)
+        results.append(result)
+    return results
+
+
+@contextlib.asynccontextmanager
+async def rollout_services(run: Run, config: APOConfig, settings: Settings) -> AsyncIterator[tuple[Settings, bool]]:
+    """Settings pointing at an executor and reward service; True when weights must be reloaded
+    into a remote policy server after each update."""
+    if config.rollout.executor_addr:
+        remote = settings.model_copy(update={"executor_addr": config.rollout.executor_addr})
+        if config.rollout.policy_url:
+            remote = remote.model_copy(update={"policy_url": config.rollout.policy_url})
+        yield remote, True
+        return
+    from gearshift.services.policy_server.core import PolicyEngine
+    from gearshift.services.policy_server.server import running
+    from gearshift.testing.stack import inprocess_stack
+
+    policy = PolicySettings(model=str(run.output), served_model_name=SERVED_NAME, port=0, threads=config.optim.threads, max_tokens_cap=4096)
+    served = weights.LoadedModel(model=run.model, tokenizer=run.tokenizer, source="training", path=run.output, load_seconds=0.0)
+    engine = PolicyEngine(served, policy, settings.data_dir / "models")
+    executor = ExecutorSettings(
+        temperature=config.rollout.temperature, top_p=config.rollout.top_p, max_tokens_per_turn=config.rollout.max_tokens_per_turn
+    )
+    local = settings.model_copy(update={"policy": policy, "executor": executor, "policy_model": SERVED_NAME, "metrics_port": 0})
+    services = ("store", "sandbox", "reward", "planner", "router", "executor")
+    if config.store_addr:  # rollouts are stored where the job's data lives
+        local = local.model_copy(update={"store_addr": config.store_addr})
+        services = services[1:]
+    async with running(local, engine=engine) as server:
+        local = local.model_copy(update={"policy_url": server.base_url})
+        async with inprocess_stack(local, services) as stack:
+            yield stack, False
+    engine.close()
+
+
+async def reload_remote(run: Run, settings: Settings) -> float:
+    """Saves the weights and makes the remote policy server load them; returns seconds taken."""
+    started = time.perf_counter()
+    serving = run.output / "serving"
+    checkpoints.save_weights(run.policy, serving)
+    async with httpx.AsyncClient(timeout=settings.policy.client_timeout_seconds) as client:
+        reply = await client.post(settings.policy_url.rstrip("/") + "/load", json={"model": str(serving.resolve())})
+        reply.raise_for_status()
+    return time.perf_counter() - started
+
+
+async def train_async(config: APOConfig, on_step: StepCallback | None = None) -> dict:
+    """Runs APO; returns the run's result."""
+    prompts, trajectory_ids = gather_prompts(config)
+    run = Run.start("apo", config, on_step)
+    settings = Settings()
+    reference = None
+    if config.kl_coef:
+        reference = checkpoints.load_frozen(config.reference or config.model.base, settings.data_dir / "models")
+    run_id = f"apo-{run.checkpoint_id}"
+    rollout_ids: list[str] = []
+    async with rollout_services(run, config, settings) as (stack, remote):
+        if remote:
+            await reload_remote(run, stack)  # the remote server starts from this run's weights
+        for step in run.steps():
+            started = time.perf_counter()
+            draw = random.Random(config.optim.seed * 1_000_003 + step)
+            picked = draw.sample(prompts, k=min(config.prompts_per_step, len(prompts)))
+            groups = await collect(stack, stack.executor_addr, stack.reward_addr, picked, config, run_id, step)
+            rollout_seconds = time.perf_counter() - started
+            rollout_ids += [t.id for group in groups for t in group.rollouts]
+            rollouts = encode_groups(run.tokenizer, groups, config.max_length)
+            results = apo_update(run, rollouts, config, reference)
+            metrics = {
+                "reward_mean": float(rollouts.rewards.mean()),
+                "rollouts": len(rollouts.rewards),
+                "tokens": rollouts.batch.tokens,
+                "rollout_seconds": rollout_seconds,
+                "clipped_low": results[-1].clipped_low,
+                "clipped_high": results[-1].clipped_high,
+                "kl": results[-1].kl,
+                "first_update_loss": float(results[0].loss),
+            }
+            if remote:
+                metrics["reload_seconds"] = await reload_remote(run, stack)
+            run.record(step, float(results[-1].loss), metrics, started)
+    result = run.finalize(trajectory_ids + rollout_ids, data.snapshot_id(trajectory_ids + rollout_ids), {"prompts": len(prompts)})
+    if run.registers:
+        await register(config.store_addr, result)
+    return result
+
+
+def train(config: APOConfig, on_step: StepCallback | None = None) -> dict:
+    """Synchronous entry point (the CLI and the container)."""
+    return asyncio.run(train_async(config, on_step))

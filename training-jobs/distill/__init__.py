@@ -1,0 +1,1 @@
+"""Multi-teacher on-policy distillation (Agents-A1 stage 3)."""

@@ -1,0 +1,33 @@
+"""Distillation job configuration (no torch import)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from gearshift.training.config import DataConfig, JobConfig, ModeName, Strict
+
+
+class Prompt(Strict):
+    """One prompt the student samples on."""
+
+    query: str = Field(..., description="The user query")
+    domain: str = Field("", description="Domain naming the teacher (teachers map); empty: default_teacher")
+    mode: ModeName | None = Field(None, description="Force this mode by prefix injection (masked); none: the student routes")
+
+
+class DistillConfig(JobConfig):
+    """The student samples on the prompts; each prompt's teacher scores the student's own tokens."""
+
+    prompts: list[Prompt] = Field(default_factory=list, description="Prompts given inline")
+    data: DataConfig | None = Field(
+        None, description='Also take prompts from stored trajectories (query, labels["domain"]); needs store_addr'
+    )
+    teachers: dict[str, str] = Field(
+        default_factory=dict, description='Domain -> teacher checkpoint ("smollm2", "tiny" or a checkpoint directory)'
+    )
+    default_teacher: str = Field("", description="Teacher of prompts whose domain is not in teachers; empty: such prompts are an error")
+    top_k: int | None = Field(None, ge=1, description="Align on the student's top-k tokens only; none: the full vocabulary")
+    batch_size: int = Field(4, ge=1, description="Prompts per optimizer step (one student sample each)")
+    max_new_tokens: int = Field(128, ge=1, description="Tokens the student samples per prompt")
+    temperature: float = Field(1.0, ge=0, description="Student sampling temperature (0 = greedy)")
+    top_p: float = Field(1.0, gt=0, le=1, description="Student nucleus sampling mass")
