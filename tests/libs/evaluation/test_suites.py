@@ -1,0 +1,104 @@
+"""Suites: deterministic by seed, stable ids, disjoint splits, the suites' own graders."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gearshift.evaluation.suites import SPLITS, FAMILIES, generated_suite, get_suite, jsonl_suite, split_of
+
+
+def fingerprint(items):
+    return [(item.id, item.question, item.answer, item.difficulty, item.domain, item.split) for item in items]
+
+
+def test_same_seed_same_items_other_seed_other_items():
+    first = fingerprint(generated_suite("x", list(FAMILIES), seed=7).items("test", 12))
+    again = fingerprint(generated_suite("x", list(FAMILIES), seed=7).items("test", 12))
+    other = fingerprint(generated_suite("x", list(FAMILIES), seed=8).items("test", 12))
+    assert first == again and len(first) == 12
+    assert {q for _, q, *_ in first}.isdisjoint({q for _, q, *_ in other})
+
+
+def test_asking_for_more_items_keeps_the_first_ones():
+    suite = get_suite("default")
+    assert fingerprint(suite.items("dev", 5)) == fingerprint(suite.items("dev", 12))[:5]
+
+
+def test_splits_are_disjoint_by_id_and_by_question():
+    suite = get_suite("default")
+    by_split = {split: suite.items(split, 80) for split in SPLITS}
+    for split, items in by_split.items():
+        assert len(items) == 80 and {item.split for item in items} == {split}
+        assert all(split_of(item.id) == split for item in items)
+    for a in SPLITS:
+        for b in SPLITS:
+            if a < b:
+                assert {i.id for i in by_split[a]}.isdisjoint(i.id for i in by_split[b])
+                assert {i.question for i in by_split[a]}.isdisjoint(i.question for i in by_split[b])
+
+
+def test_default_suite_mixes_every_family_round_robin():
+    items = get_suite("default").items("test", 8)
+    assert [item.id.split("-s")[0] for item in items] == list(FAMILIES) * 2
+    assert {item.domain for item in items} == {"arithmetic", "word_problems"}
+    assert all(item.difficulty in {"1", "2", "3"} for item in items)
+
+
+@pytest.mark.parametrize("name", ["basic_arithmetic", "chain_sum", "gsm_symbolic", "large_multiplication"])
+def test_reference_answers_pass_their_own_grader_and_wrong_ones_fail(name):
+    suite = get_suite(name)
+    for item in suite.items("train", 6):
+        assert suite.grade(item, item.answer) and suite.grade(item, f" {item.answer}\n")
+        assert not suite.grade(item, str(int(item.answer) + 1))
+
+
+def test_large_multiplication_is_graded_exactly():
+    suite = get_suite("large_multiplication")
+    item = next(item for item in suite.items("test", 6) if item.difficulty == "3")  # two 7-digit factors
+    a, b = (int(x) for x in item.question.removeprefix("What is ").split("?")[0].split(" * "))
+    assert len(str(a)) == len(str(b)) == 7 and item.answer == str(a * b)
+    product = a * b
+    assert suite.grade(item, f"The product is {product:,}.")
+    assert not suite.grade(item, str(product + 10)) and not suite.grade(item, f"{product} or {product + 1}")
+    assert not suite.grade(item, f"{product / 1e6:.3f} million")
+
+
+def test_gsm_grader_takes_only_a_full_score():
+    suite = get_suite("gsm_symbolic")
+    item = suite.items("test", 1)[0]
+    assert suite.grade(item, item.answer)
+    assert not suite.grade(item, "12345678")  # reasoning-gym gives a wrong number 0.01, not 0
+
+
+def test_jsonl_suite(tmp_path):
+    path = tmp_path / "capitals.jsonl"
+    rows = [
+        {"question": "Capital of France?", "answer": "Paris", "difficulty": 1, "domain": "geo", "split": "test"},
+        {"id": "q2", "question": "What is 6*7?", "answer": "42", "split": "test"},
+        {"question": "Capital of Peru?", "answer": "Lima"},
+    ]
+    path.write_text("\n".join(json.dumps(row) for row in rows) + "\n\n")
+    suite = get_suite(str(path))
+    assert suite.name == "capitals"
+    test = suite.items("test")
+    assert [item.question for item in test][:2] == ["Capital of France?", "What is 6*7?"]
+    first, second = test[0], test[1]
+    assert (first.difficulty, first.domain, second.id, second.domain, second.difficulty) == ("1", "geo", "q2", "general", "")
+    assert fingerprint(jsonl_suite(path).items("test")) == fingerprint(test)  # ids stable across loads
+    assert suite.grade(first, "paris") and not suite.grade(first, "Lyon")
+    assert suite.grade(second, "42.0") and not suite.grade(second, "41")
+    total = sum(len(suite.items(split)) for split in SPLITS)
+    assert total == 3
+
+
+def test_bad_inputs_are_refused(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question": "no answer"}) + "\n")
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        jsonl_suite(bad)
+    with pytest.raises(ValueError, match="unknown suite"):
+        get_suite("no-such-suite")
+    with pytest.raises(ValueError, match="unknown split"):
+        get_suite("default").items("validation", 1)
