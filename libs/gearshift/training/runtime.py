@@ -114,7 +114,7 @@ class Run:
     def update(self, step: int, loss: torch.Tensor, metrics: dict, started: float) -> None:
         """One optimizer step on loss, then record() the step."""
         grad_norm = self.optimize(loss)
-        self.record(step, float(loss), {"grad_norm": grad_norm, **metrics}, started)
+        self.record(step, loss.item(), {"grad_norm": grad_norm, **metrics}, started)
 
     def optimize(self, loss: torch.Tensor) -> float:
         """Backward, gradient clipping, optimizer and scheduler step; returns the gradient norm."""

@@ -1,0 +1,79 @@
+"""Fixtures for the training jobs: tiny checkpoints, a real trajectory store on loopback (in a
+thread with its own event loop, since the trainers are synchronous), and job configs."""
+
+import asyncio
+import threading
+
+import pytest
+
+from gearshift.server import running
+from gearshift.settings import Settings
+from gearshift.store.v1 import store_pb2, store_pb2_grpc
+from gearshift.clients import channel
+from gearshift.training.tiny import tiny_checkpoint
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    return tiny_checkpoint(tmp_path_factory.mktemp("jobs") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def teacher_dir(tmp_path_factory):
+    return tiny_checkpoint(tmp_path_factory.mktemp("jobs") / "teacher", seed=1)
+
+
+@pytest.fixture(autouse=True)
+def isolated_data_dir(tmp_path, monkeypatch):
+    """Trainers read Settings(): keep their data dir (SQLite store, model cache) in tmp."""
+    monkeypatch.setenv("GEARSHIFT_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("GEARSHIFT_METRICS_PORT", "0")
+
+
+class StoreThread:
+    """The store service serving on a free port from a background thread."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.address = ""
+        self.thread = threading.Thread(target=self.loop.run_until_complete, args=(self._serve(),), daemon=True)
+
+    async def _serve(self):
+        from gearshift.services.store.service import build
+
+        self.stop = asyncio.Event()
+        async with running(await build(self.settings), self.settings) as server:
+            self.address = f"127.0.0.1:{server.port}"
+            self.ready.set()
+            await self.stop.wait()
+
+    def call(self, coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(30)
+
+    def put(self, trajectories):
+        async def put():
+            async with channel(self.address, self.settings) as ch:
+                return await store_pb2_grpc.TrajectoryStoreStub(ch).Put(store_pb2.PutRequest(trajectories=trajectories))
+
+        return self.call(put())
+
+    def checkpoint(self, checkpoint_id):
+        async def get():
+            async with channel(self.address, self.settings) as ch:
+                request = store_pb2.GetCheckpointRequest(id=checkpoint_id, include_lineage=True)
+                return await store_pb2_grpc.TrajectoryStoreStub(ch).GetCheckpoint(request)
+
+        return self.call(get())
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    settings = Settings(data_dir=tmp_path_factory.mktemp("store"), metrics_port=0, log_level="WARNING")
+    server = StoreThread(settings)
+    server.thread.start()
+    assert server.ready.wait(30)
+    yield server
+    server.loop.call_soon_threadsafe(server.stop.set)
+    server.thread.join(10)
