@@ -3,6 +3,7 @@ block, A^2FM), or a learned cost-aware classifier plugged in through `LearnedRou
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -61,7 +62,7 @@ class ModeRouter:
         if strategy == RoutingStrategy.ROUTING_STRATEGY_LEARNED:
             if self.learned is None:
                 raise FailedPrecondition("no learned router is published; train one with `gearshift router train`")
-            return self.learned.decide(query)
+            return await asyncio.to_thread(self.learned.decide, query)  # an embedding can take milliseconds
         if strategy == RoutingStrategy.ROUTING_STRATEGY_MODEL:
             return await self._ask_policy(query)
         raise InvalidArgument(f"unknown strategy {strategy}")
