@@ -23,8 +23,12 @@ class EvalResult:
     extra: dict | None = None
 
     def metrics(self, suite: str, split: str) -> dict[str, float]:
-        """As eval_metrics of the registry: plain names and suite/split-qualified names."""
-        values = {"accuracy": self.accuracy, "cost_of_pass": self.cost_of_pass} | (self.extra or {})
+        """As eval_metrics of the registry: plain names and suite/split-qualified names. The
+        registry holds finite numbers only: an infinite cost of pass (nothing correct) is left
+        out, and read back as infinite next to its accuracy (stored_result)."""
+        values = {"accuracy": self.accuracy} | (self.extra or {})
+        if math.isfinite(self.cost_of_pass):
+            values["cost_of_pass"] = self.cost_of_pass
         return values | {f"{suite}/{split}/{name}": value for name, value in values.items()}
 
 
@@ -79,7 +83,7 @@ def stored_result(checkpoint: Checkpoint, suite: str, split: str) -> EvalResult 
     """A result already in the registry for this suite split (the published one was evaluated
     when it was promoted), so the baseline is not re-run on every round."""
     metrics = checkpoint.eval_metrics
-    accuracy, cost = metrics.get(f"{suite}/{split}/accuracy"), metrics.get(f"{suite}/{split}/cost_of_pass")
-    if accuracy is None or cost is None:
+    accuracy = metrics.get(f"{suite}/{split}/accuracy")
+    if accuracy is None:
         return None
-    return EvalResult(accuracy, cost)
+    return EvalResult(accuracy, metrics.get(f"{suite}/{split}/cost_of_pass", math.inf))

@@ -5,6 +5,7 @@ client; only the job journal is read directly from the database.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import math
@@ -198,14 +199,15 @@ async def gate(settings: Settings, checkpoint_id: str, evaluator: Evaluator) -> 
     candidate = await get_checkpoint(settings, checkpoint_id)
     if not candidate.id:
         raise NotFound(f"checkpoint {checkpoint_id} is not registered")
-    result = stored_result(candidate, o.eval_suite, o.eval_split) or evaluator.evaluate(candidate, o.eval_suite, o.eval_split)
+    # Evaluators are synchronous (they may run an event loop of their own): off this loop.
+    result = stored_result(candidate, o.eval_suite, o.eval_split) or await asyncio.to_thread(evaluator.evaluate, candidate, o.eval_suite, o.eval_split)
     await update_checkpoint(settings, candidate.id, 0, result.metrics(o.eval_suite, o.eval_split))
     baseline = await published(settings, candidate.kind or "policy")
     baseline_result = None
     if baseline is not None and baseline.id != candidate.id:
         baseline_result = stored_result(baseline, o.eval_suite, o.eval_split)
         if baseline_result is None:
-            baseline_result = evaluator.evaluate(baseline, o.eval_suite, o.eval_split)
+            baseline_result = await asyncio.to_thread(evaluator.evaluate, baseline, o.eval_suite, o.eval_split)
             await update_checkpoint(settings, baseline.id, 0, baseline_result.metrics(o.eval_suite, o.eval_split))
     decision = decide(result, baseline_result, Margins(o.accuracy_margin, o.cost_of_pass_margin))
     return GateOutcome(decision, candidate, baseline if baseline_result else None)

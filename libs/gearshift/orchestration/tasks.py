@@ -41,6 +41,10 @@ def journal() -> JobJournal:
     return JobJournal(engine, settings.orchestration.lease_seconds)
 
 
+class TaskFailed(Exception):
+    """A task's work failed; the message names the original error (also in job_runs.error)."""
+
+
 def once(key: str, kind: str, params: dict, work: Callable[[JobJournal, str], dict]) -> dict:
     """Runs work(journal, key) unless the journal says it is done or being done elsewhere;
     records its result or its error."""
@@ -53,8 +57,10 @@ def once(key: str, kind: str, params: dict, work: Callable[[JobJournal, str], di
     try:
         result = work(book, run.external_id)
     except Exception as exc:
-        book.fail(key, f"{type(exc).__name__}: {exc}")
-        raise
+        message = f"{type(exc).__name__}: {exc}"
+        book.fail(key, message)
+        # gRPC and other errors do not survive the JSON result backend: send their text.
+        raise TaskFailed(message) from None
     book.succeed(key, result | {"key": key})
     return result | {"key": key}
 
@@ -146,9 +152,12 @@ def publish(checkpoint_id: str) -> dict:
     return once(f"publish:{checkpoint_id}", "publish", {"checkpoint_id": checkpoint_id}, work)
 
 
-def round_chain(job: str, config: dict, data: dict | None = None):
-    """One training round as a Celery chain: score -> snapshot -> train -> promote."""
-    return chain(score_new.si(), build_snapshot.s(data=data), train.s(job=job, config=config), promote.s())
+def round_chain(settings: Settings, job: str, config: dict, data: dict | None = None):
+    """One training round as a Celery chain: score -> snapshot -> train -> promote. The parent
+    is fixed now (the published checkpoint), so a redelivered train task has the same key."""
+    parent = asyncio.run(steps.published(settings))
+    parent_id = parent.id if parent else ""
+    return chain(score_new.si(), build_snapshot.s(data=data), train.s(job=job, config=config, parent_id=parent_id), promote.s())
 
 
 @app.task(name="gearshift.orchestration.tasks.start_round")
@@ -157,7 +166,7 @@ def start_round(job: str | None = None, config: dict | None = None, data: dict |
     settings = get_settings()
     job = job or settings.orchestration.round_job
     config = config if config is not None else settings.orchestration.round_config
-    return {"chain": round_chain(job, config, data).apply_async().id}
+    return {"chain": round_chain(settings, job, config, data).apply_async().id}
 
 
 @app.task(name="gearshift.orchestration.tasks.check_trigger")
@@ -174,6 +183,6 @@ def check_trigger() -> dict:
     claim, _ = journal().claim(key, "round", {"watermark_us": newest, "job": settings.orchestration.round_job})
     if claim is not Claim.NEW:
         return {"new_scored": count, "started": False, "key": key}
-    chain_id = round_chain(settings.orchestration.round_job, settings.orchestration.round_config).apply_async().id
+    chain_id = round_chain(settings, settings.orchestration.round_job, settings.orchestration.round_config).apply_async().id
     journal().succeed(key, {"chain": chain_id, "watermark_us": newest})
     return {"new_scored": count, "started": True, "key": key, "chain": chain_id}
