@@ -20,7 +20,17 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def teacher_dir(tmp_path_factory):
-    return tiny_checkpoint(tmp_path_factory.mktemp("jobs") / "teacher", seed=1)
+    """Another tiny model with peaked next-token distributions (a random tiny model's are nearly
+    uniform, so there would be almost nothing to distil)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_checkpoint(tmp_path_factory.mktemp("jobs") / "teacher", seed=1)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(6)
+    model.save_pretrained(path)
+    return path
 
 
 @pytest.fixture(autouse=True)
