@@ -69,6 +69,14 @@ class StoreThread:
 
         return self.call(put())
 
+    def export(self, **fields):
+        async def export():
+            async with channel(self.address, self.settings) as ch:
+                request = store_pb2.ExportRequest(filter=store_pb2.TrajectoryFilter(**fields), include_turns=True)
+                return [t async for t in store_pb2_grpc.TrajectoryStoreStub(ch).Export(request)]
+
+        return self.call(export())
+
     def checkpoint(self, checkpoint_id):
         async def get():
             async with channel(self.address, self.settings) as ch:

@@ -188,11 +188,11 @@ async def train_async(config: APOConfig, on_step: StepCallback | None = None) ->
                 "clipped_low": results[-1].clipped_low,
                 "clipped_high": results[-1].clipped_high,
                 "kl": results[-1].kl,
-                "first_update_loss": float(results[0].loss),
+                "first_update_loss": results[0].loss.item(),
             }
             if remote:
                 metrics["reload_seconds"] = await reload_remote(run, stack)
-            run.record(step, float(results[-1].loss), metrics, started)
+            run.record(step, results[-1].loss.item(), metrics, started)
     result = run.finalize(trajectory_ids + rollout_ids, data.snapshot_id(trajectory_ids + rollout_ids), {"prompts": len(prompts)})
     if run.registers:
         await register(config.store_addr, result)

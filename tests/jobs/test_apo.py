@@ -1,0 +1,68 @@
+"""APO: the clipped policy loss falls on a fixed rollout batch; a full run rolls out through the
+in-process executor (forced and free rollouts), scores with the reward service and saves."""
+
+import json
+
+import pytest
+
+from gearshift.common.v1.common_pb2 import Mode, RoutingStrategy
+from gearshift.jobs.apo import trainer
+from gearshift.jobs.apo.config import APOConfig, APOPrompt
+from gearshift.jobs.apo.rollouts import Group, group_requests
+from gearshift.training.runtime import Run, read_metrics
+from tests.libs.training.trajectories import forced_agentic, routed_instant
+
+
+def config(tiny_dir, out, **extra) -> APOConfig:
+    body = {
+        "model": {"base": str(tiny_dir)},
+        "optim": {"learning_rate": 1e-2, "max_steps": 2, "seed": 0, "threads": 1},
+        "output": {"dir": str(out), "save_every": 1, "progress": False},
+        "prompts": [{"query": "What is 2+2?", "reference_answer": "4"}],
+        "rho": 1,
+        "gamma": 1,
+        "rollout": {"max_tokens_per_turn": 12, "max_steps": 1},
+    }
+    body.update(extra)
+    return APOConfig.model_validate(body)
+
+
+def test_group_requests_force_each_mode_rho_times_then_gamma_free(tiny_dir):
+    cfg = config(tiny_dir, "/tmp/unused", rho=2, gamma=3)
+    requests = group_requests(APOPrompt(query="q", reference_answer="a"), cfg, "run", step=1, index=0)
+    modes = [r.mode for r in requests]
+    assert modes == [Mode.MODE_INSTANT] * 2 + [Mode.MODE_REASONING] * 2 + [Mode.MODE_AGENTIC] * 2 + [Mode.MODE_UNSPECIFIED] * 3
+    assert len({r.trajectory_id for r in requests}) == cfg.group_size == 9
+    again = group_requests(APOPrompt(query="q", reference_answer="a"), cfg, "run", step=1, index=0)
+    assert [r.trajectory_id for r in again] == [r.trajectory_id for r in requests]  # a resumed step finds them
+
+
+def test_policy_loss_falls_on_a_fixed_rollout_batch(tiny_dir, tmp_path):
+    cfg = config(tiny_dir, tmp_path / "out", updates_per_batch=8, optim={"learning_rate": 3e-3, "max_steps": 1, "threads": 1})
+    run = Run.start("apo", cfg)
+    groups = [Group(APOPrompt(query="q", reference_answer="a"), [routed_instant(), forced_agentic()], [1.0, 0.0], 1.0)]
+    rollouts = trainer.encode_groups(run.tokenizer, groups, cfg.max_length)
+    assert rollouts.advantages.tolist() == pytest.approx([0.7071, -0.7071], abs=1e-3)
+    results = trainer.apo_update(run, rollouts, cfg)
+    values = [r.loss.item() for r in results]
+    assert values[0] == pytest.approx(0.0, abs=1e-6)  # ratio 1: the advantages cancel within the group
+    assert values[-1] < -0.05  # the good rollout's probability rose, the bad one's fell
+    assert max(r.clipped_high for r in results) > 0  # clip-higher bounded the push
+
+
+def test_apo_run_through_the_executor(tiny_dir, tmp_path, store):
+    cfg = config(tiny_dir, tmp_path / "apo", store_addr=store.address)
+    result = trainer.train(cfg)
+    history = read_metrics(tmp_path / "apo")
+    assert [r["step"] for r in history] == [1, 2]
+    assert all(r["rollouts"] == 4 and r["tokens"] > 0 for r in history)
+    assert len(result["trajectory_ids"]) == 8 and result["job"] == "apo"
+    assert json.loads((tmp_path / "apo" / "result.json").read_text())["checkpoint_id"] == result["checkpoint_id"]
+    assert (tmp_path / "apo" / "model.safetensors").exists()
+    stored = store.export(run_id=f"apo-{result['checkpoint_id']}")
+    assert sorted(t.id for t in stored) == sorted(result["trajectory_ids"])
+    forced = [t for t in stored if t.routing_strategy == RoutingStrategy.ROUTING_STRATEGY_FORCED]
+    assert sorted(t.requested_mode for t in forced) == sorted([Mode.MODE_INSTANT, Mode.MODE_REASONING, Mode.MODE_AGENTIC] * 2)
+    assert len(stored) - len(forced) == 2  # gamma free rollouts per step, routed by the model (or its fallback)
+    registered = store.checkpoint(result["checkpoint_id"])
+    assert registered.job == "apo" and len(registered.trajectory_ids) == 8
