@@ -3,9 +3,10 @@
 Every trajectory is tagged per the evaluation contract (task_source = suite, split, run_id,
 labels item_id / difficulty / domain / sample, plus eval_mode) and has the deterministic id
 uuid5(NAMESPACE_URL, "{run_id}/{item_id}/{mode}/{sample}"), so a resumed run skips what the
-store already holds. An interrupted episode is stored CANCELLED by the executor; a resume runs
-it again under the next attempt id ("{...}/{sample}/attempt{n}") and reports ignore the
-cancelled one. The suite's verdict replaces the executor's reward through SetReward (kind
+store already holds. An interrupted episode is stored CANCELLED by the executor, and one cut by
+an infrastructure error (policy server down, no learned router published) FAILED; a resume runs
+those again under the next attempt id ("{...}/{sample}/attempt{n}") and reports count only the
+latest attempt. The suite's verdict replaces the executor's reward through SetReward (kind
 "correctness", verifier "suite:<name>").
 """
 
@@ -30,6 +31,8 @@ ROUTED = {"auto": RoutingStrategy.ROUTING_STRATEGY_MODEL, "learned": RoutingStra
 MODES = (*FORCED, *ROUTED)
 EVAL_MODE_LABEL = "eval_mode"
 CORRECTNESS = "correctness"
+# Endings a resume runs again: they say nothing about the model.
+RETRIED = (TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED, TrajectoryStatus.TRAJECTORY_STATUS_FAILED)
 
 
 def verifier_name(suite_name: str) -> str:
@@ -144,7 +147,7 @@ class EvalRunner:
             found = stored.get(trajectory_id(self.run_id, job.item.id, job.mode, job.sample, attempt))
             if found is None:
                 return attempt, None
-            if found.status != TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED:
+            if found.status not in RETRIED:
                 return attempt, found
             attempt += 1
 
