@@ -8,10 +8,10 @@ import json
 
 import pytest
 
+from gearshift.clients import channel
 from gearshift.common.v1.common_pb2 import TrajectoryStatus
 from gearshift.evaluation.harness import evaluate
 from gearshift.evaluation.report import fetch_run
-from gearshift.clients import channel
 from gearshift.settings import ExecutorSettings, RouterSettings
 from gearshift.store.v1 import store_pb2_grpc
 from gearshift.testing.stack import inprocess_stack
