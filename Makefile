@@ -40,7 +40,10 @@ check-protos: tools ## buf lint, and fail when the generated code is stale
 check-chart: tools ## helm lint --strict, and every values matrix render validated against Kubernetes 1.35
 	PYTHON=$(PY) scripts/check-chart.sh
 
-test: check-protos check-chart ## Run every check and the whole test suite
+lint: ## ruff: undefined names, unused imports, likely bugs
+	$(PY) -m ruff check .
+
+test: lint check-protos check-chart ## Run every check and the whole test suite
 	$(PY) -m pytest -q
 
 test-fast: ## Unit and integration tests without the real model
@@ -49,4 +52,4 @@ test-fast: ## Unit and integration tests without the real model
 up: ## Start the embedded stack (all services + policy server) on localhost
 	$(VENV)/bin/gearshift up
 
-.PHONY: help install demo tools protos check-protos check-chart test test-fast up
+.PHONY: help install demo tools protos lint check-protos check-chart test test-fast up

@@ -186,7 +186,7 @@ def trajectories_list(limit: int, mode: str | None, source: str) -> None:
     query = store_pb2.QueryRequest(
         filter=store_pb2.TrajectoryFilter(modes=[view.MODE_BY_NAME[mode]] if mode else [], task_source=source), page_size=limit
     )
-    page = _store_call(lambda stub: stub.Query(query))
+    page = store_call(lambda stub: stub.Query(query))
     Console().print(view.trajectories_table(list(page.trajectories)))
 
 
@@ -201,7 +201,7 @@ def trajectories_show(trajectory_id: str, as_json: bool) -> None:
     from gearshift.protocol.a2fm import render_transcript
     from gearshift.store.v1 import store_pb2
 
-    trajectory = _store_call(lambda stub: stub.Get(store_pb2.GetRequest(id=trajectory_id))).trajectory
+    trajectory = store_call(lambda stub: stub.Get(store_pb2.GetRequest(id=trajectory_id))).trajectory
     if as_json:
         click.echo(view.as_json(trajectory))
         return
@@ -251,7 +251,7 @@ def eval_report(run_id: str, out_dir: str | None) -> None:
     run_report(get_settings(), run_id, out_dir)
 
 
-def _store_call(call):
+def store_call(call):
     """Runs one store rpc; gRPC errors become a one-line CLI message."""
     import grpc
 

@@ -5,7 +5,6 @@ import torch
 
 from gearshift.jobs.distill import trainer
 from gearshift.jobs.distill.config import DistillConfig, Prompt
-from gearshift.training import tokenization
 from gearshift.training.runtime import read_metrics
 
 

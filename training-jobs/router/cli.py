@@ -9,23 +9,6 @@ from pathlib import Path
 import click
 
 
-def _on_store(call):
-    """Runs `call(stub)` against the configured store; gRPC errors become a one-line message."""
-    import grpc
-
-    from gearshift.clients import service_channel
-    from gearshift.store.v1 import store_pb2_grpc
-
-    async def run():
-        async with service_channel("store") as ch:
-            return await call(store_pb2_grpc.TrajectoryStoreStub(ch))
-
-    try:
-        return asyncio.run(run())
-    except grpc.aio.AioRpcError as exc:
-        raise click.ClickException(f"{exc.code().name}: {exc.details()}") from None
-
-
 @click.group()
 def router() -> None:
     """Train and publish the learned cost-aware router."""
@@ -60,9 +43,10 @@ def train(config_file: Path | None) -> None:
 @click.argument("version")
 def publish(version: str) -> None:
     """Mark router VERSION published: router services load it within their poll interval."""
+    from gearshift.cli import store_call
     from gearshift.routing.registry import publish as publish_router
 
-    checkpoint = _on_store(lambda stub: publish_router(stub, version))
+    checkpoint = store_call(lambda stub: publish_router(stub, version))
     click.echo(f"router {checkpoint.id} published ({checkpoint.uri})")
 
 
@@ -71,9 +55,10 @@ def publish(version: str) -> None:
 def list_(limit: int) -> None:
     """Router checkpoints, newest first, with status and key metrics."""
     from gearshift.common.v1.common_pb2 import CheckpointStatus
+    from gearshift.cli import store_call
     from gearshift.routing.registry import list_routers
 
-    for checkpoint in _on_store(lambda stub: list_routers(stub, limit)):
+    for checkpoint in store_call(lambda stub: list_routers(stub, limit)):
         status = CheckpointStatus.Name(checkpoint.status).removeprefix("CHECKPOINT_STATUS_")
         metrics = checkpoint.eval_metrics
         figures = ", ".join(f"{k} {metrics[k]:.3g}" for k in ("routing_accuracy", "learned_accuracy", "learned_cost_of_pass_usd") if k in metrics)
