@@ -41,6 +41,12 @@ def sampling_weights(trajectories: list[Trajectory], config: SFTConfig) -> list[
     ]
 
 
+def sft_loss(model, batch: tokenization.Batch) -> tuple[torch.Tensor, int]:
+    """Token-mean cross entropy over the batch's target tokens, and how many there were."""
+    out = forward.target_logits(model, batch)
+    return losses.cross_entropy(out.logits, out.tokens, torch.ones_like(out.tokens, dtype=torch.bool)), len(out.tokens)
+
+
 def train(config: SFTConfig, on_step: StepCallback | None = None) -> dict:
     """Reads the configured trajectories from the store and trains on them."""
     if not config.store_addr:
@@ -64,9 +70,8 @@ def train_on(config: SFTConfig, trajectories: list[Trajectory], on_step: StepCal
         draw = random.Random(config.optim.seed * 1_000_003 + step)  # the same batches after a resume
         picks = draw.choices(range(len(examples)), weights=weights, k=config.batch_size)
         batch = tokenization.collate([examples[i] for i in picks], pad_id)
-        out = forward.target_logits(run.model, batch)
-        loss = losses.cross_entropy(out.logits, out.tokens, torch.ones_like(out.tokens, dtype=torch.bool))
-        run.update(step, loss, {"tokens": batch.tokens, "target_tokens": len(out.tokens)}, started)
+        loss, targets = sft_loss(run.model, batch)
+        run.update(step, loss, {"tokens": batch.tokens, "target_tokens": targets}, started)
     ids = [t.id for t in kept]
     levels = Counter(difficulty_of(t) for t in kept)
     return run.finish(ids, data.snapshot_id(ids), {"trajectories": len(kept), "difficulty_levels": len(levels)})

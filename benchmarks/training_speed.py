@@ -1,0 +1,245 @@
+"""Training speed next to TRL, in one run on the same model and batch (not a timed test).
+
+SFT: tokens/s of gearshift's SFT step (the loop of gearshift.jobs.sft: head on target tokens
+only, AdamW, clipping, metrics line) against TRL's SFTTrainer and a plain PyTorch loop, on
+SmolLM2-135M and the same 4 prompt/completion pairs of about 133 tokens (loss on the
+completion in all three).
+APO: one gearshift APO step (1 prompt, rho=1 forced rollout per mode + gamma=1 free = 4
+rollouts, at most 32 generated tokens per call, through the in-process executor, sandbox,
+router, planner and reward service) against one TRL GRPOTrainer step (1 prompt x 4
+completions x 32 tokens, generation with transformers).
+
+Figures are medians over the timed steps (the first step of each is a warm-up and not counted).
+
+    .venv/bin/python benchmarks/training_speed.py [--steps 5] [--apo-steps 3] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+from gearshift.services.policy_server import weights  # noqa: E402
+from gearshift.settings import Settings  # noqa: E402
+
+PAIRS = [
+    ("Explain in one paragraph why the sky is blue.",
+     "Sunlight is made of many colours. When it enters the atmosphere, the short blue wavelengths are scattered by air "
+     "molecules much more strongly than the long red ones, a process called Rayleigh scattering. That scattered blue light "
+     "reaches our eyes from every direction of the sky, so the sky looks blue during the day. At sunset the light crosses much more air, the blue is scattered away before it reaches us, and the reds and oranges that remain colour the sky."),
+    ("What does a compiler do? Answer briefly.",
+     "A compiler translates a program written in a high-level language into a lower-level form, usually machine code or "
+     "bytecode, that a computer can execute. It parses the source, checks it for errors, optimises it and emits the "
+     "result, so the program can run quickly without the original source being interpreted line by line. Well-known examples are GCC and Clang for C, rustc for Rust, and javac, which emits bytecode for the JVM."),
+    ("Give a short summary of photosynthesis.",
+     "Photosynthesis is how plants, algae and some bacteria turn light into chemical energy. In the chloroplasts, light "
+     "drives the splitting of water, which releases oxygen, and the energy captured is used to fix carbon dioxide from "
+     "the air into sugars. Those sugars feed the plant and, through food chains, almost all life on Earth. The overall reaction combines six molecules of carbon dioxide and six of water into one of glucose and six of oxygen."),
+    ("Why do we use version control? Be concise.",
+     "Version control records every change to a project's files, with who made it and why. Teams can work in parallel "
+     "on branches and merge their work, review changes before they land, find when a bug was introduced, and go back "
+     "to any earlier state. It turns a folder of files into a history that is safe to experiment with. Git is the most common tool today, and hosted services add pull requests, reviews and continuous integration on top of it."),
+]
+
+
+def median_after_warmup(values: list[float]) -> float:
+    return statistics.median(values[1:] if len(values) > 1 else values)
+
+
+def model_dir() -> Path:
+    return weights.cache_smollm2(Settings().data_dir / "models")
+
+
+# SFT
+
+
+def sft_batch(tokenizer):
+    """The shared batch: chat-rendered prompt, completion as the target."""
+    from gearshift.training import tokenization
+
+    encoded = []
+    for prompt, completion in PAIRS:
+        prompt_ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(prompt_ids, add_special_tokens=False)["input_ids"]
+        target = tokenizer(completion + "<|im_end|>", add_special_tokens=False)["input_ids"]
+        encoded.append(tokenization.Encoded(ids + target, [False] * len(ids) + [True] * len(target)))
+    return tokenization.collate(encoded, tokenizer.pad_token_id)
+
+
+def bench_gearshift_sft(path: Path, steps: int, threads: int, out: Path) -> tuple[list[float], int]:
+    from gearshift.jobs.sft.config import SFTConfig
+    from gearshift.jobs.sft.trainer import sft_loss
+    from gearshift.training.runtime import Run
+
+    config = SFTConfig.model_validate(
+        {"model": {"base": str(path)}, "optim": {"learning_rate": 1e-5, "max_steps": steps, "threads": threads},
+         "output": {"dir": str(out), "save_every": 10_000, "progress": False, "resume": False}}
+    )
+    run = Run.start("sft", config)
+    batch = sft_batch(run.tokenizer)
+    seconds = []
+    for step in run.steps():
+        started = time.perf_counter()
+        loss, targets = sft_loss(run.model, batch)
+        run.update(step, loss, {"tokens": batch.tokens, "target_tokens": targets}, started)
+        seconds.append(time.perf_counter() - started)
+    return seconds, batch.tokens
+
+
+def bench_plain_sft(path: Path, steps: int, tokenizer) -> list[float]:
+    from transformers import AutoModelForCausalLM
+
+    batch = sft_batch(tokenizer)
+    labels = batch.input_ids.masked_fill(~batch.target_mask, -100)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    seconds = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        loss = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        seconds.append(time.perf_counter() - started)
+    return seconds
+
+
+class StepTimer:
+    """A transformers TrainerCallback recording each optimizer step's wall time."""
+
+    def __new__(cls):
+        from transformers import TrainerCallback
+
+        class Timer(TrainerCallback):
+            def __init__(self):
+                self.seconds, self._started = [], 0.0
+
+            def on_step_begin(self, args, state, control, **kwargs):
+                self._started = time.perf_counter()
+
+            def on_step_end(self, args, state, control, **kwargs):
+                self.seconds.append(time.perf_counter() - self._started)
+
+        return Timer()
+
+
+def bench_trl_sft(path: Path, steps: int, out: Path) -> list[float]:
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    rows = [{"prompt": [{"role": "user", "content": p}], "completion": [{"role": "assistant", "content": c}]} for p, c in PAIRS]
+    dataset = Dataset.from_list(rows * steps)
+    args = SFTConfig(
+        output_dir=str(out), per_device_train_batch_size=4, max_steps=steps, learning_rate=1e-5, logging_steps=1,
+        save_strategy="no", report_to=[], use_cpu=True, bf16=False, fp16=False, dataloader_num_workers=0, max_length=None,
+        packing=False, disable_tqdm=True, seed=0,
+    )
+    timer = StepTimer()
+    trainer = SFTTrainer(model=str(path), args=args, train_dataset=dataset, callbacks=[timer])
+    trainer.train()
+    return timer.seconds
+
+
+# APO
+
+
+def reward_contains(completions, reference, **kwargs):
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [1.0 if ref in text else 0.0 for text, ref in zip(texts, reference)]
+
+
+def bench_trl_grpo(path: Path, steps: int, out: Path) -> list[float]:
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from gearshift.protocol import prompts
+
+    rows = [{"prompt": prompts.messages("What is 17*23?"), "reference": "391"}] * (4 * steps)
+    args = GRPOConfig(
+        output_dir=str(out), per_device_train_batch_size=4, num_generations=4, max_completion_length=32, max_steps=steps,
+        learning_rate=1e-6, beta=0.0, temperature=1.0, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
+        bf16=False, fp16=False, dataloader_num_workers=0, disable_tqdm=True, seed=0, epsilon=0.2, epsilon_high=0.28,
+    )
+    timer = StepTimer()
+    trainer = GRPOTrainer(model=str(path), reward_funcs=reward_contains, args=args, train_dataset=Dataset.from_list(rows), callbacks=[timer])
+    trainer.train()
+    return timer.seconds
+
+
+def bench_gearshift_apo(path: Path, steps: int, threads: int, out: Path) -> list[dict]:
+    from gearshift.jobs.apo import trainer
+    from gearshift.jobs.apo.config import APOConfig
+    from gearshift.training.runtime import read_metrics
+
+    config = APOConfig.model_validate(
+        {"model": {"base": str(path)}, "optim": {"learning_rate": 1e-6, "max_steps": steps, "threads": threads},
+         "output": {"dir": str(out), "save_every": 10_000, "progress": False, "resume": False},
+         "prompts": [{"query": "What is 17*23?", "reference_answer": "391"}], "rho": 1, "gamma": 1,
+         "rollout": {"max_tokens_per_turn": 32, "max_steps": 1, "temperature": 1.0}}
+    )
+    trainer.train(config)
+    return read_metrics(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=5, help="SFT steps per trainer (the first is a warm-up)")
+    parser.add_argument("--apo-steps", type=int, default=3, help="APO / GRPO steps (the first is a warm-up)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--skip", nargs="*", default=[], choices=["sft", "apo"], help="parts to leave out")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    # Every generation of the APO rollouts (routing, planning, turns) stays within 32 tokens.
+    os.environ.update({"GEARSHIFT_ROUTER__MAX_TOKENS": "32", "GEARSHIFT_PLANNER__MAX_TOKENS": "32", "GEARSHIFT_METRICS_PORT": "0"})
+    path = model_dir()
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    report: dict = {"model": str(path), "threads": args.threads}
+    with tempfile.TemporaryDirectory() as scratch:
+        scratch = Path(scratch)
+        os.environ["GEARSHIFT_DATA_DIR"] = str(scratch / "data")  # the in-process store's SQLite file
+        (scratch / "data" / "models").mkdir(parents=True)
+        if "sft" not in args.skip:
+            ours, tokens = bench_gearshift_sft(path, args.steps, args.threads, scratch / "sft")
+            plain = bench_plain_sft(path, args.steps, tokenizer)
+            trl_seconds = bench_trl_sft(path, args.steps, scratch / "trl-sft")
+            rates = {name: tokens / median_after_warmup(s) for name, s in (("gearshift", ours), ("plain_pytorch", plain), ("trl_sfttrainer", trl_seconds))}
+            report["sft"] = {
+                "batch_tokens": tokens,
+                "tokens_per_second": {k: round(v, 1) for k, v in rates.items()},
+                "gearshift_vs_trl": round(rates["gearshift"] / rates["trl_sfttrainer"], 2),
+                "gearshift_vs_plain": round(rates["gearshift"] / rates["plain_pytorch"], 2),
+            }
+            print(json.dumps(report["sft"]), flush=True)
+        if "apo" not in args.skip:
+            history = bench_gearshift_apo(path, args.apo_steps, args.threads, scratch / "apo")
+            grpo = bench_trl_grpo(path, args.apo_steps, scratch / "trl-grpo")
+            step = median_after_warmup([r["seconds"] for r in history])
+            rollout = median_after_warmup([r["rollout_seconds"] for r in history])
+            report["apo"] = {
+                "gearshift_step_seconds": round(step, 2),
+                "gearshift_rollout_seconds": round(rollout, 2),
+                "gearshift_update_seconds": round(step - rollout, 2),
+                "gearshift_rollout_tokens": [r["tokens"] for r in history],
+                "trl_grpo_step_seconds": round(median_after_warmup(grpo), 2),
+                "gearshift_vs_trl": round(median_after_warmup(grpo) / step, 2),
+            }
+            print(json.dumps(report["apo"]), flush=True)
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
