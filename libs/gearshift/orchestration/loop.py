@@ -1,0 +1,361 @@
+"""`gearshift loop`: one full round of the closed loop on the embedded default, in this process.
+
+    seed -> score -> SFT -> APO -> evaluate -> gate -> publish
+
+The six services and the built-in policy server run in this process (the store is the SQLite
+file in the data directory, or GEARSHIFT_DATABASE_URL); the trainers run as local subprocesses
+through the orchestration runner. Every stage is a function of gearshift.orchestration.steps
+or the evaluation harness, the code the Celery tasks run; only their order lives here.
+
+Ids are deterministic (the seed run, the training run names, the evaluation runs), so running
+the same round again resumes: stored trajectories are not solved again and finished training
+runs are not trained again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+from rich.console import Console
+from rich.table import Table
+
+from gearshift.clients import channel
+from gearshift.common.v1.common_pb2 import Checkpoint, CheckpointStatus, Trajectory, TrajectoryStatus
+from gearshift.evaluation.harness import evaluate
+from gearshift.evaluation.report import build_report, fetch_run
+from gearshift.evaluation.runner import FORCED, eval_mode_of
+from gearshift.evaluation.suites import get_suite
+from gearshift.orchestration import steps
+from gearshift.orchestration.promotion import EvalResult
+from gearshift.orchestration.publishing import publish_builtin
+from gearshift.orchestration.runners import LocalRunner
+from gearshift.rewards import formulas
+from gearshift.settings import RewardSettings, Settings
+from gearshift.store.v1 import store_pb2, store_pb2_grpc
+
+HELD_OUT = "test"
+
+
+class LoopConfig(BaseModel):
+    """The size of one round. DEFAULT fits about 10-15 minutes on 2 CPU cores with
+    SmolLM2-135M; QUICK is the same pipeline at a size a test runs in about a minute."""
+
+    base_model: str = Field("smollm2", description='Weights of the first round ("smollm2", "tiny" or a checkpoint directory); later rounds start from the newest published checkpoint')
+    suite: str = Field("basic_arithmetic", description="Evaluation suite (or .jsonl file) whose train split seeds and whose test split is held out")
+    seed_items: int = Field(24, ge=1, description="Train items solved to seed the round")
+    seed_modes: list[str] = Field(["instant", "reasoning"], description="Forced modes each seed item is solved in")
+    eval_items: int = Field(12, ge=1, description="Held-out (test split) items each checkpoint is evaluated on")
+    eval_modes: list[str] = Field(["instant", "reasoning"], description="Evaluation modes; forced-instant success gives APO's p")
+    gate_mode: str = Field("instant", description="The evaluation mode whose accuracy and cost of pass the promotion gate compares")
+    max_tokens_per_turn: int = Field(48, ge=8, description="Tokens per policy turn (serving, rollouts and evaluation alike)")
+    max_steps: int = Field(1, ge=1, description="Policy turns per episode in every mode")
+    sft_steps: int = Field(24, ge=1, description="SFT optimizer steps")
+    sft_batch_size: int = Field(4, ge=1, description="Trajectories per SFT step")
+    sft_learning_rate: float = Field(2e-5, gt=0, description="SFT peak learning rate")
+    apo_prompts: int = Field(3, ge=1, description="Train items APO rolls out on")
+    apo_steps: int = Field(3, ge=1, description="APO optimizer steps (one prompt group each)")
+    apo_rho: int = Field(1, ge=0, description="APO forced rollouts per mode per prompt")
+    apo_gamma: int = Field(1, ge=0, description="APO free rollouts per prompt (the model routes itself)")
+    apo_learning_rate: float = Field(1e-6, gt=0, description="APO learning rate")
+    threads: int = Field(2, ge=1, description="torch threads of the trainers and the policy server")
+
+
+DEFAULT_CONFIG = LoopConfig()
+QUICK_CONFIG = LoopConfig(
+    seed_items=3, seed_modes=["instant"], eval_items=2, eval_modes=["instant"], max_tokens_per_turn=16,
+    sft_steps=2, sft_batch_size=2, apo_prompts=1, apo_steps=1, apo_rho=1, apo_gamma=0,
+)
+
+
+def loop_settings(settings: Settings, config: LoopConfig) -> Settings:
+    """Settings for the round's in-process stack: the round's episode budget everywhere,
+    metrics off (free ports only), the gate on the held-out split of the round's suite."""
+    executor = settings.executor.model_copy(update={
+        "max_tokens_per_turn": config.max_tokens_per_turn, "max_steps_other": config.max_steps, "max_steps_agentic": config.max_steps,
+    })
+    orchestration = settings.orchestration.model_copy(update={
+        "eval_suite": get_suite(config.suite).name, "eval_split": HELD_OUT, "eval_items": config.eval_items, "eval_mode": config.gate_mode,
+    })
+    policy = settings.policy.model_copy(update={"port": 0, "threads": config.threads})
+    return settings.model_copy(update={"executor": executor, "orchestration": orchestration, "policy": policy, "metrics_port": 0})
+
+
+# ---------------------------------------------------------------- figures
+
+
+def mode_figures(trajectories: list[Trajectory], reward: RewardSettings) -> dict[str, dict]:
+    """Per evaluation mode: accuracy (pass@1), cost of pass, mean cost and output tokens from
+    the harness report, and the mean APO reward r_acc * r_adaptive * r_format, with p = the
+    item's forced-instant success rate when instant was evaluated (no penalty otherwise)."""
+    finished = [t for t in trajectories if t.status != TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED]
+    instant = defaultdict(list)
+    for t in finished:
+        if eval_mode_of(t) == "instant":
+            instant[t.labels.get("item_id", t.id)].append(t.reward.correct)
+    rewards = defaultdict(list)
+    for t in finished:
+        mode = eval_mode_of(t)
+        p = formulas.success_rate(instant.get(t.labels.get("item_id", t.id), []))
+        r_adaptive = formulas.adaptive_factor(p, t.mode, mode in FORCED, reward.apo_alpha, reward.apo_tau)
+        rewards[mode].append(formulas.apo_reward(t.reward.correct, t.reward.format_valid, r_adaptive))
+    report = build_report(finished, "loop")
+    return {
+        mode: {
+            "accuracy": r.pass_at_1,
+            "cost_of_pass_usd": r.cost_of_pass_usd if math.isfinite(r.cost_of_pass_usd) else None,
+            "mean_cost_usd": r.mean_cost_usd,
+            "mean_output_tokens": r.mean_output_tokens,
+            "apo_reward": sum(rewards[mode]) / len(rewards[mode]),
+            "format_valid": sum(t.reward.format_valid for t in finished if eval_mode_of(t) == mode) / r.trajectories,
+            "episodes": r.trajectories,
+        }
+        for mode, r in report.modes.items()
+    }
+
+
+class LoopEvaluator:
+    """The promotion gate's Evaluator for the loop: the evaluation harness on one checkpoint,
+    served by a built-in policy server of its own, with its own planner, router and executor
+    (the callers of the policy) next to the round's store, sandbox and reward. Results are
+    kept, so the gate does not evaluate a checkpoint the round already evaluated."""
+
+    def __init__(self, settings: Settings, config: LoopConfig):
+        self.settings, self.config = settings, config
+        self.figures: dict[str, dict[str, dict]] = {}
+
+    async def run(self, checkpoint: Checkpoint) -> dict[str, dict]:
+        """Per-mode figures of the checkpoint on the held-out split (resumed when stored)."""
+        if checkpoint.id in self.figures:
+            return self.figures[checkpoint.id]
+        from gearshift.services.policy_server.server import running
+        from gearshift.testing.stack import inprocess_stack
+
+        suite = self.settings.orchestration.eval_suite
+        run_id = f"gate-{checkpoint.id}-{suite}-{HELD_OUT}"
+        policy = self.settings.policy.model_copy(update={"model": checkpoint.uri})
+        settings = self.settings.model_copy(update={"policy": policy, "policy_model": policy.served_model_name})
+        async with running(settings) as server:
+            settings = settings.model_copy(update={"policy_url": server.base_url})
+            async with inprocess_stack(settings, ("planner", "router", "executor")) as stack:
+                await evaluate(stack, self.config.suite, self.config.eval_modes, self.config.eval_items, split=HELD_OUT,
+                               run_id=run_id, concurrency=1, out_dir=self.settings.data_dir / "eval" / run_id)
+        async with channel(self.settings.store_addr, self.settings) as ch:
+            trajectories = await fetch_run(store_pb2_grpc.TrajectoryStoreStub(ch), run_id)
+        self.figures[checkpoint.id] = mode_figures(trajectories, self.settings.reward) | {"run_id": run_id}
+        return self.figures[checkpoint.id]
+
+    def evaluate(self, checkpoint: Checkpoint, suite: str, split: str) -> EvalResult:
+        """The gate mode's accuracy and cost of pass (the Evaluator protocol)."""
+        figures = self.figures.get(checkpoint.id) or asyncio.run(self.run(checkpoint))
+        gate = figures[self.config.gate_mode]
+        cost = gate["cost_of_pass_usd"]
+        extra = {f"{mode}/{name}": value for mode, values in figures.items() if isinstance(values, dict)
+                 for name, value in values.items() if isinstance(value, int | float)}
+        return EvalResult(gate["accuracy"], math.inf if cost is None else cost, extra)
+
+
+# ---------------------------------------------------------------- the round
+
+
+class Reporter:
+    """Prints each stage with its figures and keeps them for the JSON summary."""
+
+    def __init__(self, console: Console | None):
+        self.console = console or Console(quiet=True)
+        self.stages: dict[str, dict] = {}
+
+    @contextlib.contextmanager
+    def stage(self, name: str, what: str):
+        self.console.rule(f"[bold]{name}[/] · {what}")
+        figures: dict = {}
+        started = time.perf_counter()
+        yield figures
+        figures["seconds"] = round(time.perf_counter() - started, 2)
+        self.stages[name] = figures
+        self.console.print("  " + "  ".join(f"{key} [bold]{_fmt(value)}[/]" for key, value in figures.items() if not isinstance(value, dict | list)))
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "inf"
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+async def base_checkpoint(settings: Settings, config: LoopConfig) -> Checkpoint:
+    """The round's starting point: the newest published policy, else the configured base model
+    registered (and published: it is what serves) under an id derived from its path."""
+    current = await steps.published(settings)
+    if current is not None:
+        return current
+    from gearshift.services.policy_server import weights
+
+    uri = str(weights.resolve(config.base_model, settings.data_dir / "models").resolve())
+    checkpoint = Checkpoint(id=f"base-{steps.digest(uri)}", kind="policy", uri=uri, job="base",
+                            status=CheckpointStatus.CHECKPOINT_STATUS_PUBLISHED)
+    async with channel(settings.store_addr, settings) as ch:
+        return await store_pb2_grpc.TrajectoryStoreStub(ch).RegisterCheckpoint(store_pb2.RegisterCheckpointRequest(checkpoint=checkpoint))
+
+
+def sft_config(config: LoopConfig) -> dict:
+    return {"batch_size": config.sft_batch_size, "max_length": 1024,
+            "optim": {"max_steps": config.sft_steps, "learning_rate": config.sft_learning_rate, "threads": config.threads},
+            "output": {"progress": False}}
+
+
+def apo_config(config: LoopConfig, prompts: list[dict]) -> dict:
+    return {"prompts": prompts, "rho": config.apo_rho, "gamma": config.apo_gamma, "max_length": 1024, "task_source": "loop-apo",
+            "optim": {"max_steps": config.apo_steps, "learning_rate": config.apo_learning_rate, "threads": config.threads},
+            "rollout": {"max_tokens_per_turn": config.max_tokens_per_turn, "max_steps": config.max_steps, "concurrency": 1},
+            "output": {"progress": False}}
+
+
+async def train_job(settings: Settings, runner: LocalRunner, job: str, config: dict, key: str, data: dict | None, parent: Checkpoint) -> dict:
+    """One training run through the orchestration runner (a subprocess), off this event loop:
+    it serves the store the trainer reads from and registers in."""
+    spec = steps.train_config(settings, job, config, key, data, parent)
+    external_id = runner.start(spec)
+    return await asyncio.to_thread(steps.train, runner, spec, external_id, lambda _tail: None, settings.orchestration.job_timeout_seconds)
+
+
+@contextlib.asynccontextmanager
+async def round_stack(settings: Settings, model_uri: str) -> AsyncIterator[tuple[Settings, object]]:
+    """The six services and the built-in policy server serving model_uri, in this process."""
+    from gearshift.services.policy_server.server import running
+    from gearshift.testing.stack import inprocess_stack
+
+    serving = settings.model_copy(update={"policy": settings.policy.model_copy(update={"model": model_uri})})
+    async with running(serving) as server:
+        serving = serving.model_copy(update={"policy_url": server.base_url})
+        async with inprocess_stack(serving) as stack:
+            yield stack, server
+
+
+async def run_round(settings: Settings, config: LoopConfig, console: Console | None = None, out: Path | None = None) -> dict:
+    """Runs one round; returns (and writes) its JSON summary."""
+    settings = loop_settings(settings, config)
+    report = Reporter(console)
+    suite = get_suite(config.suite)
+    # The store alone first, to find the round's base; then everything, serving that base.
+    async with _store_only(settings) as probe:
+        base = await base_checkpoint(probe, config)
+    round_id = f"round-{steps.digest(config.model_dump(), base.id)}"
+    runner = LocalRunner(settings.data_dir / "runs", env={"GEARSHIFT_DATA_DIR": str(settings.data_dir)})
+    async with round_stack(settings, base.uri) as (stack, server):
+        evaluator = LoopEvaluator(stack, config)
+
+        with report.stage("seed", f"{suite.name} train split, {config.seed_items} items x {', '.join(config.seed_modes)} (forced)") as fig:
+            seed_run = f"loop-seed-{steps.digest(suite.name, config.seed_items, config.seed_modes, config.max_tokens_per_turn, config.max_steps, base.id)}"
+            seeded = await evaluate(stack, config.suite, config.seed_modes, config.seed_items, split="train", run_id=seed_run,
+                                    concurrency=1, out_dir=settings.data_dir / "eval" / seed_run)
+            fig |= {"run_id": seed_run, "episodes": seeded.summary.planned, "solved_now": seeded.summary.solved,
+                    "reused": seeded.summary.skipped, "correct": sum(r.correct for r in seeded.report.modes.values())}
+
+        with report.stage("score", "APO reward from the reward service, one group per query") as fig:
+            async with channel(stack.store_addr, stack) as ch:
+                trajectories = await fetch_run(store_pb2_grpc.TrajectoryStoreStub(ch), seed_run)
+            completed = [t for t in trajectories if t.status == TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED]
+            fig["scored"] = await steps.score(stack, completed)
+            async with channel(stack.store_addr, stack) as ch:
+                rescored = await fetch_run(store_pb2_grpc.TrajectoryStoreStub(ch), seed_run)
+            fig["correct"] = sum(t.reward.correct for t in rescored)
+            fig["mean_apo_reward"] = sum(t.reward.value for t in rescored) / max(1, len(rescored))
+
+        with report.stage("sft", f"route-then-align on the correct seed trajectories, from {base.id}") as fig:
+            data = {"correctness": "correct", "task_source": suite.name, "split": "train", "run_ids": [seed_run]}
+            snapshot = await steps.snapshot(stack, data)
+            sft = await train_job(stack, runner, "sft", sft_config(config), f"{round_id}:sft", data, base)
+            fig |= {"snapshot": snapshot["snapshot"], "trajectories": snapshot["count"], "checkpoint": sft["checkpoint_id"],
+                    **{k: sft["metrics"].get(k) for k in ("steps", "first_loss", "final_loss")}}
+
+        with report.stage("apo", f"GRPO with adaptive sampling on {config.apo_prompts} train prompts, from the SFT checkpoint") as fig:
+            prompts = [{"query": item.question, "reference_answer": item.answer,
+                        "labels": {k: v for k, v in item.labels(0).items() if k != "sample"}}
+                       for item in suite.items("train", config.apo_prompts)]
+            parent = await steps.get_checkpoint(stack, sft["checkpoint_id"])
+            apo = await train_job(stack, runner, "apo", apo_config(config, prompts), f"{round_id}:apo", None, parent)
+            candidate = await steps.get_checkpoint(stack, apo["checkpoint_id"])
+            history = _metrics_lines(Path(apo["output_dir"]))
+            fig |= {"checkpoint": candidate.id, "parent": candidate.parent_id, "steps": apo["metrics"].get("steps"),
+                    "rollouts": sum(h.get("rollouts", 0) for h in history),
+                    "rollout_reward_mean": sum(h.get("reward_mean", 0.0) for h in history) / max(1, len(history))}
+
+        with report.stage("evaluate", f"{suite.name} held-out split, {config.eval_items} items x {', '.join(config.eval_modes)}") as fig:
+            fig["base"] = await evaluator.run(base)
+            fig["candidate"] = await evaluator.run(candidate)
+            gate_mode = config.gate_mode
+            fig |= {f"{who}_{name}": fig[who][gate_mode][name] for who in ("base", "candidate") for name in ("accuracy", "apo_reward", "cost_of_pass_usd")}
+
+        with report.stage("gate", f"accuracy and cost of pass ({config.gate_mode}) vs the published {base.id}") as fig:
+            outcome = await steps.gate(stack, candidate.id, evaluator)
+            fig |= {"promoted": outcome.decision.promote, "reasons": outcome.decision.reasons,
+                    "baseline": outcome.baseline.id if outcome.baseline else ""}
+            report.console.print("  " + "; ".join(outcome.decision.reasons))
+
+        with report.stage("publish", "the built-in policy server switches to the candidate" if outcome.decision.promote else "skipped: rejected") as fig:
+            if outcome.decision.promote:
+                published = await publish_builtin(candidate, stack)
+                await steps.update_checkpoint(stack, candidate.id, CheckpointStatus.CHECKPOINT_STATUS_PUBLISHED,
+                                              {"switch_seconds": published.switch_seconds})
+                fig |= {"switch_seconds": round(published.switch_seconds, 3), "serving": str(server.engine.current.path)}
+            else:
+                await steps.update_checkpoint(stack, candidate.id, CheckpointStatus.CHECKPOINT_STATUS_REJECTED, {})
+                fig["serving"] = str(server.engine.current.path)
+
+    summary = {"round_id": round_id, "config": config.model_dump(), "base": base.id, "candidate": candidate.id,
+               "promoted": outcome.decision.promote, "stages": report.stages,
+               "before_after": before_after(report.stages["evaluate"]["base"], report.stages["evaluate"]["candidate"])}
+    report.console.print(before_after_table(summary["before_after"], base.id, candidate.id))
+    path = out or settings.data_dir / "loop" / round_id / "summary.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary, indent=2))
+    report.console.print(f"summary: {path}")
+    return summary | {"summary_path": str(path)}
+
+
+@contextlib.asynccontextmanager
+async def _store_only(settings: Settings) -> AsyncIterator[Settings]:
+    from gearshift.testing.stack import inprocess_stack
+
+    async with inprocess_stack(settings, ("store",)) as stack:
+        yield stack
+
+
+def _metrics_lines(output_dir: Path) -> list[dict]:
+    from gearshift.training.runtime import read_metrics  # torch: only once a trainer has run
+
+    return read_metrics(output_dir)
+
+
+FIGURES = ("accuracy", "apo_reward", "cost_of_pass_usd", "mean_cost_usd", "mean_output_tokens", "format_valid")
+
+
+def before_after(base: dict, candidate: dict) -> dict[str, dict[str, dict]]:
+    """mode -> figure -> {before, after} for every evaluated mode."""
+    return {mode: {name: {"before": base[mode][name], "after": candidate[mode][name]} for name in FIGURES}
+            for mode in base if isinstance(base[mode], dict) and mode in candidate}
+
+
+def before_after_table(rows: dict[str, dict[str, dict]], base_id: str, candidate_id: str) -> Table:
+    table = Table(title=f"held-out split: {base_id} (before) -> {candidate_id} (after)", header_style="bold")
+    for column in ("mode", "figure", "before", "after"):
+        table.add_column(column)
+    for mode, figures in rows.items():
+        for name, pair in figures.items():
+            table.add_row(mode, name, _fmt(pair["before"]), _fmt(pair["after"]))
+    return table
+
+
+def main(settings: Settings, quick: bool, config_path: str | None, out: str | None) -> dict:
+    """`gearshift loop`: the preset (QUICK or DEFAULT) with a JSON file's fields over it."""
+    preset = QUICK_CONFIG if quick else DEFAULT_CONFIG
+    overrides = json.loads(Path(config_path).read_text()) if config_path else {}
+    config = LoopConfig.model_validate(preset.model_dump() | overrides)
+    return asyncio.run(run_round(settings, config, Console(), Path(out) if out else None))

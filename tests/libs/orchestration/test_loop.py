@@ -1,0 +1,68 @@
+"""`gearshift loop` end to end at its quick size, on the real stack (the six services and the
+built-in policy server in this process, the SQLite store), the real SmolLM2 and the real
+trainers as subprocesses: every stage runs, the candidate is registered with its lineage, the
+gate decides, and the summary carries the before/after figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gearshift.common.v1.common_pb2 import CheckpointStatus
+from gearshift.orchestration.loop import QUICK_CONFIG, run_round
+from gearshift.services.policy_server import weights
+from gearshift.settings import Settings
+from gearshift.store.v1 import store_pb2, store_pb2_grpc
+from gearshift.clients import channel
+from gearshift.testing.stack import inprocess_stack
+
+pytestmark = [pytest.mark.slow, pytest.mark.model]
+
+MODELS = Path.home() / ".gearshift" / "models"
+# Questions SmolLM2 answers in instant mode often enough that the seed has a correct one.
+ITEMS = [
+    ("capital-france", "What is the capital of France?", "Paris", "train"),
+    ("capital-italy", "What is the capital of Italy?", "Rome", "train"),
+    ("capital-japan", "What is the capital of Japan?", "Tokyo", "train"),
+    ("capital-germany", "What is the capital of Germany?", "Berlin", "test"),
+    ("capital-spain", "What is the capital of Spain?", "Madrid", "test"),
+]
+
+
+async def test_quick_round_runs_every_stage_and_registers_the_candidate_with_lineage(tmp_path):
+    weights.cache_smollm2(MODELS)
+    (tmp_path / "models").symlink_to(MODELS)
+    suite = tmp_path / "capitals.jsonl"
+    suite.write_text("".join(json.dumps({"id": i, "question": q, "answer": a, "split": s, "difficulty": "1"}) + "\n" for i, q, a, s in ITEMS))
+    settings = Settings(data_dir=tmp_path, metrics_port=0, log_level="WARNING")
+    config = QUICK_CONFIG.model_copy(update={"suite": str(suite)})
+
+    summary = await run_round(settings, config, out=tmp_path / "summary.json")
+
+    stages = summary["stages"]
+    assert list(stages) == ["seed", "score", "sft", "apo", "evaluate", "gate", "publish"]
+    assert stages["seed"]["episodes"] == 3 and stages["score"]["scored"] >= 1 and stages["sft"]["trajectories"] >= 1
+    assert stages["sft"]["steps"] == config.sft_steps and stages["apo"]["steps"] == config.apo_steps
+    assert stages["apo"]["rollouts"] == 3 * config.apo_rho + config.apo_gamma
+    figures = summary["before_after"]["instant"]
+    assert set(figures) >= {"accuracy", "apo_reward", "cost_of_pass_usd"}
+    assert all(0 <= figures[name][side] <= 1 for name in ("accuracy", "apo_reward") for side in ("before", "after"))
+    assert json.loads((tmp_path / "summary.json").read_text())["candidate"] == summary["candidate"]
+
+    async with inprocess_stack(settings, ("store",)) as stack, channel(stack.store_addr, stack) as ch:
+        store = store_pb2_grpc.TrajectoryStoreStub(ch)
+        candidate = await store.GetCheckpoint(store_pb2.GetCheckpointRequest(id=summary["candidate"], include_lineage=True))
+        sft = await store.GetCheckpoint(store_pb2.GetCheckpointRequest(id=candidate.parent_id, include_lineage=True))
+    assert candidate.job == "apo" and sft.job == "sft" and sft.id == stages["sft"]["checkpoint"]
+    assert sft.parent_id == summary["base"] and sft.dataset_snapshot == stages["sft"]["snapshot"]
+    assert len(sft.trajectory_ids) == stages["sft"]["trajectories"] and candidate.trajectory_ids and candidate.dataset_snapshot
+    # The gate decided, and the registry says so: published (serving switched) or rejected.
+    assert f"{Path(suite).stem}/test/accuracy" in candidate.eval_metrics
+    if summary["promoted"]:
+        assert candidate.status == CheckpointStatus.CHECKPOINT_STATUS_PUBLISHED
+        assert stages["publish"]["serving"] == candidate.uri and stages["publish"]["switch_seconds"] > 0
+    else:
+        assert candidate.status == CheckpointStatus.CHECKPOINT_STATUS_REJECTED
+        assert stages["publish"]["serving"] != candidate.uri
