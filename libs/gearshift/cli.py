@@ -167,6 +167,17 @@ def train(job: str, config_path: str) -> None:
     click.echo(summary(run_job(job, config_path)))
 
 
+@main.command()
+@click.option("--quick", is_flag=True, help="The test-sized round (a few items, a couple of steps) instead of the default")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False), default=None, help="JSON LoopConfig fields overriding the preset's")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Summary JSON (default: DATA_DIR/loop/ROUND_ID/summary.json)")
+def loop(quick: bool, config_path: str | None, out: str | None) -> None:
+    """One closed-loop round in this process: seed, score, SFT, APO, evaluate, gate, publish."""
+    from gearshift.orchestration.loop import main as loop_main
+
+    loop_main(get_settings(), quick, config_path, out)
+
+
 @main.group()
 def trajectories() -> None:
     """Read stored trajectories."""
