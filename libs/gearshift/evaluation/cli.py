@@ -45,7 +45,11 @@ def run_eval(settings: Settings, suite: str, modes: str, n: int, samples: int, s
     out.print(f"{summary.planned} episodes: {summary.solved} solved now, {summary.skipped} already stored, {len(summary.errors)} errors")
     for error in summary.errors[:5]:
         out.print(f"[red]error[/] {error}", markup=True, highlight=False)
+    if summary.aborted:
+        out.print(f"[red]stopped early[/]: the stack became unavailable; resume with --run-id {run_id}")
     out.print(rich_table(result.report))
+    if result.report.failed:
+        out.print(f"left out of the figures (failed episodes, run again on resume): {result.report.failed}")
     out.print("report: " + ", ".join(str(path) for path in result.files))
 
 

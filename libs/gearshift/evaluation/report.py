@@ -63,6 +63,9 @@ class RunReport:
     suite: str
     splits: list[str]
     modes: dict[str, ModeReport]
+    # Jobs whose latest attempt FAILED (an infrastructure error), by mode: left out of the
+    # figures, since they say nothing about the model; a resume runs them again.
+    failed: dict[str, int] = field(default_factory=dict)
 
 
 def _is_correct(trajectory: Trajectory) -> bool | None:
@@ -120,8 +123,8 @@ def mode_report(mode: str, trajectories: list[Trajectory], bootstrap_samples: in
 
 
 def build_report(trajectories: Iterable[Trajectory], run_id: str, bootstrap_samples: int = 2000, seed: int = 0) -> RunReport:
-    """The report of a run from its stored trajectories. Cancelled episodes are left out (a
-    resumed run re-ran them); for a job stored twice, the later attempt counts."""
+    """The report of a run from its stored trajectories. For a job stored more than once the
+    latest attempt counts; cancelled episodes are ignored and failed ones only counted."""
     latest: dict[tuple[str, str, str], Trajectory] = {}
     for trajectory in sorted(trajectories, key=lambda t: (t.created_at.seconds, t.created_at.nanos)):
         if trajectory.status == TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED:
@@ -131,8 +134,14 @@ def build_report(trajectories: Iterable[Trajectory], run_id: str, bootstrap_samp
     if not latest:
         raise ValueError(f"run {run_id!r} has no finished trajectories")
     by_mode: dict[str, list[Trajectory]] = defaultdict(list)
+    failed: Counter[str] = Counter()
     for (_, mode, _), trajectory in latest.items():
-        by_mode[mode].append(trajectory)
+        if trajectory.status == TrajectoryStatus.TRAJECTORY_STATUS_FAILED:
+            failed[mode] += 1
+        else:
+            by_mode[mode].append(trajectory)
+    if not by_mode:
+        raise ValueError(f"run {run_id!r}: every episode failed ({dict(failed)})")
     ordered = sorted(by_mode, key=lambda m: (MODES.index(m) if m in MODES else len(MODES), m))
     suites = sorted({t.task_source for t in latest.values()})
     return RunReport(
@@ -140,6 +149,7 @@ def build_report(trajectories: Iterable[Trajectory], run_id: str, bootstrap_samp
         suite=",".join(suites),
         splits=sorted({t.split for t in latest.values()}),
         modes={m: mode_report(m, by_mode[m], bootstrap_samples, seed) for m in ordered},
+        failed=dict(failed),
     )
 
 
@@ -203,6 +213,8 @@ def markdown(report: RunReport) -> str:
         )))
     statuses = {r.mode: r.statuses for r in report.modes.values()}
     parts.append("## Episode endings\n\n" + "\n".join(f"- {m}: {s}" for m, s in statuses.items()))
+    if report.failed:
+        parts.append(f"Left out of the figures, failed on an infrastructure error (a resume runs them again): {report.failed}")
     parts.append("![accuracy against cost](accuracy_cost.png)")
     if routed:
         parts.append("![mode share by difficulty](mode_share.png)")

@@ -74,6 +74,8 @@ class RunSummary:
     solved: int = 0
     correct: int = 0
     errors: list[str] = field(default_factory=list)
+    # Set when the stack became unreachable: the remaining jobs were not started.
+    aborted: bool = False
 
 
 class EvalRunner:
@@ -85,6 +87,7 @@ class EvalRunner:
             raise ValueError("concurrency must be at least 1")
         self.executor, self.store, self.suite, self.run_id = executor, store, suite, run_id
         self.concurrency, self.budget, self.console = concurrency, budget, console
+        self._unavailable = asyncio.Event()
 
     def jobs(self, items: Iterable[SuiteItem], modes: Iterable[str], samples: int) -> list[Job]:
         return [Job(item, mode, sample) for item in items for mode in modes for sample in range(samples)]
@@ -133,11 +136,14 @@ class EvalRunner:
 
             async def one(job: Job, attempt: int) -> None:
                 async with semaphore:
+                    if self._unavailable.is_set():  # stop rather than fail every remaining job
+                        return
                     correct = await self._solve_and_grade(job, attempt, summary)
                 summary.correct += bool(correct)
                 progress.advance(task)
 
             await asyncio.gather(*(one(job, attempt) for job, attempt in pending))
+        summary.aborted = self._unavailable.is_set()
         return summary
 
     def _resume_point(self, job: Job, stored: dict[str, Trajectory]) -> tuple[int, Trajectory | None]:
@@ -160,6 +166,9 @@ class EvalRunner:
                     final = item.final.trajectory
         except grpc.aio.AioRpcError as exc:
             summary.errors.append(f"{job.item.id} {job.mode}: {exc.code().name}: {exc.details()}")
+            if exc.code() == grpc.StatusCode.UNAVAILABLE:  # the executor or what it calls is down
+                self._unavailable.set()
+                return None
             final = await self._get(request.trajectory_id)  # the executor stores failed episodes too
         if final is None:
             return None

@@ -103,11 +103,13 @@ async def test_ungraded_and_all_wrong(store):
     trajectories = [
         episode("run-u", "a", "1", "reasoning", 0, R, None, 0.002, 5),  # never graded by its suite
         episode("run-u", "b", "1", "reasoning", 0, R, False, 0.002, 5),
+        episode("run-u", "c", "1", "reasoning", 0, R, None, 0.0, 0, status=TrajectoryStatus.TRAJECTORY_STATUS_FAILED),
     ]
     await store.Put(store_pb2.PutRequest(trajectories=trajectories))
     report = build_report(await fetch_run(store, "run-u"), "run-u", bootstrap_samples=200)
     reasoning = report.modes["reasoning"]
     assert (reasoning.ungraded, reasoning.correct, reasoning.pass_at_1) == (1, 0, 0.0)
+    assert reasoning.trajectories == 2 and report.failed == {"reasoning": 1}  # counted, not scored
     assert math.isinf(reasoning.cost_of_pass_usd) and all(math.isinf(x) for x in reasoning.cost_of_pass_ci)
 
 
