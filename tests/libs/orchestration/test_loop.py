@@ -10,15 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from gearshift.clients import channel
 from gearshift.common.v1.common_pb2 import CheckpointStatus
 from gearshift.orchestration.loop import QUICK_CONFIG, run_round
 from gearshift.services.policy_server import weights
 from gearshift.settings import Settings
 from gearshift.store.v1 import store_pb2, store_pb2_grpc
-from gearshift.clients import channel
 from gearshift.testing.stack import inprocess_stack
 
-pytestmark = [pytest.mark.slow, pytest.mark.model]
+# About 90 s on an idle 2-core machine; the limit leaves room for a shared, loaded one.
+pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.timeout(900)]
 
 MODELS = Path.home() / ".gearshift" / "models"
 # Questions SmolLM2 answers in instant mode often enough that the seed has a correct one.
