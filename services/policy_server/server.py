@@ -47,7 +47,7 @@ async def running(settings: Settings, engine: PolicyEngine | None = None) -> Asy
     sock = _bind(policy.host, policy.port)
     config = uvicorn.Config(create_app(engine), log_level=settings.log_level.lower(), access_log=False, lifespan="off")
     server = uvicorn.Server(config)
-    server.install_signal_handlers = lambda: None  # the caller owns the signals
+    server.capture_signals = contextlib.nullcontext  # the caller owns SIGINT/SIGTERM, not uvicorn
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         while not server.started:
