@@ -9,9 +9,9 @@ rollouts, at most 32 generated tokens per call, through the in-process executor,
 router, planner and reward service) against one TRL GRPOTrainer step (1 prompt x 4
 completions x 32 tokens, generation with transformers).
 
-Figures are medians over the timed steps (the first step of each is a warm-up and not counted).
+SFT runs the three round-robin (a shared machine's load falls on all alike); figures are\nmedians over the timed steps (each trainer's first step is a warm-up and not counted).
 
-    .venv/bin/python benchmarks/training_speed.py [--steps 5] [--apo-steps 3] [--threads 2]
+    .venv/bin/python benchmarks/training_speed.py [--rounds 3] [--per-round 2] [--apo-steps 3] [--threads 2]
 """
 
 from __future__ import annotations
@@ -76,44 +76,57 @@ def sft_batch(tokenizer):
     return tokenization.collate(encoded, tokenizer.pad_token_id)
 
 
-def bench_gearshift_sft(path: Path, steps: int, threads: int, out: Path) -> tuple[list[float], int]:
-    from gearshift.jobs.sft.config import SFTConfig
-    from gearshift.jobs.sft.trainer import sft_loss
-    from gearshift.training.runtime import Run
+class GearshiftSFT:
+    """gearshift's SFT step (the loop body of gearshift.jobs.sft) on the shared batch."""
 
-    config = SFTConfig.model_validate(
-        {"model": {"base": str(path)}, "optim": {"learning_rate": 1e-5, "max_steps": steps, "threads": threads},
-         "output": {"dir": str(out), "save_every": 10_000, "progress": False, "resume": False}}
-    )
-    run = Run.start("sft", config)
-    batch = sft_batch(run.tokenizer)
-    seconds = []
-    for step in run.steps():
-        started = time.perf_counter()
-        loss, targets = sft_loss(run.model, batch)
-        run.update(step, loss, {"tokens": batch.tokens, "target_tokens": targets}, started)
-        seconds.append(time.perf_counter() - started)
-    return seconds, batch.tokens
+    def __init__(self, path: Path, threads: int, out: Path):
+        from gearshift.jobs.sft.config import SFTConfig
+        from gearshift.training.runtime import Run
+
+        config = SFTConfig.model_validate(
+            {"model": {"base": str(path)}, "optim": {"learning_rate": 1e-5, "max_steps": 1_000, "threads": threads},
+             "output": {"dir": str(out), "save_every": 10_000, "progress": False, "resume": False}}
+        )
+        self.run = Run.start("sft", config)
+        self.batch = sft_batch(self.run.tokenizer)
+        self.step = 0
+
+    def steps(self, count: int) -> list[float]:
+        from gearshift.jobs.sft.trainer import sft_loss
+
+        seconds = []
+        for _ in range(count):
+            self.step += 1
+            started = time.perf_counter()
+            loss, targets = sft_loss(self.run.model, self.batch)
+            self.run.update(self.step, loss, {"tokens": self.batch.tokens, "target_tokens": targets}, started)
+            seconds.append(time.perf_counter() - started)
+        return seconds
 
 
-def bench_plain_sft(path: Path, steps: int, tokenizer) -> list[float]:
-    from transformers import AutoModelForCausalLM
+class PlainSFT:
+    """The textbook loop: full logits, labels -100 off the completion, AdamW, clipping."""
 
-    batch = sft_batch(tokenizer)
-    labels = batch.input_ids.masked_fill(~batch.target_mask, -100)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    seconds = []
-    for _ in range(steps):
-        started = time.perf_counter()
-        loss = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        seconds.append(time.perf_counter() - started)
-    return seconds
+    def __init__(self, path: Path, tokenizer):
+        from transformers import AutoModelForCausalLM
+
+        self.batch = sft_batch(tokenizer)
+        self.labels = self.batch.input_ids.masked_fill(~self.batch.target_mask, -100)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-5)
+
+    def steps(self, count: int) -> list[float]:
+        seconds = []
+        for _ in range(count):
+            started = time.perf_counter()
+            loss = self.model(input_ids=self.batch.input_ids, attention_mask=self.batch.attention_mask, labels=self.labels).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            seconds.append(time.perf_counter() - started)
+        return seconds
 
 
 class StepTimer:
@@ -135,21 +148,50 @@ class StepTimer:
         return Timer()
 
 
-def bench_trl_sft(path: Path, steps: int, out: Path) -> list[float]:
-    from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
+class TrlSFT:
+    """TRL's SFTTrainer on the same pairs (prompt/completion: loss on the completion)."""
 
-    rows = [{"prompt": [{"role": "user", "content": p}], "completion": [{"role": "assistant", "content": c}]} for p, c in PAIRS]
-    dataset = Dataset.from_list(rows * steps)
-    args = SFTConfig(
-        output_dir=str(out), per_device_train_batch_size=4, max_steps=steps, learning_rate=1e-5, logging_steps=1,
-        save_strategy="no", report_to=[], use_cpu=True, bf16=False, fp16=False, dataloader_num_workers=0, max_length=None,
-        packing=False, disable_tqdm=True, seed=0,
-    )
-    timer = StepTimer()
-    trainer = SFTTrainer(model=str(path), args=args, train_dataset=dataset, callbacks=[timer])
-    trainer.train()
-    return timer.seconds
+    def __init__(self, path: Path, out: Path, count: int):
+        from datasets import Dataset
+        from trl import SFTConfig, SFTTrainer
+
+        rows = [{"prompt": [{"role": "user", "content": p}], "completion": [{"role": "assistant", "content": c}]} for p, c in PAIRS]
+        args = SFTConfig(
+            output_dir=str(out), per_device_train_batch_size=4, max_steps=count, learning_rate=1e-5, logging_steps=1,
+            save_strategy="no", report_to=[], use_cpu=True, bf16=False, fp16=False, dataloader_num_workers=0, max_length=None,
+            packing=False, disable_tqdm=True, seed=0,
+        )
+        self.timer = StepTimer()
+        self.trainer = SFTTrainer(model=str(path), args=args, train_dataset=Dataset.from_list(rows * count), callbacks=[self.timer])
+
+    def steps(self, count: int) -> list[float]:
+        """count steps of trainer.train() (each call builds its optimizer: the first step is dropped)."""
+        self.timer.seconds = []
+        self.trainer.train()
+        return self.timer.seconds[1:]
+
+
+def bench_sft(path: Path, tokenizer, rounds: int, per_round: int, threads: int, scratch: Path) -> dict:
+    """Round-robin rounds of a few steps each, so load from other processes on a shared machine
+    falls on the three alike; medians over all steps but each trainer's very first."""
+    trainers = {
+        "gearshift": GearshiftSFT(path, threads, scratch / "sft"),
+        "plain_pytorch": PlainSFT(path, tokenizer),
+        "trl_sfttrainer": TrlSFT(path, scratch / "trl-sft", per_round + 1),
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in trainers}
+    for _ in range(rounds):
+        for name, trainer in trainers.items():
+            seconds[name] += trainer.steps(per_round if name != "trl_sfttrainer" else per_round + 1)
+    tokens = trainers["gearshift"].batch.tokens
+    rates = {name: tokens / median_after_warmup(values) for name, values in seconds.items()}
+    return {
+        "batch_tokens": tokens,
+        "steps_timed": {name: len(values) - 1 for name, values in seconds.items()},
+        "tokens_per_second": {name: round(rate, 1) for name, rate in rates.items()},
+        "gearshift_vs_trl": round(rates["gearshift"] / rates["trl_sfttrainer"], 2),
+        "gearshift_vs_plain": round(rates["gearshift"] / rates["plain_pytorch"], 2),
+    }
 
 
 # APO
@@ -195,7 +237,8 @@ def bench_gearshift_apo(path: Path, steps: int, threads: int, out: Path) -> list
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=5, help="SFT steps per trainer (the first is a warm-up)")
+    parser.add_argument("--rounds", type=int, default=3, help="SFT round-robin rounds")
+    parser.add_argument("--per-round", type=int, default=2, help="SFT steps per trainer per round")
     parser.add_argument("--apo-steps", type=int, default=3, help="APO / GRPO steps (the first is a warm-up)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--skip", nargs="*", default=[], choices=["sft", "apo"], help="parts to leave out")
@@ -213,16 +256,7 @@ def main() -> None:
         os.environ["GEARSHIFT_DATA_DIR"] = str(scratch / "data")  # the in-process store's SQLite file
         (scratch / "data" / "models").mkdir(parents=True)
         if "sft" not in args.skip:
-            ours, tokens = bench_gearshift_sft(path, args.steps, args.threads, scratch / "sft")
-            plain = bench_plain_sft(path, args.steps, tokenizer)
-            trl_seconds = bench_trl_sft(path, args.steps, scratch / "trl-sft")
-            rates = {name: tokens / median_after_warmup(s) for name, s in (("gearshift", ours), ("plain_pytorch", plain), ("trl_sfttrainer", trl_seconds))}
-            report["sft"] = {
-                "batch_tokens": tokens,
-                "tokens_per_second": {k: round(v, 1) for k, v in rates.items()},
-                "gearshift_vs_trl": round(rates["gearshift"] / rates["trl_sfttrainer"], 2),
-                "gearshift_vs_plain": round(rates["gearshift"] / rates["plain_pytorch"], 2),
-            }
+            report["sft"] = bench_sft(path, tokenizer, args.rounds, args.per_round, args.threads, scratch)
             print(json.dumps(report["sft"]), flush=True)
         if "apo" not in args.skip:
             history = bench_gearshift_apo(path, args.apo_steps, args.threads, scratch / "apo")

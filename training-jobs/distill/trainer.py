@@ -109,9 +109,10 @@ def train(config: DistillConfig, on_step: StepCallback | None = None) -> dict:
             rows = [row for row, i in enumerate(picks) if teacher_of(prompts[i], config) == source]
             if not rows:
                 continue
-            where = torch.isin(student.rows, torch.tensor(rows))
+            # rows ascend, so the sub-batch's targets come in the order of the student's
+            sub = tokenization.Batch(batch.input_ids[rows], batch.attention_mask[rows], batch.target_mask[rows])
             with torch.no_grad():
-                teacher_logits[where] = forward.target_logits(teacher, batch).logits[where]
+                teacher_logits[torch.isin(student.rows, torch.tensor(rows))] = forward.target_logits(teacher, sub).logits
         per_token = losses.reverse_kl(student.logits, teacher_logits, config.top_k)
         loss = per_token.mean()
         run.update(step, loss, {"tokens": batch.tokens, "sampled_tokens": len(per_token)}, started)
