@@ -44,7 +44,7 @@ lint: ## ruff: undefined names, unused imports, likely bugs
 	$(PY) -m ruff check .
 
 test: lint check-protos check-chart ## Run every check and the whole test suite
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 test-fast: ## Unit and integration tests without the real model
 	$(PY) -m pytest -q -m "not model and not vllm"
