@@ -1,8 +1,10 @@
 """Evaluation suites: items with a question, a reference answer and the suite's own grader.
 
 Generated families come from reasoning-gym (its generators and its graders; a score of 1.0
-counts as correct, since its graders give partial credit to wrong answers) plus one family
-where a tool really pays: exact products of 5-7 digit numbers. User suites are JSONL files.
+counts as correct, since its graders give partial credit to wrong answers) plus two families
+where a tool really pays: exact products of 5-7 digit numbers (python) and short factual
+questions that the sandbox's bundled corpus answers (web_search / crawl_page). User suites are
+JSONL files.
 
 Everything is deterministic by seed. Each item has a stable id and belongs to exactly one split
 (train / dev / test), decided by a hash of its id, so asking for more items never moves an
@@ -16,6 +18,7 @@ import hashlib
 import json
 import random
 import re
+import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,6 +137,62 @@ class LargeMultiplication(Family):
         return f"What is {a} * {b}? Give the exact integer.", product, str(level), grade
 
 
+class Facts(Family):
+    """Short factual questions from a table shipped with the package (facts.jsonl): capitals and
+    everyday facts (difficulty 1), well-known names (2), dates and numbers (3). Most rows name the
+    document of the sandbox's bundled corpus that answers them, so a web_search really helps.
+
+    The table is finite: the seed only shuffles its order. Graded by normalised phrase match:
+    the reference (or one of its aliases) must appear as whole words in the normalised answer,
+    and an answer longer than MAX_ANSWER_WORDS does not count (a list of guesses is no answer).
+    """
+
+    name, domain = "facts", "facts"
+    TABLE = Path(__file__).with_name("facts.jsonl")
+    MAX_ANSWER_WORDS = 30
+
+    def __init__(self) -> None:
+        self._rows: list[dict] | None = None
+
+    def rows(self) -> list[dict]:
+        if self._rows is None:
+            self._rows = [json.loads(line) for line in self.TABLE.read_text().splitlines() if line.strip()]
+        return self._rows
+
+    def _order(self, seed: int) -> list[int]:
+        order = list(range(len(self.rows())))
+        random.Random(f"{self.name}/{seed}").shuffle(order)
+        return order
+
+    def item(self, seed: int, index: int):
+        row = self.rows()[self._order(seed)[index]]
+        references = [row["answer"], *row.get("aliases", [])]
+        return row["question"], row["answer"], str(row["difficulty"]), lambda answer: facts_match(answer, references, self.MAX_ANSWER_WORDS)
+
+    def items(self, seed: int) -> Iterator[SuiteItem]:
+        for index in range(len(self.rows())):
+            question, answer, difficulty, grade = self.item(seed, index)
+            item_id = f"{self.name}-s{seed}-{index:06d}"
+            yield SuiteItem(item_id, question, answer, split_of(item_id), self.domain, difficulty, grade)
+
+
+def normalize_text(text: str) -> str:
+    """Lower case, accents and punctuation dropped, thousands separators removed, single spaces."""
+    text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode().lower()
+    text = re.sub(r"(?<=\d)[,_](?=\d{3})", "", text)
+    return " ".join(re.sub(r"[^a-z0-9]+", " ", text).split())
+
+
+def facts_match(answer: str, references: list[str], max_words: int) -> bool:
+    """True when one reference appears as whole words in the normalised answer, and the
+    answer is at most max_words words long."""
+    given = normalize_text(answer)
+    if not given or len(given.split()) > max_words:
+        return False
+    padded = f" {given} "
+    return any(f" {normalize_text(ref)} " in padded for ref in references if normalize_text(ref))
+
+
 def _gsm_steps(entry: dict) -> int:
     """GSM difficulty: the worked solution's number of steps, bucketed into 1-3."""
     steps = sum(1 for line in entry["metadata"].get("answer_cot", "").splitlines() if line.strip())
@@ -154,6 +213,7 @@ FAMILIES: dict[str, Family] = {
         GymFamily("chain_sum", "chain_sum", "arithmetic", _arithmetic_levels(((2, 3), (3, 4), (4, 5)))),
         GymFamily("gsm_symbolic", "gsm_symbolic", "word_problems", None, _gsm_steps),
         LargeMultiplication(),
+        Facts(),
     )
 }
 
@@ -228,6 +288,7 @@ SUITES: dict[str, Callable[[], Suite]] = {
     "chain_sum": lambda: generated_suite("chain_sum", ["chain_sum"]),
     "gsm_symbolic": lambda: generated_suite("gsm_symbolic", ["gsm_symbolic"]),
     "large_multiplication": lambda: generated_suite("large_multiplication", ["large_multiplication"]),
+    "facts": lambda: generated_suite("facts", ["facts"]),
     # The README figures: one of each family in turn.
     "default": lambda: generated_suite("default", list(FAMILIES)),
 }

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from gearshift.evaluation.suites import SPLITS, FAMILIES, generated_suite, get_suite, jsonl_suite, split_of
+from gearshift.evaluation.suites import SPLITS, FAMILIES, Facts, facts_match, generated_suite, get_suite, jsonl_suite, split_of
+
+GENERATED = [name for name in FAMILIES if name != "facts"]  # facts is a fixed table: seeds only reorder it
 
 
 def fingerprint(items):
@@ -14,9 +17,9 @@ def fingerprint(items):
 
 
 def test_same_seed_same_items_other_seed_other_items():
-    first = fingerprint(generated_suite("x", list(FAMILIES), seed=7).items("test", 12))
-    again = fingerprint(generated_suite("x", list(FAMILIES), seed=7).items("test", 12))
-    other = fingerprint(generated_suite("x", list(FAMILIES), seed=8).items("test", 12))
+    first = fingerprint(generated_suite("x", GENERATED, seed=7).items("test", 12))
+    again = fingerprint(generated_suite("x", GENERATED, seed=7).items("test", 12))
+    other = fingerprint(generated_suite("x", GENERATED, seed=8).items("test", 12))
     assert first == again and len(first) == 12
     assert {q for _, q, *_ in first}.isdisjoint({q for _, q, *_ in other})
 
@@ -40,9 +43,9 @@ def test_splits_are_disjoint_by_id_and_by_question():
 
 
 def test_default_suite_mixes_every_family_round_robin():
-    items = get_suite("default").items("test", 8)
+    items = get_suite("default").items("test", 10)
     assert [item.id.split("-s")[0] for item in items] == list(FAMILIES) * 2
-    assert {item.domain for item in items} == {"arithmetic", "word_problems"}
+    assert {item.domain for item in items} == {"arithmetic", "word_problems", "facts"}
     assert all(item.difficulty in {"1", "2", "3"} for item in items)
 
 
@@ -63,6 +66,35 @@ def test_large_multiplication_is_graded_exactly():
     assert suite.grade(item, f"The product is {product:,}.")
     assert not suite.grade(item, str(product + 10)) and not suite.grade(item, f"{product} or {product + 1}")
     assert not suite.grade(item, f"{product / 1e6:.3f} million")
+
+
+def test_facts_are_a_deterministic_shuffle_of_the_table_split_by_id():
+    table = Facts().rows()
+    items = [item for split in SPLITS for item in get_suite("facts").items(split)]
+    assert len(items) == len(table) and {item.question for item in items} == {row["question"] for row in table}
+    assert fingerprint(get_suite("facts").items("test")) == fingerprint(get_suite("facts").items("test"))
+    reordered = [item.question for item in generated_suite("x", ["facts"], seed=99).items("train", 8)]
+    assert reordered != [item.question for item in get_suite("facts").items("train", 8)]
+    assert {item.difficulty for item in items} == {"1", "2", "3"} and {item.domain for item in items} == {"facts"}
+
+
+def test_facts_corpus_ids_name_documents_of_the_sandbox_corpus():
+    corpus = Path(__file__).parents[3] / "services" / "sandbox" / "sample_corpus.jsonl"
+    documents = {json.loads(line)["id"] for line in corpus.read_text().splitlines() if line.strip()}
+    assert {row["corpus_id"] for row in Facts().rows() if row["corpus_id"]} <= documents
+
+
+def test_facts_grader_wants_the_whole_reference_in_a_short_answer():
+    suite = get_suite("facts")
+    for item in suite.items("train"):
+        assert suite.grade(item, item.answer) and suite.grade(item, f"The answer is {item.answer}.")
+    references = ["Mount Everest", "Everest"]
+    assert facts_match("It is Mount  Everest!", references, 30) and facts_match("everest", references, 30)
+    assert not facts_match("Everestville", references, 30) and not facts_match("K2", references, 30)
+    assert facts_match("Brasília.", ["Brasilia"], 30)  # accents dropped
+    assert facts_match("It is 8,849 metres tall.", ["8849"], 30) and not facts_match("It is 18849 m.", ["8849"], 30)
+    assert not facts_match("1889", ["1869"], 30) and not facts_match("", ["Paris"], 30)
+    assert not facts_match("Paris Rome Berlin " * 11, ["Paris"], 30)  # a list of guesses is no answer
 
 
 def test_gsm_grader_takes_only_a_full_score():
