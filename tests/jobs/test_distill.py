@@ -16,7 +16,7 @@ def config(student, teacher, out, **extra) -> DistillConfig:
             "output": {"dir": str(out), "save_every": 4, "progress": False},
             "teachers": {"math": str(teacher)},
             "default_teacher": str(student),
-            "prompts": [{"query": "What is 2+2?", "domain": "math", "mode": "instant"}, {"query": "Capital of France?", "domain": "qa"}],
+            "prompts": [{"query": "What is 2+2?", "domain": "math", "mode": "instant"}, {"query": "Capital of France?", "domain": "math"}],
             "batch_size": 2,
             "max_new_tokens": 12,
             "temperature": 1.0,
