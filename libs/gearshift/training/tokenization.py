@@ -4,8 +4,10 @@ The prompt is exactly what serving sends: prompts.messages(query) rendered with 
 prompt. The assistant turn is the stored transcript (a2fm.render_transcript), cut into pieces
 the model wrote (targets) and pieces the platform wrote (masked):
 - tool responses (the environment's text);
-- what the executor injects: a forced mode's justification and classification block, the mode
-  opener after the classification, and the planner's plan block at the start of agentic turns.
+- what the executor injects: a forced mode's justification and classification block, and the
+  mode openers (<answer>, <reasoning>, the first <plan>).
+SR2AM plan blocks are targets: SR2AM trains plans as part of the agent's reasoning, so the
+policy learns when to plan and how far (the planner service asks the same policy).
 For model-routed trajectories the rationale and classification block are targets: one model
 learns to route, then to answer in that mode (A^2FM route-then-align).
 
@@ -46,16 +48,17 @@ class Encoded:
         return sum(self.target)
 
 
-def injected_plan_block(turn) -> str:
-    """The plan block the executor writes at the start of an agentic turn (see EpisodeRunner._regulate)."""
+def plan_block(turn) -> tuple[str, str]:
+    """The SR2AM plan block the executor writes at the start of an agentic turn (see
+    EpisodeRunner._regulate), and the <plan> opener it injects after the first one."""
     if not turn.plan_decision:
-        return ""
+        return "", ""
     block = {
         PlanDecision.PLAN_DECISION_PLAN_NEW: render_plan(turn.plan),
         PlanDecision.PLAN_DECISION_CONTINUE: "Plan:",
         PlanDecision.PLAN_DECISION_ACT: "Plan: None",
     }[turn.plan_decision]
-    return f"\n{block}\n" if turn.index else f"{block}\n{prompts.AGENTIC_OPENER}"
+    return (f"\n{block}\n", "") if turn.index else (f"{block}\n", prompts.AGENTIC_OPENER)
 
 
 def assistant_segments(trajectory: Trajectory) -> list[Segment]:
@@ -68,10 +71,12 @@ def assistant_segments(trajectory: Trajectory) -> list[Segment]:
         Segment(prompts.MODE_OPENERS[trajectory.mode], target=False),
     ]
     for turn in trajectory.turns:
-        output, injected = turn.output, injected_plan_block(turn)
-        if injected and output.startswith(injected):
-            pieces.append(Segment(injected, target=False))
-            output = output[len(injected):]
+        output = turn.output
+        block, opener = plan_block(turn)
+        if block and output.startswith(block + opener):
+            # SR2AM trains the plan as part of the agent's reasoning; the opener is injected.
+            pieces += [Segment(block, target=True), Segment(opener, target=False)]
+            output = output[len(block + opener):]
         pieces.append(Segment(output, target=True))
         pieces.append(Segment(a2fm.tool_response_of(turn.tool_results), target=False))
     return [piece for piece in pieces if piece.text]

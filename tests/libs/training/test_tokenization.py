@@ -20,9 +20,10 @@ def test_model_routed_learns_classification_and_answer_not_the_opener(tokenizer)
     assert targets(tokenizer, encoded) == expected
 
 
-def test_forced_prefix_plan_blocks_and_tool_responses_are_masked(tokenizer):
+def test_forced_prefix_openers_and_tool_responses_are_masked_plans_are_learned(tokenizer):
     encoded = tokenization.encode_trajectory(tokenizer, forced_agentic())
-    assert targets(tokenizer, encoded) == "multiply</plan>\n" + TOOL_CALL + "<answer>391</answer><|im_end|>"
+    expected = "Plan: None\nmultiply</plan>\n" + TOOL_CALL + "\nPlan:\n<answer>391</answer><|im_end|>"
+    assert targets(tokenizer, encoded) == expected
     whole = tokenizer.decode(encoded.input_ids)
     assert "Results for tool call 1:\n391" in whole  # present in the input, just not learned
     assert "toolcalling_agent" in whole
