@@ -49,7 +49,7 @@ class LoopConfig(BaseModel):
     SmolLM2-135M; QUICK is the same pipeline at a size a test runs in about a minute."""
 
     base_model: str = Field("smollm2", description='Weights of the first round ("smollm2", "tiny" or a checkpoint directory); later rounds start from the newest published checkpoint')
-    suite: str = Field("basic_arithmetic", description="Evaluation suite (or .jsonl file) whose train split seeds and whose test split is held out")
+    suite: str = Field("facts", description="Evaluation suite (or .jsonl file) whose train split seeds and whose test split is held out (facts: the base model answers some, so SFT has correct seeds)")
     seed_items: int = Field(16, ge=1, description="Train items solved to seed the round")
     seed_modes: list[str] = Field(["instant", "reasoning"], description="Forced modes each seed item is solved in")
     eval_items: int = Field(10, ge=1, description="Held-out (test split) items each checkpoint is evaluated on")
