@@ -24,6 +24,19 @@ REQUEST_ID_KEY = "x-request-id"
 # Kubernetes gRPC probes cannot send a token, so health checks stay open.
 UNAUTHENTICATED_METHODS = ("/grpc.health.v1.Health/",)
 
+# Downstream statuses that describe the caller's request or availability, passed on as they are;
+# anything else from downstream (auth, internal) is this service's fault: INTERNAL.
+PASSED_ON = {
+    code: code
+    for code in (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    )
+}
+
 HANDLED = Counter("grpc_server_handled_total", "RPCs completed", ["service", "method", "code"])
 LATENCY = Histogram(
     "grpc_server_handling_seconds",
@@ -79,6 +92,9 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
         async def fail(exc: BaseException, context) -> None:
             if isinstance(exc, GearshiftError):
                 await context.abort(exc.code, str(exc))
+            if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in PASSED_ON:
+                # A downstream service refused what this request carried, or is down: say so.
+                await context.abort(PASSED_ON[exc.code()], f"downstream: {exc.details()}")
             log.exception("%s failed (request %s)", method, rid)
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error (request id {rid})")
 

@@ -22,6 +22,7 @@ from gearshift.common.v1.common_pb2 import (
     Plan,
     PlanDecision,
     PlanningStats,
+    RoutingStrategy,
     TokenUsage,
     ToolCall,
     ToolResult,
@@ -303,6 +304,8 @@ class EpisodeRunner:
             raise InvalidArgument(f"reference_answer longer than {self.limits.max_answer_chars} characters")
         if request.mode not in Mode.values():
             raise InvalidArgument(f"unknown mode {request.mode}")
+        if request.strategy not in RoutingStrategy.values():
+            raise InvalidArgument(f"unknown routing strategy {request.strategy}")
         budget = request.budget
         if budget.max_steps < 0 or budget.max_tokens < 0 or budget.max_wall_seconds < 0:
             raise InvalidArgument("budget fields must not be negative")

@@ -135,6 +135,7 @@ async def test_retry_with_the_same_id_does_not_run_twice(stack):
         {"query": "hi", "mode": 9},
         {"query": "hi", "trajectory_id": "not-a-uuid"},
         {"query": "hi", "budget": executor_pb2.Budget(max_steps=-1)},
+        {"query": "hi", "strategy": 9},
     ],
 )
 async def test_bad_requests_are_invalid_argument_and_store_nothing(stack, fields):
@@ -169,3 +170,10 @@ async def test_cancelled_episode_is_stored_as_cancelled(stack):
         except grpc.aio.AioRpcError:
             await asyncio.sleep(0.1)
     assert trajectory.status == TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED
+
+
+async def test_a_downstream_refusal_reaches_the_client_with_its_status(stack):
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await solve(stack, query="What is 17*23?", strategy=RoutingStrategy.ROUTING_STRATEGY_LEARNED)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # no learned router is published
+    assert "downstream: no learned router" in err.value.details()
