@@ -35,9 +35,12 @@ CORRECTNESS = "correctness"
 RETRIED = (TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED, TrajectoryStatus.TRAJECTORY_STATUS_FAILED)
 
 
+SUITE_VERIFIER = "suite:"  # a stored reward whose verifier starts so carries a suite's verdict
+
+
 def verifier_name(suite_name: str) -> str:
     """How a suite's verdict is marked in the stored reward."""
-    return f"suite:{suite_name}"
+    return f"{SUITE_VERIFIER}{suite_name}"
 
 
 def trajectory_id(run_id: str, item_id: str, mode: str, sample: int, attempt: int = 0) -> str:

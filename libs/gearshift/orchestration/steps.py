@@ -17,9 +17,11 @@ from pathlib import Path
 from gearshift.clients import channel
 from gearshift.common.v1.common_pb2 import Checkpoint, CheckpointStatus, TrajectoryStatus
 from gearshift.errors import FailedPrecondition, NotFound
+from gearshift.evaluation.runner import SUITE_VERIFIER
 from gearshift.orchestration.promotion import Decision, EvalResult, Evaluator, Margins, decide, stored_result
 from gearshift.orchestration.runners import Heartbeat, RunSpec, Runner
 from gearshift.reward.v1 import reward_pb2, reward_pb2_grpc
+from gearshift.rewards.scoring import APO, score_group
 from gearshift.settings import Settings
 from gearshift.store.v1 import store_pb2, store_pb2_grpc
 
@@ -60,8 +62,12 @@ async def unscored_with_reference(settings: Settings, limit: int) -> list:
 
 
 async def score(settings: Settings, trajectories: list) -> int:
-    """Scores trajectories with the reward service (APO, one group per query and reference,
-    so the forced-instant success rate is the group's) and stores each reward."""
+    """Scores trajectories with the APO reward (one group per query and reference, so the
+    forced-instant success rate is the group's) and stores each reward.
+
+    A group an evaluation suite already graded keeps the suite's verdicts (its own grader is
+    the authority on its answers); the same reward formulas then run here on those verdicts.
+    Other groups are verified and scored by the reward service."""
     groups = defaultdict(list)
     for trajectory in trajectories:
         groups[(trajectory.query, trajectory.reference_answer)].append(trajectory)
@@ -70,11 +76,17 @@ async def score(settings: Settings, trajectories: list) -> int:
         reward = reward_pb2_grpc.RewardStub(reward_ch)
         store = store_pb2_grpc.TrajectoryStoreStub(store_ch)
         for (_, reference), rollouts in groups.items():
-            reply = await reward.Score(
-                reward_pb2.ScoreRequest(reference_answer=reference, kind=reward_pb2.REWARD_KIND_APO, rollouts=rollouts)
-            )
-            for one in reply.scored:
-                await store.SetReward(store_pb2.SetRewardRequest(id=one.trajectory_id, reward=one.reward))
+            if all(r.reward.verifier.startswith(SUITE_VERIFIER) for r in rollouts):
+                verdicts = [r.reward.correct for r in rollouts]
+                group = score_group(rollouts, verdicts, APO, rollouts[0].reward.verifier, settings.reward)
+                rewards = zip((r.id for r in rollouts), group.rewards)
+            else:
+                reply = await reward.Score(
+                    reward_pb2.ScoreRequest(reference_answer=reference, kind=reward_pb2.REWARD_KIND_APO, rollouts=rollouts)
+                )
+                rewards = ((one.trajectory_id, one.reward) for one in reply.scored)
+            for trajectory_id, one in rewards:
+                await store.SetReward(store_pb2.SetRewardRequest(id=trajectory_id, reward=one))
                 scored += 1
     return scored
 
