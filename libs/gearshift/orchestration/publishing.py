@@ -82,15 +82,11 @@ def deployment_patch(deployment: dict, container_name: str, checkpoint: Checkpoi
 
 def publish_deployment(checkpoint: Checkpoint, settings: Settings, api_client=None) -> PublishReport:
     """Patches the policy Deployment and waits for the rollout to finish."""
-    from kubernetes import client, config
+    from kubernetes import client
 
-    if api_client is None:
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
-        api_client = client.ApiClient()
-    apps = client.AppsV1Api(api_client)
+    from gearshift.orchestration.runners import kube_api_client
+
+    apps = client.AppsV1Api(api_client or kube_api_client())
     k8s = settings.kubernetes
     started = time.perf_counter()
     current = api_client.sanitize_for_serialization(apps.read_namespaced_deployment(k8s.policy_deployment, k8s.namespace))

@@ -276,18 +276,24 @@ def to_manifest(model) -> dict:
     return client.ApiClient().sanitize_for_serialization(model)
 
 
+def kube_api_client():
+    """A Kubernetes API client: the pod's service account in a cluster, else the kubeconfig."""
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
 class KubernetesRunner:
     """A batch/v1 Job per run, with its config in a ConfigMap owned by the Job (deleted with it)."""
 
     def __init__(self, settings: KubernetesSettings, api_client=None):
-        from kubernetes import client, config
+        from kubernetes import client
 
-        if api_client is None:
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
-            api_client = client.ApiClient()
+        api_client = api_client or kube_api_client()
         self.settings = settings
         self.batch = client.BatchV1Api(api_client)
         self.core = client.CoreV1Api(api_client)
