@@ -32,11 +32,12 @@ from gearshift.testing.stack import inprocess_stack
 BASE_PORT = 57100  # seven consecutive ports for the one-process-per-service stack
 SEARCH_CALL = "<tool_call>\n{'id': 1, 'name': 'web_search', 'arguments': {'query': 'capital of France'}}\n</tool_call>"
 
-# Hops per episode shape: client->executor, executor->router, ->policy per turn, ->planner per
-# agentic turn, ->sandbox per tool call, ->store.Put (no reference given, so no reward call).
+# Round-trips on the critical path of each episode shape: client->executor, executor->router,
+# executor->policy per turn, executor->planner->policy per agentic turn (Regulate answers ACT, so
+# no Plan call), executor->sandbox per tool call, executor->store (Put; no reference, no reward).
 SHAPES = {
     "instant": {"mode": Mode.MODE_INSTANT, "hops": 1 + 1 + 1 + 1, "turns": 1},
-    "agentic (1 tool turn + answer)": {"mode": Mode.MODE_AGENTIC, "hops": 1 + 1 + 2 * 2 + 1 + 1, "turns": 2},
+    "agentic (1 tool turn + answer)": {"mode": Mode.MODE_AGENTIC, "hops": 1 + 1 + 2 * (1 + 2) + 1 + 1, "turns": 2},
 }
 
 
