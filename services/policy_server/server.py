@@ -70,6 +70,7 @@ async def serve(settings: Settings) -> None:
     log.info("serving %s as %r on http://%s:%d/v1", engine.current.path, engine.served_name, policy.host, policy.port)
     config = uvicorn.Config(
         create_app(engine), host=policy.host, port=policy.port, log_level=settings.log_level.lower(),
+        access_log=False,  # a line per request drowns the stack's output; /metrics counts them
         timeout_graceful_shutdown=int(settings.grace_seconds),
     )
     try:
