@@ -303,10 +303,7 @@ class PolicyClient:
     ) -> ChatCompletion:
         """Chat completion; tool calls and reasoning come back parsed by the server."""
         body = self._body(max_tokens, temperature, top_p, stop, seed, extra) | {"messages": messages}
-        if tools:
-            body["tools"] = tools
-        if tool_choice is not None:
-            body["tool_choice"] = tool_choice
+        body |= _tool_fields(tools, tool_choice)
         reply = await self._post("/chat/completions", body)
         choice = (reply.get("choices") or [{}])[0]
         message = choice.get("message") or {}
@@ -362,10 +359,7 @@ class PolicyClient:
         assembled tool calls, the finish reason and the usage."""
         body = self._body(max_tokens, temperature, top_p, stop, seed, extra)
         body |= {"messages": messages, "stream": True, "stream_options": {"include_usage": True}}
-        if tools:
-            body["tools"] = tools
-        if tool_choice is not None:
-            body["tool_choice"] = tool_choice
+        body |= _tool_fields(tools, tool_choice)
         finish, usage = None, None
         pending: dict[int, dict] = {}  # vLLM sends a call's arguments in several deltas
         async for event in self._events("/chat/completions", body):
@@ -401,6 +395,11 @@ class PolicyClient:
         if response.status >= 400:
             raise await self._client_error(response)
         return response
+
+
+def _tool_fields(tools: list[dict] | None, tool_choice: str | dict | None) -> dict:
+    """The chat body's tool fields, left out when not given (some servers reject nulls)."""
+    return ({"tools": tools} if tools else {}) | ({"tool_choice": tool_choice} if tool_choice is not None else {})
 
 
 def _error_message_of(event: dict) -> str:
