@@ -19,15 +19,14 @@ import statistics
 import tempfile
 import time
 
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
+from gearshift.api.common.v1.common_pb2 import Mode
+from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.clients import channel
-from gearshift.common.v1.common_pb2 import Mode
-from gearshift.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.settings import Settings
 from gearshift.stack import Stack
 from gearshift.testing.scripted_policy import serve_scripted
-from gearshift.testing.stack import inprocess_stack
+from gearshift.embedded import embedded
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 BASE_PORT = 57100  # seven consecutive ports for the one-process-per-service stack
 SEARCH_CALL = "<tool_call>\n{'id': 1, 'name': 'web_search', 'arguments': {'query': 'capital of France'}}\n</tool_call>"
@@ -102,10 +101,11 @@ async def main(episodes: int, postgres: str | None, in_process: bool) -> None:
     settings = Settings(data_dir=tempfile.mkdtemp(prefix="gearshift-bench-"), metrics_port=0, database_url=postgres)
     print(f"store: {'Postgres' if postgres else 'SQLite file'}; policy: ScriptedPolicy stand-in (answers instantly)")
     async with serve_scripted(instant_model) as policy_url:
-        settings = settings.model_copy(update={"policy_url": policy_url})
+        settings = settings.with_policy(policy_url)
         if in_process:
             print("services: all in this process, one event loop")
-            async with inprocess_stack(settings) as stack:
+            async with embedded(settings) as platform:
+                stack = platform.settings
                 await measure(stack, episodes)
             return
         print("services: one process each, as deployed (gearshift up)")

@@ -25,12 +25,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from gearshift import weights
 from gearshift.policy_client import PolicyClient
-from gearshift.services.policy_server import weights
 from gearshift.services.policy_server.server import running
-from gearshift.settings import PolicySettings, Settings
+from gearshift.settings import PolicyServerSettings, Settings
 
-EXPAND = "import sys; from pathlib import Path; from gearshift.services.policy_server.weights import cache_smollm2; cache_smollm2(Path(sys.argv[1]))"
+EXPAND = "import sys; from pathlib import Path; from gearshift.weights import cache_smollm2; cache_smollm2(Path(sys.argv[1]))"
 
 
 def expand_gguf(models_dir: Path) -> dict:
@@ -42,7 +42,7 @@ def expand_gguf(models_dir: Path) -> dict:
 
 async def serve_and_measure(models_dir: Path, tokens: int, threads: int) -> dict:
     data_dir = models_dir.parent
-    settings = Settings(data_dir=data_dir, log_level="WARNING", policy=PolicySettings(port=0, threads=threads))
+    settings = Settings(data_dir=data_dir, log_level="WARNING", policy_server=PolicyServerSettings(port=0, threads=threads))
     second = data_dir / "checkpoint-copy"
     shutil.copytree(models_dir / weights.SMOLLM2_CACHE, second)
     async with running(settings) as server, PolicyClient(server.base_url, "smollm2", timeout=600) as client:

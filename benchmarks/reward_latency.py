@@ -19,9 +19,9 @@ import statistics
 import tempfile
 import time
 
+from gearshift.api.common.v1.common_pb2 import Mode, RoutingStrategy, TokenUsage, Trajectory, Turn
+from gearshift.api.reward.v1 import reward_pb2, reward_pb2_grpc
 from gearshift.clients import channel
-from gearshift.common.v1.common_pb2 import Mode, RoutingStrategy, TokenUsage, Trajectory, Turn
-from gearshift.reward.v1 import reward_pb2, reward_pb2_grpc
 from gearshift.server import running
 from gearshift.services.reward.service import build
 from gearshift.settings import Settings

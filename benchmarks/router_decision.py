@@ -14,7 +14,6 @@ import random
 import time
 
 import numpy as np
-
 from gearshift.routing.features import FeatureSpec, extractor_for
 from gearshift.routing.model import train_router_model
 from gearshift.services.router.learned import LoadedRouter, PublishedRouter

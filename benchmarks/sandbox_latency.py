@@ -25,10 +25,9 @@ import tempfile
 import time
 
 import grpc
+from gearshift.api.common.v1.common_pb2 import ToolCall
+from gearshift.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from gearshift.common.v1.common_pb2 import ToolCall
-from gearshift.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 
 FORK_FLOOR_SCRIPT = """
 import os, time, statistics

@@ -14,8 +14,8 @@ import tempfile
 from pathlib import Path
 
 from gearshift import console
-from gearshift.common.v1.common_pb2 import Mode
-from gearshift.executor.v1 import executor_pb2
+from gearshift.api.common.v1.common_pb2 import Mode
+from gearshift.api.executor.v1 import executor_pb2
 from gearshift.settings import get_settings
 from gearshift.stack import Stack
 

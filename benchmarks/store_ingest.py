@@ -33,10 +33,7 @@ from collections.abc import Iterator
 
 import grpc
 import psycopg
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from sqlalchemy.engine import make_url
-
-from gearshift.common.v1.common_pb2 import (
+from gearshift.api.common.v1.common_pb2 import (
     Cost,
     Mode,
     PlanDecision,
@@ -49,8 +46,10 @@ from gearshift.common.v1.common_pb2 import (
     TrajectoryStatus,
     Turn,
 )
+from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.storage.codec import trajectory_row
-from gearshift.store.v1 import store_pb2, store_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from sqlalchemy.engine import make_url
 
 DEFAULT_SERVER = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 COLUMNS = (

@@ -28,8 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
-
-from gearshift.services.policy_server import weights  # noqa: E402
+from gearshift import weights  # noqa: E402
 from gearshift.settings import Settings  # noqa: E402
 
 PAIRS = [
@@ -204,9 +203,8 @@ def reward_contains(completions, reference, **kwargs):
 
 def bench_trl_grpo(path: Path, steps: int, out: Path) -> list[float]:
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
     from gearshift.protocol import prompts
+    from trl import GRPOConfig, GRPOTrainer
 
     rows = [{"prompt": prompts.messages("What is 17*23?"), "reference": "391"}] * (4 * steps)
     args = GRPOConfig(
@@ -223,7 +221,7 @@ def bench_trl_grpo(path: Path, steps: int, out: Path) -> list[float]:
 def bench_gearshift_apo(path: Path, steps: int, threads: int, out: Path) -> list[dict]:
     from gearshift.jobs.apo import trainer
     from gearshift.jobs.apo.config import APOConfig
-    from gearshift.training.runtime import read_metrics
+    from gearshift.training.results import read_metrics
 
     config = APOConfig.model_validate(
         {"model": {"base": str(path)}, "optim": {"learning_rate": 1e-6, "max_steps": steps, "threads": threads},

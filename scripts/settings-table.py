@@ -6,9 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pydantic import BaseModel
-
 from gearshift.settings import Settings
+from pydantic import BaseModel
 
 BEGIN, END = "<!-- settings:begin -->", "<!-- settings:end -->"
 README = Path(__file__).resolve().parent.parent / "README.md"

@@ -8,9 +8,8 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from sqlalchemy.engine import make_url
-
 from gearshift.settings import Settings
+from sqlalchemy.engine import make_url
 
 # The Postgres server tests create their database on (trust auth on the CI machine).
 POSTGRES_SERVER_URL = os.environ.get("GEARSHIFT_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")

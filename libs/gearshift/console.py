@@ -8,13 +8,13 @@ from google.protobuf.json_format import MessageToDict
 from rich.console import Console
 from rich.table import Table
 
-from gearshift.common.v1.common_pb2 import Mode, PlanDecision, RoutingStrategy, Trajectory, TrajectoryStatus
+from gearshift.api.common.v1.common_pb2 import Mode, PlanDecision, RoutingStrategy, Trajectory, TrajectoryStatus
+from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.clients import service_channel
-from gearshift.executor.v1 import executor_pb2, executor_pb2_grpc
+from gearshift.protocol.modes import MODE_OF, mode_name
 from gearshift.settings import Settings
 
-MODE = {Mode.MODE_INSTANT: "instant", Mode.MODE_REASONING: "reasoning", Mode.MODE_AGENTIC: "agentic"}
-MODE_BY_NAME = {name: mode for mode, name in MODE.items()} | {"auto": Mode.MODE_UNSPECIFIED}
+MODE_BY_NAME = MODE_OF | {"auto": Mode.MODE_UNSPECIFIED}  # what `gearshift solve --mode` accepts
 
 
 def status_name(status: int) -> str:
@@ -39,7 +39,7 @@ class LiveView:
             self.in_text = False
         if kind == "mode_chosen":
             strategy = RoutingStrategy.Name(item.mode_chosen.strategy).removeprefix("ROUTING_STRATEGY_").lower()
-            self.console.print(f"[bold]mode[/] {MODE[item.mode_chosen.mode]} ({strategy}): {item.mode_chosen.rationale}")
+            self.console.print(f"[bold]mode[/] {mode_name(item.mode_chosen.mode)} ({strategy}): {item.mode_chosen.rationale}")
         elif kind == "plan":
             decision = PlanDecision.Name(item.plan.decision).removeprefix("PLAN_DECISION_").lower()
             steps = "; ".join(step.action for step in item.plan.plan.steps)
@@ -64,7 +64,7 @@ def summary_table(trajectory: Trajectory) -> Table:
     reward = trajectory.reward
     scored = trajectory.HasField("reward")
     table.add_row(
-        MODE.get(trajectory.mode, "?"),
+        mode_name(trajectory.mode, unset="?"),
         status_name(trajectory.status),
         str(len(trajectory.turns)),
         str(sum(len(turn.tool_calls) for turn in trajectory.turns)),
@@ -84,7 +84,7 @@ def trajectories_table(trajectories: list[Trajectory]) -> Table:
     for t in trajectories:
         correct = ("yes" if t.reward.correct else "no") if t.HasField("reward") else "-"
         created = t.created_at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S")
-        table.add_row(t.id, created, MODE.get(t.mode, "?"), status_name(t.status), correct, f"{t.cost.total_usd:.6f}", t.query[:80])
+        table.add_row(t.id, created, mode_name(t.mode, unset="?"), status_name(t.status), correct, f"{t.cost.total_usd:.6f}", t.query[:80])
     return table
 
 

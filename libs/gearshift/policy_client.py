@@ -143,15 +143,14 @@ class PolicyClient:
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> PolicyClient:
-        settings = settings or get_settings()
-        policy = settings.policy
+        client = (settings or get_settings()).policy_client
         return cls(
-            settings.policy_url,
-            settings.policy_model,
-            api_key=policy.api_key.get_secret_value() if policy.api_key else None,
-            timeout=policy.client_timeout_seconds,
-            retries=policy.client_retries,
-            backoff=policy.client_backoff_seconds,
+            client.url,
+            client.model,
+            api_key=client.api_key.get_secret_value() if client.api_key else None,
+            timeout=client.timeout_seconds,
+            retries=client.retries,
+            backoff=client.backoff_seconds,
         )
 
     async def __aenter__(self) -> PolicyClient:
@@ -385,6 +384,17 @@ class PolicyClient:
         body = {"model": model} | ({"served_model_name": served_model_name} if served_model_name else {})
         headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else None
         return await self._json(await self._unary("POST", "/load", json=body, headers=headers), "/load")
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """Asks vLLM to serve a LoRA adapter under name (POST /v1/load_lora_adapter; vLLM needs
+        VLLM_ALLOW_RUNTIME_LORA_UPDATING=True); an adapter already loaded is fine."""
+        try:
+            response = await self._unary("POST", "/load_lora_adapter", json={"lora_name": name, "lora_path": path})
+        except InvalidArgument as exc:
+            if "already been loaded" not in str(exc):
+                raise
+            return
+        response.release()
 
     async def _unary(self, method: str, path: str, **kwargs) -> aiohttp.ClientResponse:
         """One request without retries (admin calls); errors become domain errors."""

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from gearshift.common.v1.common_pb2 import Cost, TokenUsage, Trajectory
+from gearshift.api.common.v1.common_pb2 import Cost, TokenUsage, Trajectory
 from gearshift.errors import InvalidArgument
 from gearshift.settings import PriceTable
 

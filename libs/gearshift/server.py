@@ -18,7 +18,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from gearshift.interceptors import RequestInterceptor
-from gearshift.settings import Settings
+from gearshift.settings import Settings, get_settings
 
 log = logging.getLogger("gearshift.server")
 
@@ -118,3 +118,11 @@ async def serve(build: Callable[[Settings], Awaitable[Service]], settings: Setti
     log.info("%s draining for up to %.1fs", service.name, settings.grace_seconds)
     await server.stop(settings.grace_seconds)
     log.info("%s stopped", service.name)
+
+
+def main(build: Callable[[Settings], Awaitable[Service]], settings: Settings | None = None) -> None:
+    """A service's entry point (`python -m gearshift.services.NAME`, `gearshift serve NAME`):
+    serves until SIGTERM or SIGINT."""
+    settings = settings or get_settings()
+    configure_logging(settings.log_level)
+    asyncio.run(serve(build, settings))

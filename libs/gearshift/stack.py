@@ -1,9 +1,12 @@
 """The embedded stack: every service as its own process on localhost, one command to start
-and stop them all."""
+and stop them all (`gearshift up`). Services start in the table's order and stop in reverse,
+each drained by SIGTERM; if `gearshift up` itself dies, even by SIGKILL, the kernel sends its
+children SIGTERM (a parent-death signal), so nothing is left running."""
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
 import signal
 import subprocess
@@ -16,10 +19,16 @@ import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gearshift.clients import channel
-from gearshift.settings import DEFAULT_PORTS, METRICS_PORT_OFFSET, SERVICES, Settings
+from gearshift.settings import Settings
+from gearshift.topology import METRICS_PORT_OFFSET, SERVICE_NAMES, SERVICES
 
-# Start order: what others call first comes up first.
-START_ORDER = ("store", "sandbox", "reward", "planner", "router", "executor")
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def _die_with_parent() -> None:
+    """Runs in the child between fork and exec: SIGTERM when the parent (gearshift up) dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 async def check_health(settings: Settings, timeout: float = 2.0) -> dict[str, tuple[str, str]]:
@@ -35,7 +44,7 @@ async def check_health(settings: Settings, timeout: float = 2.0) -> dict[str, tu
                 state = f"DOWN ({exc.code().name})"
         return name, (address, state)
 
-    return dict(await asyncio.gather(*(one(name) for name in SERVICES)))
+    return dict(await asyncio.gather(*(one(name) for name in SERVICE_NAMES)))
 
 
 def policy_health(policy_url: str) -> str:
@@ -53,44 +62,45 @@ class Stack:
     def __init__(self, settings: Settings, data_dir: str | None = None, base_port: int | None = None, with_policy: bool = True):
         self.settings = settings
         self.data_dir = Path(data_dir).expanduser() if data_dir else settings.data_dir
-        self.ports = {name: (base_port + i if base_port else DEFAULT_PORTS[name]) for i, name in enumerate(SERVICES)}
-        self.policy_port = base_port + len(SERVICES) if base_port else settings.policy.port
+        self.ports = {spec.name: (base_port + i if base_port else spec.port) for i, spec in enumerate(SERVICES)}
+        self.policy_port = base_port + len(SERVICES) if base_port else settings.policy_server.port
         self.with_policy = with_policy
         self.processes: dict[str, subprocess.Popen] = {}
 
     @property
     def policy_url(self) -> str:
-        return f"http://{self.settings.host}:{self.policy_port}/v1" if self.with_policy else self.settings.policy_url
+        return f"http://{self.settings.host}:{self.policy_port}/v1" if self.with_policy else self.settings.policy_client.url
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         env["GEARSHIFT_DATA_DIR"] = str(self.data_dir)
-        env["GEARSHIFT_POLICY_URL"] = self.policy_url
-        env["GEARSHIFT_POLICY__PORT"] = str(self.policy_port)
-        for name, port in self.ports.items():
-            env[f"GEARSHIFT_{name.upper()}_ADDR"] = f"{self.settings.host}:{port}"
+        env["GEARSHIFT_POLICY_CLIENT__URL"] = self.policy_url
+        env["GEARSHIFT_POLICY_SERVER__PORT"] = str(self.policy_port)
+        for spec in SERVICES:
+            env[f"GEARSHIFT_{spec.address_setting.upper()}"] = f"{self.settings.host}:{self.ports[spec.name]}"
         return env
 
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         env = self.environment()
         if self.with_policy:
-            self.processes["policy"] = subprocess.Popen(
-                [sys.executable, "-m", "gearshift.cli", "serve-policy"], env=env, start_new_session=True
-            )
-        for name in START_ORDER:
+            self.processes["policy"] = self._spawn(["serve-policy"], env)
+        for name in SERVICE_NAMES:
             port = self.ports[name]
-            child_env = dict(env, GEARSHIFT_PORT=str(port), GEARSHIFT_METRICS_PORT=str(port + METRICS_PORT_OFFSET))
-            self.processes[name] = subprocess.Popen(
-                [sys.executable, "-m", "gearshift.cli", "serve", name],
-                env=child_env,
-                start_new_session=True,  # Ctrl-C reaches us; we stop the children in order
+            self.processes[name] = self._spawn(
+                ["serve", name], dict(env, GEARSHIFT_PORT=str(port), GEARSHIFT_METRICS_PORT=str(port + METRICS_PORT_OFFSET))
             )
+
+    @staticmethod
+    def _spawn(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+        # Own session: Ctrl-C reaches only us, and we stop the children in order.
+        return subprocess.Popen([sys.executable, "-m", "gearshift.cli", *command], env=env, start_new_session=True,
+                                preexec_fn=_die_with_parent)
 
     def client_settings(self) -> Settings:
         """Settings whose addresses point at this stack's services."""
-        addresses = {f"{name}_addr": f"{self.settings.host}:{port}" for name, port in self.ports.items()}
-        return self.settings.model_copy(update=addresses | {"policy_url": self.policy_url})
+        addresses = {spec.address_setting: f"{self.settings.host}:{self.ports[spec.name]}" for spec in SERVICES}
+        return self.settings.with_policy(self.policy_url).model_copy(update=addresses)
 
     def wait_ready(self, timeout: float = 180.0) -> dict[str, tuple[str, str]]:
         """Waits until every service reports SERVING (and the policy server answers /health)."""
@@ -108,8 +118,9 @@ class Stack:
             time.sleep(0.3)
 
     def stop(self, grace: float = 10.0) -> None:
-        for name in ("executor", "router", "planner", "reward", "sandbox", "store", "policy"):
-            process = self.processes.get(name)
+        """SIGTERM to every child in reverse start order (each drains); SIGKILL after the grace."""
+        for name in reversed(self.processes):
+            process = self.processes[name]
             if process and process.poll() is None:
                 process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace

@@ -1,3 +1,5 @@
-from gearshift.cli import serve_service
+"""python -m gearshift.services.executor: the executor service in the foreground."""
+from gearshift.server import main
+from gearshift.services.executor.service import build
 
-serve_service("executor")
+main(build)

@@ -15,9 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import grpc
-from google.protobuf.timestamp_pb2 import Timestamp
-
-from gearshift.common.v1.common_pb2 import (
+from gearshift.api.common.v1.common_pb2 import (
     Mode,
     Plan,
     PlanDecision,
@@ -30,18 +28,19 @@ from gearshift.common.v1.common_pb2 import (
     TrajectoryStatus,
     Turn,
 )
+from gearshift.api.executor.v1 import executor_pb2
+from gearshift.api.planner.v1 import planner_pb2, planner_pb2_grpc
+from gearshift.api.reward.v1 import reward_pb2, reward_pb2_grpc
+from gearshift.api.router.v1 import router_pb2, router_pb2_grpc
+from gearshift.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
+from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.errors import GearshiftError, InvalidArgument
-from gearshift.executor.v1 import executor_pb2
-from gearshift.planner.v1 import planner_pb2, planner_pb2_grpc
 from gearshift.policy_client import PolicyClient
 from gearshift.pricing import CostTable
 from gearshift.protocol import a2fm, prompts
-from gearshift.protocol.sr2am import render_plan
-from gearshift.reward.v1 import reward_pb2, reward_pb2_grpc
-from gearshift.router.v1 import router_pb2, router_pb2_grpc
-from gearshift.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
+from gearshift.protocol.sr2am import plan_block
 from gearshift.settings import ExecutorSettings, Limits
-from gearshift.store.v1 import store_pb2, store_pb2_grpc
+from google.protobuf.timestamp_pb2 import Timestamp
 
 ROUTING_TURN = -1
 
@@ -222,14 +221,9 @@ class EpisodeRunner:
                 turn.plan.CopyFrom(planned.plan)
             else:
                 turn.plan_decision = PlanDecision.PLAN_DECISION_ACT  # the planner produced nothing usable
-        block = {
-            PlanDecision.PLAN_DECISION_PLAN_NEW: render_plan(turn.plan),
-            PlanDecision.PLAN_DECISION_CONTINUE: "Plan:",
-            PlanDecision.PLAN_DECISION_ACT: "Plan: None",
-        }[turn.plan_decision]
-        block = f"\n{block}\n" if turn.index else f"{block}\n{prompts.AGENTIC_OPENER}"
-        state.transcript += block
-        turn.output += block  # part of the assistant's text: the stored turn replays it
+        block, opener = plan_block(turn.plan_decision, turn.plan, first_turn=not turn.index)
+        state.transcript += block + opener
+        turn.output += block + opener  # part of the assistant's text: the stored turn replays it
         return event(turn.index, plan=executor_pb2.PlanMade(decision=turn.plan_decision, plan=turn.plan))
 
     async def _generate(self, state: EpisodeState, turn: Turn, stop: list[str]) -> AsyncIterator[executor_pb2.SolveEvent]:

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
+from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
+from gearshift.api.planner.v1 import planner_pb2_grpc
+from gearshift.api.reward.v1 import reward_pb2_grpc
+from gearshift.api.router.v1 import router_pb2_grpc
+from gearshift.api.sandbox.v1 import sandbox_pb2_grpc
+from gearshift.api.store.v1 import store_pb2_grpc
 from gearshift.clients import service_channel
-from gearshift.executor.v1 import executor_pb2, executor_pb2_grpc
-from gearshift.planner.v1 import planner_pb2_grpc
 from gearshift.policy_client import PolicyClient
 from gearshift.pricing import CostTable
-from gearshift.reward.v1 import reward_pb2_grpc
-from gearshift.router.v1 import router_pb2_grpc
-from gearshift.sandbox.v1 import sandbox_pb2_grpc
 from gearshift.server import Handler, Service
 from gearshift.services.executor.episode import Downstream, EpisodeRunner
 from gearshift.services.executor.servicer import ExecutorServicer
 from gearshift.settings import Settings
-from gearshift.store.v1 import store_pb2_grpc
 
 FULL_NAME = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_name
 
@@ -30,7 +30,7 @@ async def build(settings: Settings) -> Service:
     )
     policy = PolicyClient.from_settings(settings)
     runner = EpisodeRunner(
-        policy, downstream, settings.executor, settings.limits, CostTable.from_prices(settings.prices), settings.policy_model
+        policy, downstream, settings.executor, settings.limits, CostTable.from_prices(settings.prices), settings.policy_client.model
     )
 
     async def close() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gearshift.executor.v1 import executor_pb2, executor_pb2_grpc
+from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.services.executor.episode import EpisodeRunner
 
 

@@ -1,3 +1,5 @@
-from gearshift.cli import serve_service
+"""python -m gearshift.services.planner: the planner service in the foreground."""
+from gearshift.server import main
+from gearshift.services.planner.service import build
 
-serve_service("planner")
+main(build)

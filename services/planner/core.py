@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gearshift.common.v1.common_pb2 import Plan, PlanDecision, Turn
+from gearshift.api.common.v1.common_pb2 import Plan, PlanDecision, Turn
 from gearshift.errors import InvalidArgument
 from gearshift.policy_client import PolicyClient
 from gearshift.protocol.sr2am import parse_plan_block, render_plan

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gearshift.planner.v1 import planner_pb2, planner_pb2_grpc
+from gearshift.api.planner.v1 import planner_pb2, planner_pb2_grpc
 from gearshift.policy_client import PolicyClient
 from gearshift.server import Handler, Service
 from gearshift.services.planner.core import SimulativePlanner

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gearshift.common.v1.common_pb2 import TokenUsage
+from gearshift.api.common.v1.common_pb2 import TokenUsage
+from gearshift.api.planner.v1 import planner_pb2, planner_pb2_grpc
 from gearshift.errors import InvalidArgument
-from gearshift.planner.v1 import planner_pb2, planner_pb2_grpc
 from gearshift.services.planner.core import Belief, SimulativePlanner
 from gearshift.settings import Limits
 

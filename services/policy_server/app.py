@@ -15,14 +15,13 @@ from typing import TypeVar
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
 from gearshift.errors import GearshiftError, InvalidArgument, NotFound, ResourceExhausted, Unauthenticated, Unavailable
 from gearshift.services.policy_server.core import Job, PolicyEngine
 from gearshift.services.policy_server.generation import GenerationResult
 from gearshift.services.policy_server.parsing import OutputSplitter, Piece, split_output
 from gearshift.services.policy_server.schemas import ChatCompletionRequest, CompletionRequest, LoadRequest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 log = logging.getLogger("gearshift.policy_server.http")
 T = TypeVar("T")

@@ -22,13 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
+from gearshift import weights
 from gearshift.errors import InvalidArgument
-from gearshift.services.policy_server import weights
 from gearshift.services.policy_server.generation import GenerationResult, SamplingParams, generate
 from gearshift.services.policy_server.prompts import render_chat
 from gearshift.services.policy_server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
-from gearshift.settings import PolicySettings
+from gearshift.settings import PolicyServerSettings
 
 log = logging.getLogger("gearshift.policy_server")
 
@@ -69,7 +68,7 @@ class Tally:
 class PolicyEngine:
     """The one model of this process and the thread that generates with it."""
 
-    def __init__(self, loaded: weights.LoadedModel, settings: PolicySettings, models_dir: Path):
+    def __init__(self, loaded: weights.LoadedModel, settings: PolicyServerSettings, models_dir: Path):
         self.settings = settings
         self.models_dir = models_dir
         self.served_name = settings.served_model_name
@@ -82,7 +81,7 @@ class PolicyEngine:
         )
 
     @classmethod
-    async def start(cls, settings: PolicySettings, models_dir: Path) -> PolicyEngine:
+    async def start(cls, settings: PolicyServerSettings, models_dir: Path) -> PolicyEngine:
         """Loads the configured model (off the event loop) and returns a ready engine."""
         cls._pin_threads(settings.threads)
         loaded = await asyncio.to_thread(weights.load, settings.model, models_dir)

@@ -9,8 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-
-from gearshift.services.policy_server.weights import LoadedModel
+from gearshift.weights import LoadedModel
 
 REPLACEMENT_CHAR = "\ufffd"  # what decode() yields for half of a multi-byte character
 

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import uvicorn
-
 from gearshift.services.policy_server.app import create_app
 from gearshift.services.policy_server.core import PolicyEngine
 from gearshift.settings import Settings, get_settings
@@ -41,7 +40,7 @@ def _bind(host: str, port: int) -> socket.socket:
 @contextlib.asynccontextmanager
 async def running(settings: Settings, engine: PolicyEngine | None = None) -> AsyncIterator[RunningPolicyServer]:
     """Serves in the current event loop until the block exits (port 0 picks a free port)."""
-    policy = settings.policy
+    policy = settings.policy_server
     owned = engine is None
     engine = engine or await PolicyEngine.start(policy, settings.data_dir / "models")
     sock = _bind(policy.host, policy.port)
@@ -65,7 +64,7 @@ async def running(settings: Settings, engine: PolicyEngine | None = None) -> Asy
 
 async def serve(settings: Settings) -> None:
     """Loads the model and serves until SIGTERM/SIGINT (uvicorn drains open requests)."""
-    policy = settings.policy
+    policy = settings.policy_server
     engine = await PolicyEngine.start(policy, settings.data_dir / "models")
     log.info("serving %s as %r on http://%s:%d/v1", engine.current.path, engine.served_name, policy.host, policy.port)
     config = uvicorn.Config(
@@ -86,6 +85,6 @@ def main(model: str | None = None, port: int | None = None) -> None:
     settings = get_settings()
     overrides = {key: value for key, value in (("model", model), ("port", port)) if value is not None}
     if overrides:
-        settings = settings.model_copy(update={"policy": settings.policy.model_copy(update=overrides)})
+        settings = settings.model_copy(update={"policy_server": settings.policy_server.model_copy(update=overrides)})
     configure_logging(settings.log_level)
     asyncio.run(serve(settings))

@@ -1,4 +1,5 @@
 """Reward service: correctness, format validity, cost, the APO and SR2AM rewards, cost of pass."""
-from gearshift.cli import serve_service
+from gearshift.server import main
+from gearshift.services.reward.service import build
 
-serve_service("reward")
+main(build)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from gearshift.common.v1.common_pb2 import Cost, Mode, Trajectory
+from gearshift.api.common.v1.common_pb2 import Cost, Mode, Trajectory
 from gearshift.errors import FailedPrecondition, InvalidArgument
 from gearshift.pricing import CostTable
 from gearshift.rewards import verifiers

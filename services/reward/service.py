@@ -1,10 +1,9 @@
-"""Reward wiring: the scorer, the optional LLM judge's HTTP client, the servicer."""
+"""Reward wiring: the scorer, the optional LLM judge's policy client, the servicer."""
 
 from __future__ import annotations
 
-import httpx
-
-from gearshift.reward.v1 import reward_pb2, reward_pb2_grpc
+from gearshift.api.reward.v1 import reward_pb2, reward_pb2_grpc
+from gearshift.policy_client import PolicyClient
 from gearshift.rewards.judge import LLMJudge
 from gearshift.server import Handler, Service
 from gearshift.services.reward.core import RewardScorer
@@ -16,12 +15,8 @@ FULL_NAME = reward_pb2.DESCRIPTOR.services_by_name["Reward"].full_name
 
 async def build(settings: Settings) -> Service:
     config = settings.reward
-    client = httpx.AsyncClient(timeout=config.judge_timeout_seconds) if config.judge_enabled else None
-    judge = None
-    if client is not None:
-        api_key = settings.policy.api_key.get_secret_value() if settings.policy.api_key else None
-        model = config.judge_model or settings.policy_model
-        judge = LLMJudge(client, settings.policy_url, model, config.judge_max_tokens, api_key)
+    client = PolicyClient.from_settings(settings) if config.judge_enabled else None
+    judge = LLMJudge(client, config.judge_max_tokens, config.judge_model) if client else None
     scorer = RewardScorer(settings, judge)
 
     async def close() -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gearshift.common.v1.common_pb2 import Cost, Mode, PlanDecision, RoutingStrategy, Trajectory, TrajectoryStatus
+from gearshift.api.common.v1.common_pb2 import Cost, Mode, PlanDecision, RoutingStrategy, Trajectory, TrajectoryStatus
+from gearshift.api.reward.v1 import reward_pb2, reward_pb2_grpc
 from gearshift.errors import InvalidArgument
-from gearshift.reward.v1 import reward_pb2, reward_pb2_grpc
 from gearshift.rewards import scoring, verifiers
 from gearshift.services.reward.core import RewardScorer
 

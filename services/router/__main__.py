@@ -1,3 +1,5 @@
-from gearshift.cli import serve_service
+"""python -m gearshift.services.router: the router service in the foreground."""
+from gearshift.server import main
+from gearshift.services.router.service import build
 
-serve_service("router")
+main(build)

@@ -7,14 +7,13 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gearshift.common.v1.common_pb2 import Mode, RoutingStrategy
+from gearshift.api.common.v1.common_pb2 import RoutingStrategy
 from gearshift.errors import FailedPrecondition, InvalidArgument
 from gearshift.policy_client import PolicyClient
 from gearshift.protocol import a2fm, prompts
+from gearshift.protocol.modes import MODE_OF, NAME_OF
 from gearshift.settings import RouterSettings
 
-MODES = (Mode.MODE_INSTANT, Mode.MODE_REASONING, Mode.MODE_AGENTIC)
-MODE_BY_NAME = {name: mode for mode, name in a2fm.MODE_NAMES.items()}
 RATIONALE_CHARS = 300  # one sentence; longer rationales are cut
 LABEL_TOKENS = 12  # enough for "toolcalling_agent" in any tokenizer
 STRATEGY_BY_NAME = {"model": RoutingStrategy.ROUTING_STRATEGY_MODEL, "learned": RoutingStrategy.ROUTING_STRATEGY_LEARNED}
@@ -50,7 +49,7 @@ class ModeRouter:
     async def route(self, query: str, strategy: int, forced_mode: int) -> ModeDecision:
         if not query.strip():
             raise InvalidArgument("query is empty")
-        if forced_mode and forced_mode not in MODES:
+        if forced_mode and forced_mode not in NAME_OF:
             raise InvalidArgument(f"unknown mode {forced_mode}")
         if strategy == RoutingStrategy.ROUTING_STRATEGY_UNSPECIFIED:
             strategy = RoutingStrategy.ROUTING_STRATEGY_FORCED if forced_mode else STRATEGY_BY_NAME[self.config.default_strategy]
@@ -100,7 +99,7 @@ class ModeRouter:
                 rationale = said.split("\n")[0][:RATIONALE_CHARS]
                 return ModeDecision(mode, RoutingStrategy.ROUTING_STRATEGY_MODEL, rationale, a2fm.episode_prefix(mode, rationale),
                                     input_tokens=input_tokens, output_tokens=output_tokens, attempts=attempt)
-        mode = MODE_BY_NAME[self.config.fallback_mode]
+        mode = MODE_OF[self.config.fallback_mode]
         note = f"No known label after {self.config.max_attempts} attempts; fell back to {self.config.fallback_mode}."
         return ModeDecision(mode, RoutingStrategy.ROUTING_STRATEGY_MODEL, note, a2fm.episode_prefix(mode, note),
                             input_tokens=input_tokens, output_tokens=output_tokens, attempts=self.config.max_attempts)

@@ -14,8 +14,9 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from gearshift.api.common.v1.common_pb2 import Checkpoint, RoutingStrategy
+from gearshift.api.store.v1 import store_pb2_grpc
 from gearshift.clients import channel
-from gearshift.common.v1.common_pb2 import Checkpoint, RoutingStrategy
 from gearshift.errors import FailedPrecondition
 from gearshift.protocol import a2fm
 from gearshift.routing.decision import choose_mode
@@ -24,7 +25,6 @@ from gearshift.routing.model import RouterModel
 from gearshift.routing.registry import newest_published
 from gearshift.services.router.core import ModeDecision
 from gearshift.settings import LearnedRouterSettings, Settings
-from gearshift.store.v1 import store_pb2_grpc
 
 log = logging.getLogger("gearshift.router.learned")
 

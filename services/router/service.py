@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from gearshift.api.router.v1 import router_pb2, router_pb2_grpc
 from gearshift.policy_client import PolicyClient
-from gearshift.router.v1 import router_pb2, router_pb2_grpc
 from gearshift.server import Handler, Service
 from gearshift.services.router.core import ModeRouter
 from gearshift.services.router.learned import PublishedRouter, RouterReloader

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gearshift.common.v1.common_pb2 import Mode, RoutingStrategy, TokenUsage
+from gearshift.api.common.v1.common_pb2 import Mode, RoutingStrategy, TokenUsage
+from gearshift.api.router.v1 import router_pb2, router_pb2_grpc
 from gearshift.errors import InvalidArgument
-from gearshift.router.v1 import router_pb2, router_pb2_grpc
 from gearshift.services.router.core import ModeRouter
 from gearshift.settings import Limits
 

@@ -1,4 +1,5 @@
 """Sandbox service: runs the policy's tool calls in isolation."""
-from gearshift.cli import serve_service
+from gearshift.server import main
+from gearshift.services.sandbox.service import build
 
-serve_service("sandbox")
+main(build)

@@ -13,11 +13,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from prometheus_client import Counter, Gauge, Histogram
-
 import gearshift
 import gearshift.services
 from gearshift.errors import InvalidArgument
+from gearshift.policy_client import PolicyClient
 from gearshift.services.sandbox.corpus import Corpus, corpus_dir_of, load_corpus
 from gearshift.services.sandbox.pages import PageSummarizer, PageVisitor, truncate_tokens
 from gearshift.services.sandbox.python_tool import PythonTool, Sessions
@@ -25,6 +24,7 @@ from gearshift.services.sandbox.results import ToolFailure, ToolOutput
 from gearshift.services.sandbox.search import CorpusSearch, SearchBackend, SerperSearch, format_results
 from gearshift.services.sandbox.workers import UidAllocator, WarmPool, WorkerLimits, Zygote
 from gearshift.settings import Settings
+from prometheus_client import Counter, Gauge, Histogram
 
 log = logging.getLogger("gearshift.sandbox")
 
@@ -157,7 +157,7 @@ class Sandbox:
         pool.start()
         sessions = Sessions(zygote, _limits(settings, s.session_cpu_seconds), s.max_sessions, s.session_idle_seconds)
         sessions.start()
-        summarizer = PageSummarizer(settings.policy_url, settings.policy_model) if s.summarize_pages else None
+        summarizer = PageSummarizer(PolicyClient.from_settings(settings)) if s.summarize_pages else None
         log.info("sandbox corpus: %d documents; search backend %s; %d warm workers", len(corpus), s.search_backend, s.warm_workers)
         return cls(settings, corpus, search, zygote, pool, sessions, summarizer)
 
@@ -213,6 +213,8 @@ class Sandbox:
         await self.sessions.close_all()
         await self.pool.close()
         await self.zygote.stop()
+        if self.summarizer is not None:
+            await self.summarizer.policy.aclose()
 
     # --- the tools -------------------------------------------------------------------------
 

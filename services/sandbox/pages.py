@@ -3,13 +3,15 @@ text extraction, a token budget, and an optional summary toward the caller's goa
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from urllib.parse import urljoin, urlsplit
 
 import httpx
-
+from gearshift.errors import GearshiftError
+from gearshift.policy_client import PolicyClient
 from gearshift.services.sandbox.corpus import Corpus
 from gearshift.services.sandbox.results import ToolFailure
 
@@ -155,27 +157,19 @@ class PageVisitor:
 
 
 class PageSummarizer:
-    """Summarises a page toward a goal through the policy's OpenAI-compatible API."""
+    """Summarises a page toward a goal with the policy model."""
 
-    def __init__(self, base_url: str, model: str, max_tokens: int = 512):
-        self.url = base_url.rstrip("/") + "/chat/completions"
-        self.model = model
+    def __init__(self, policy: PolicyClient, max_tokens: int = 512):
+        self.policy = policy
         self.max_tokens = max_tokens
 
     async def summarize(self, page: Page, goal: str, timeout: float) -> str:
-        payload = {
-            "model": self.model,
-            "messages": [
-                {"role": "system", "content": SUMMARY_PROMPT},
-                {"role": "user", "content": f"Goal: {goal}\n\nPage: {page.title}\n{page.text}"},
-            ],
-            "max_tokens": self.max_tokens,
-            "temperature": 0.0,
-        }
+        messages = [
+            {"role": "system", "content": SUMMARY_PROMPT},
+            {"role": "user", "content": f"Goal: {goal}\n\nPage: {page.title}\n{page.text}"},
+        ]
         try:
-            async with httpx.AsyncClient(timeout=timeout) as client:
-                reply = await client.post(self.url, json=payload)
-            reply.raise_for_status()
-            return str(reply.json()["choices"][0]["message"]["content"]).strip()
-        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+            reply = await asyncio.wait_for(self.policy.chat(messages, max_tokens=self.max_tokens, temperature=0.0), timeout)
+        except (GearshiftError, TimeoutError) as exc:
             raise ToolFailure(f"summary unavailable: {type(exc).__name__}") from exc
+        return (reply.content or "").strip()

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import httpx
-
 from gearshift.services.sandbox.corpus import Corpus
 from gearshift.services.sandbox.results import ToolFailure
 

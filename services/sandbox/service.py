@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gearshift.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
+from gearshift.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from gearshift.server import Handler, Service
 from gearshift.services.sandbox.core import Sandbox
 from gearshift.services.sandbox.servicer import SandboxServicer

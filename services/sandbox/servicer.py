@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from gearshift.common.v1.common_pb2 import ToolResult
+from gearshift.api.common.v1.common_pb2 import ToolResult
+from gearshift.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from gearshift.errors import InvalidArgument
-from gearshift.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from gearshift.services.sandbox.core import Sandbox
 
 

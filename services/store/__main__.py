@@ -1,3 +1,5 @@
-from gearshift.cli import serve_service
+"""python -m gearshift.services.store: the store service in the foreground."""
+from gearshift.server import main
+from gearshift.services.store.service import build
 
-serve_service("store")
+main(build)

@@ -12,14 +12,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
-from sqlalchemy.exc import OperationalError
-
-from gearshift.common.v1.common_pb2 import Checkpoint, CheckpointStatus, Reward, Trajectory
+from gearshift.api.common.v1.common_pb2 import Checkpoint, CheckpointStatus, Reward, Trajectory
 from gearshift.errors import InvalidArgument, NotFound, Unavailable
 from gearshift.services.store import validation as check
 from gearshift.services.store.paging import decode_page_token, encode_page_token
 from gearshift.settings import Limits, StoreSettings
 from gearshift.storage.repository import Keyset, TrajectoryFilter, TrajectoryRepository
+from sqlalchemy.exc import OperationalError
 
 T = TypeVar("T")
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.server import Handler, Service
 from gearshift.services.store.core import TrajectoryStore
 from gearshift.services.store.servicer import TrajectoryStoreServicer
 from gearshift.settings import Settings
 from gearshift.storage import TrajectoryRepository, create_store_engine, upgrade_to_head
-from gearshift.store.v1 import store_pb2, store_pb2_grpc
 
 FULL_NAME = store_pb2.DESCRIPTOR.services_by_name["TrajectoryStore"].full_name
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from gearshift.common.v1.common_pb2 import Checkpoint, Trajectory
+from gearshift.api.common.v1.common_pb2 import Checkpoint, Trajectory
+from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.errors import InvalidArgument
 from gearshift.services.store.core import TrajectoryStore
 from gearshift.services.store.validation import check_timestamp
 from gearshift.storage.repository import Correctness, TrajectoryFilter
-from gearshift.store.v1 import store_pb2, store_pb2_grpc
 
 CORRECTNESS = {
     store_pb2.CORRECTNESS_UNSPECIFIED: Correctness.ANY,

@@ -6,9 +6,7 @@ import json
 import math
 import re
 
-from google.protobuf.timestamp_pb2 import Timestamp
-
-from gearshift.common.v1.common_pb2 import (
+from gearshift.api.common.v1.common_pb2 import (
     Checkpoint,
     CheckpointStatus,
     Mode,
@@ -22,6 +20,7 @@ from gearshift.errors import InvalidArgument
 from gearshift.settings import Limits, StoreSettings
 from gearshift.storage.models import CHECKPOINT_ID_CHARS
 from gearshift.storage.repository import Correctness, TrajectoryFilter
+from google.protobuf.timestamp_pb2 import Timestamp
 
 MODES = frozenset(Mode.values())
 STRATEGIES = frozenset(RoutingStrategy.values())

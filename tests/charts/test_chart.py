@@ -280,7 +280,7 @@ def test_vllm_policy_runs_on_gpu_nodes_with_configurable_parsers_and_weights_fro
     assert not {"--tool-call-parser", "--reasoning-parser", "--enable-auto-tool-choice"} & set(plain_args)
     router = named(docs, "Deployment", name("router"))["spec"]["template"]["spec"]["containers"][0]
     env = {item["name"]: item.get("value") for item in router["env"]}
-    assert env["GEARSHIFT_POLICY_URL"] == f"http://{name('policy')}:8000/v1" and env["GEARSHIFT_POLICY_MODEL"] == "agents-a1"
+    assert env["GEARSHIFT_POLICY_CLIENT__URL"] == f"http://{name('policy')}:8000/v1" and env["GEARSHIFT_POLICY_CLIENT__MODEL"] == "agents-a1"
 
 
 @pytest.mark.parametrize(

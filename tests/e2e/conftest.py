@@ -10,10 +10,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from gearshift.services.policy_server import weights
+from gearshift import weights
 from gearshift.services.policy_server.server import running
-from gearshift.settings import PolicySettings, Settings
+from gearshift.settings import PolicyServerSettings, Settings
 
 # The model cache is shared across runs (expanding the GGUF takes ~25 s); the rest is temporary.
 MODELS_DIR = Settings().data_dir / "models"
@@ -29,7 +28,7 @@ def smollm2_dir() -> Path:
 
 @pytest.fixture
 async def builtin_policy(smollm2_dir, tmp_path):
-    settings = Settings(data_dir=Settings().data_dir, log_level="WARNING", policy=PolicySettings(port=0, model=str(smollm2_dir)))
+    settings = Settings(data_dir=Settings().data_dir, log_level="WARNING", policy_server=PolicyServerSettings(port=0, model=str(smollm2_dir)))
     async with running(settings) as server:
         yield server.base_url
 

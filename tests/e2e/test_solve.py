@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-
+from gearshift.api.common.v1.common_pb2 import Mode, RoutingStrategy, Trajectory, TrajectoryStatus
+from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.clients import channel
-from gearshift.common.v1.common_pb2 import Mode, RoutingStrategy, Trajectory, TrajectoryStatus
-from gearshift.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.settings import ExecutorSettings, PlannerSettings, RouterSettings
-from gearshift.testing.stack import inprocess_stack
+from gearshift.embedded import embedded
 
 QUESTION, REFERENCE = "What is the capital of France?", "Paris"
 SMALL = {
@@ -23,7 +22,7 @@ SMALL = {
 
 async def solve_every_mode(settings) -> dict[int, tuple[list[str], Trajectory]]:
     results = {}
-    async with inprocess_stack(settings) as stack, channel(stack.executor_addr, stack) as ch:
+    async with embedded(settings) as platform, channel(platform.settings.executor_addr, platform.settings) as ch:
         stub = executor_pb2_grpc.ExecutorStub(ch)
         for mode in (Mode.MODE_INSTANT, Mode.MODE_REASONING, Mode.MODE_AGENTIC, Mode.MODE_UNSPECIFIED):
             events = [e async for e in stub.Solve(executor_pb2.SolveRequest(query=QUESTION, mode=mode, reference_answer=REFERENCE))]
@@ -54,12 +53,12 @@ def check(results: dict, database_url: str) -> None:
 
 @pytest.mark.model
 async def test_every_mode_with_the_builtin_policy_server(settings, postgres_url, builtin_policy):
-    configured = settings.model_copy(update={"policy_url": builtin_policy, "database_url": postgres_url, **SMALL})
+    configured = settings.with_policy(builtin_policy).model_copy(update={"database_url": postgres_url, **SMALL})
     check(await solve_every_mode(configured), postgres_url)
 
 
 @pytest.mark.model
 @pytest.mark.vllm
 async def test_every_mode_with_vllm(settings, postgres_url, vllm_policy):
-    configured = settings.model_copy(update={"policy_url": vllm_policy, "database_url": postgres_url, **SMALL})
+    configured = settings.with_policy(vllm_policy).model_copy(update={"database_url": postgres_url, **SMALL})
     check(await solve_every_mode(configured), postgres_url)

@@ -5,11 +5,10 @@ import asyncio
 import threading
 
 import pytest
-
+from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
+from gearshift.clients import channel
 from gearshift.server import running
 from gearshift.settings import Settings
-from gearshift.store.v1 import store_pb2, store_pb2_grpc
-from gearshift.clients import channel
 from gearshift.training.tiny import tiny_checkpoint
 
 

@@ -4,12 +4,13 @@ in-process executor (forced and free rollouts), scores with the reward service a
 import json
 
 import pytest
-
-from gearshift.common.v1.common_pb2 import Mode, RoutingStrategy
+from gearshift.api.common.v1.common_pb2 import Mode, RoutingStrategy
 from gearshift.jobs.apo import trainer
 from gearshift.jobs.apo.config import APOConfig, APOPrompt
 from gearshift.jobs.apo.rollouts import Group, group_requests
-from gearshift.training.runtime import Run, read_metrics
+from gearshift.training.results import read_metrics
+from gearshift.training.runtime import Run
+
 from tests.libs.training.trajectories import forced_agentic, routed_instant
 
 

@@ -2,10 +2,9 @@
 
 import pytest
 import torch
-
 from gearshift.jobs.distill import trainer
 from gearshift.jobs.distill.config import DistillConfig, Prompt
-from gearshift.training.runtime import read_metrics
+from gearshift.training.results import read_metrics
 
 
 def config(student, teacher, out, **extra) -> DistillConfig:

@@ -3,13 +3,13 @@
 import json
 
 import pytest
-
-from gearshift.common.v1.common_pb2 import CheckpointStatus
+from gearshift import weights
+from gearshift.api.common.v1.common_pb2 import CheckpointStatus
 from gearshift.jobs.sft import trainer
 from gearshift.jobs.sft.config import SFTConfig
-from gearshift.services.policy_server import weights
 from gearshift.training.data import snapshot_id
-from gearshift.training.runtime import read_metrics
+from gearshift.training.results import read_metrics
+
 from tests.libs.training.trajectories import forced_agentic, routed_instant
 
 

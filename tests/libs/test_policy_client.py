@@ -11,14 +11,13 @@ import time
 
 import pytest
 import uvicorn
+from gearshift.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unauthenticated, Unavailable
+from gearshift.policy_client import PolicyClient
+from gearshift.settings import PolicyClientSettings, Settings
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-
-from gearshift.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unauthenticated, Unavailable
-from gearshift.policy_client import PolicyClient
-from gearshift.settings import PolicySettings, Settings
 
 COMPLETION = {
     "choices": [{"index": 0, "text": " Paris", "finish_reason": "stop"}],
@@ -192,7 +191,7 @@ async def test_an_error_event_mid_stream_is_unavailable():
     assert seen == ["Par"]
 
 
-def test_from_settings_uses_the_policy_url_and_section():
-    settings = Settings(policy_url="http://10.0.0.5:8000/v1/", policy_model="agents-a1", policy=PolicySettings(client_retries=7))
+def test_from_settings_uses_the_policy_client_section():
+    settings = Settings(policy_client=PolicyClientSettings(url="http://10.0.0.5:8000/v1/", model="agents-a1", retries=7))
     policy = PolicyClient.from_settings(settings)
     assert (policy.base_url, policy.model, policy.retries) == ("http://10.0.0.5:8000/v1", "agents-a1", 7)

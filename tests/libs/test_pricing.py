@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-
-from gearshift.common.v1.common_pb2 import TokenUsage, Trajectory, Turn
+from gearshift.api.common.v1.common_pb2 import TokenUsage, Trajectory, Turn
 from gearshift.errors import InvalidArgument
 from gearshift.pricing import CostTable
 from gearshift.settings import PriceTable, Settings
+
 from tests.libs.rewards.trajectories import rollout, with_tool_results
 
 TABLE = CostTable.from_prices(PriceTable())  # 0.10 / 0.40 per Mtok; python 1e-4, web_search 1e-3; 5e-5 per CPU-s

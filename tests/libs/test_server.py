@@ -6,14 +6,13 @@ import asyncio
 
 import grpc
 import pytest
-from pydantic import SecretStr
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
+from gearshift.api.common.v1.common_pb2 import Mode, RoutingStrategy
+from gearshift.api.router.v1 import router_pb2, router_pb2_grpc
 from gearshift.clients import channel
-from gearshift.common.v1.common_pb2 import Mode, RoutingStrategy
-from gearshift.router.v1 import router_pb2, router_pb2_grpc
 from gearshift.server import running
 from gearshift.services.router.service import FULL_NAME, build
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from pydantic import SecretStr
 
 
 async def test_health_reports_each_service(settings):

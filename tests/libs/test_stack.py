@@ -1,5 +1,6 @@
 """`gearshift up` as a user runs it: every service in its own process, `gearshift status`
-reporting them, Prometheus metrics on their own ports, and Ctrl-C stopping everything."""
+reporting them, Prometheus metrics on their own ports, Ctrl-C stopping everything, and a
+killed `up` taking its services with it."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import time
 import httpx
 import pytest
 
-from gearshift.settings import SERVICES
+from gearshift.topology import SERVICE_NAMES, SERVICES
 
-BASE_PORT = 56500  # six gRPC ports from here; metrics on port + 1000
+BASE_PORT = 56500  # one gRPC port per service from here; metrics on port + 1000
 
 pytestmark = pytest.mark.slow
 
@@ -23,34 +24,68 @@ def gearshift(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "gearshift.cli", *args], env=env, capture_output=True, text=True, timeout=60)
 
 
-def test_up_status_metrics_and_ctrl_c(tmp_path):
-    env = dict(os.environ, GEARSHIFT_LOG_LEVEL="WARNING")
-    addresses = {f"GEARSHIFT_{name.upper()}_ADDR": f"127.0.0.1:{BASE_PORT + i}" for i, name in enumerate(SERVICES)}
+def start_up(data_dir, env) -> tuple[subprocess.Popen, str]:
+    """`gearshift up` without a policy server, and what it printed until it said it is up."""
     up = subprocess.Popen(
-        [sys.executable, "-m", "gearshift.cli", "up", "--no-policy", "--data-dir", str(tmp_path), "--base-port", str(BASE_PORT)],
+        [sys.executable, "-m", "gearshift.cli", "up", "--no-policy", "--data-dir", str(data_dir), "--base-port", str(BASE_PORT)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
+    lines = []
+    deadline = time.monotonic() + 90
+    while not any("gearshift is up" in line for line in lines):
+        assert up.poll() is None and time.monotonic() < deadline, "".join(lines)
+        lines.append(up.stdout.readline())
+    return up, "".join(lines)
+
+
+def children_of(pid: int) -> list[int]:
+    found = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [int(child) for child in found]
+
+
+def alive(pid: int) -> bool:
     try:
-        lines = []
-        deadline = time.monotonic() + 90
-        while not any("gearshift is up" in line for line in lines):
-            assert up.poll() is None and time.monotonic() < deadline, "".join(lines)
-            lines.append(up.stdout.readline())
-        listing = "".join(lines)
-        for i, name in enumerate(SERVICES):
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+ENV = dict(os.environ, GEARSHIFT_LOG_LEVEL="WARNING")
+ADDRESSES = {f"GEARSHIFT_{spec.address_setting.upper()}": f"127.0.0.1:{BASE_PORT + i}" for i, spec in enumerate(SERVICES)}
+
+
+def test_up_status_metrics_and_ctrl_c(tmp_path):
+    up, listing = start_up(tmp_path, ENV)
+    try:
+        for i, name in enumerate(SERVICE_NAMES):
             assert f"127.0.0.1:{BASE_PORT + i}" in listing and name in listing
         assert (tmp_path / "store.db").exists()
 
-        status = gearshift("status", env=env | addresses)
+        status = gearshift("status", env=ENV | ADDRESSES)
         serving = [line for line in status.stdout.splitlines() if line.split()[-1:] == ["SERVING"]]
         assert len(serving) == len(SERVICES)  # the policy server was not started: reported down
         assert status.returncode == 1 and "policy" in status.stdout
 
-        metrics = httpx.get(f"http://127.0.0.1:{BASE_PORT + 1000 + SERVICES.index('store')}/metrics", timeout=5).text
+        metrics = httpx.get(f"http://127.0.0.1:{BASE_PORT + 1000 + SERVICE_NAMES.index('store')}/metrics", timeout=5).text
         assert 'grpc_server_handled_total{code="OK",method="Check",service="grpc.health.v1.Health"}' in metrics
     finally:
         up.send_signal(signal.SIGINT)
         out, _ = up.communicate(timeout=60)
     assert up.returncode == 0 and "gearshift stopped" in out
-    after = gearshift("status", env=env | addresses)
+    after = gearshift("status", env=ENV | ADDRESSES)
     assert after.returncode == 1 and "SERVING" not in after.stdout
+
+
+def test_a_killed_up_takes_its_services_and_their_workers_with_it(tmp_path):
+    up, _ = start_up(tmp_path, ENV)
+    services = children_of(up.pid)
+    descendants = services + [grandchild for pid in services for grandchild in children_of(pid)]
+    assert len(services) == len(SERVICES) and len(descendants) > len(services)  # the sandbox's zygote and workers
+    up.kill()  # SIGKILL: no handler of `up` runs
+    up.wait(timeout=10)
+    deadline = time.monotonic() + 30
+    while any(alive(pid) for pid in descendants) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [pid for pid in descendants if alive(pid)] == []
+    assert gearshift("status", env=ENV | ADDRESSES).returncode == 1

@@ -1,6 +1,6 @@
 """Container entry point: python -m gearshift.jobs.apo --config FILE"""
 
-from gearshift.training.cli import job_main
+from gearshift.training.jobs import job_main
 
 if __name__ == "__main__":
     job_main("apo")

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from gearshift.training.config import DataConfig, PolicyJobConfig, Strict
 from pydantic import Field
-
-from gearshift.training.config import DataConfig, JobConfig, Strict
 
 
 class APOPrompt(Strict):
@@ -23,7 +22,7 @@ class RolloutConfig(Strict):
     executor_addr: str = Field(
         "", description="A running executor (its policy server is reloaded after each update via /v1/load); empty: an in-process stack serving the training weights"
     )
-    policy_url: str = Field("", description="The running executor's policy server (for /v1/load); empty: GEARSHIFT_POLICY_URL")
+    policy_url: str = Field("", description="The running executor's policy server (for /v1/load); empty: GEARSHIFT_POLICY_CLIENT__URL")
     temperature: float = Field(1.0, ge=0, description="Sampling temperature of the in-process stack (A^2FM: 1.0)")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass of the in-process stack")
     max_tokens_per_turn: int = Field(128, ge=8, description="Tokens per policy turn in the in-process stack")
@@ -31,7 +30,7 @@ class RolloutConfig(Strict):
     concurrency: int = Field(12, ge=1, description="Rollouts in flight at once")
 
 
-class APOConfig(JobConfig):
+class APOConfig(PolicyJobConfig):
     """GRPO with adaptive sampling: per prompt rho forced rollouts per mode plus gamma free ones."""
 
     prompts: list[APOPrompt] = Field(default_factory=list, description="Training prompts given inline")

@@ -7,14 +7,14 @@ import asyncio
 import uuid
 from dataclasses import dataclass
 
+from gearshift.api.common.v1.common_pb2 import Mode, Trajectory
+from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
+from gearshift.api.reward.v1 import reward_pb2, reward_pb2_grpc
 from gearshift.clients import channel
-from gearshift.common.v1.common_pb2 import Mode, Trajectory
-from gearshift.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.jobs.apo.config import APOConfig, APOPrompt
-from gearshift.reward.v1 import reward_pb2, reward_pb2_grpc
+from gearshift.protocol.modes import MODE_OF
 from gearshift.settings import Settings
 
-FORCED_MODES = (Mode.MODE_INSTANT, Mode.MODE_REASONING, Mode.MODE_AGENTIC)
 REWARD_KINDS = {"apo": reward_pb2.REWARD_KIND_APO, "sr2am": reward_pb2.REWARD_KIND_SR2AM}
 
 
@@ -31,7 +31,7 @@ class Group:
 def group_requests(prompt: APOPrompt, config: APOConfig, run_id: str, step: int, index: int) -> list[executor_pb2.SolveRequest]:
     """rho forced requests per mode (the executor injects the forced prefix), then gamma free
     ones. Ids are derived from run, step and slot, so a resumed step finds its stored rollouts."""
-    slots = [(mode, k) for mode in FORCED_MODES for k in range(config.rho)]
+    slots = [(mode, k) for mode in MODE_OF.values() for k in range(config.rho)]
     slots += [(Mode.MODE_UNSPECIFIED, k) for k in range(config.gamma)]
     budget = executor_pb2.Budget(max_steps=config.rollout.max_steps)
     return [

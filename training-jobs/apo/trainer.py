@@ -28,15 +28,17 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import httpx
 import torch
-
+from gearshift import weights
+from gearshift.embedded import embedded
 from gearshift.jobs.apo.config import APOConfig, APOPrompt
 from gearshift.jobs.apo.rollouts import Group, collect
-from gearshift.services.policy_server import weights
-from gearshift.settings import ExecutorSettings, PolicySettings, Settings
+from gearshift.policy_client import PolicyClient
+from gearshift.settings import ExecutorSettings, PolicyServerSettings, Settings
+from gearshift.topology import SERVICE_NAMES
 from gearshift.training import advantages, checkpoints, data, forward, losses, tokenization
-from gearshift.training.runtime import Run, StepCallback, register
+from gearshift.training.results import register
+from gearshift.training.runtime import Run, StepCallback
 
 SERVED_NAME = "policy-in-training"
 
@@ -122,29 +124,27 @@ async def rollout_services(run: Run, config: APOConfig, settings: Settings) -> A
     if config.rollout.executor_addr:
         remote = settings.model_copy(update={"executor_addr": config.rollout.executor_addr})
         if config.rollout.policy_url:
-            remote = remote.model_copy(update={"policy_url": config.rollout.policy_url})
+            remote = remote.with_policy(config.rollout.policy_url)
         yield remote, True
         return
     from gearshift.services.policy_server.core import PolicyEngine
-    from gearshift.services.policy_server.server import running
-    from gearshift.testing.stack import inprocess_stack
 
-    policy = PolicySettings(model=str(run.output), served_model_name=SERVED_NAME, port=0, threads=config.optim.threads, max_tokens_cap=4096)
+    server = PolicyServerSettings(model=str(run.output), served_model_name=SERVED_NAME, threads=config.optim.threads, max_tokens_cap=4096)
     served = weights.LoadedModel(model=run.model, tokenizer=run.tokenizer, source="training", path=run.output, load_seconds=0.0)
-    engine = PolicyEngine(served, policy, settings.data_dir / "models")
+    engine = PolicyEngine(served, server, settings.data_dir / "models")
     executor = ExecutorSettings(
         temperature=config.rollout.temperature, top_p=config.rollout.top_p, max_tokens_per_turn=config.rollout.max_tokens_per_turn
     )
-    local = settings.model_copy(update={"policy": policy, "executor": executor, "policy_model": SERVED_NAME, "metrics_port": 0})
-    services = ("store", "sandbox", "reward", "planner", "router", "executor")
+    local = settings.model_copy(update={"policy_server": server, "executor": executor, "metrics_port": 0})
+    services = SERVICE_NAMES
     if config.store_addr:  # rollouts are stored where the job's data lives
         local = local.model_copy(update={"store_addr": config.store_addr})
-        services = services[1:]
-    async with running(local, engine=engine) as server:
-        local = local.model_copy(update={"policy_url": server.base_url})
-        async with inprocess_stack(local, services) as stack:
-            yield stack, False
-    engine.close()
+        services = tuple(name for name in SERVICE_NAMES if name != "store")
+    try:
+        async with embedded(local, services, policy_engine=engine) as platform:
+            yield platform.settings, False
+    finally:
+        engine.close()
 
 
 async def reload_remote(run: Run, settings: Settings) -> float:
@@ -152,9 +152,8 @@ async def reload_remote(run: Run, settings: Settings) -> float:
     started = time.perf_counter()
     serving = run.output / "serving"
     checkpoints.save_weights(run.policy, serving)
-    async with httpx.AsyncClient(timeout=settings.policy.client_timeout_seconds) as client:
-        reply = await client.post(settings.policy_url.rstrip("/") + "/load", json={"model": str(serving.resolve())})
-        reply.raise_for_status()
+    async with PolicyClient.from_settings(settings) as policy:
+        await policy.load(str(serving.resolve()))
     return time.perf_counter() - started
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from gearshift.protocol.modes import ModeName
+from gearshift.training.config import DataConfig, PolicyJobConfig, Strict
 from pydantic import Field
-
-from gearshift.training.config import DataConfig, JobConfig, ModeName, Strict
 
 
 class Prompt(Strict):
@@ -15,7 +15,7 @@ class Prompt(Strict):
     mode: ModeName | None = Field(None, description="Force this mode by prefix injection (masked); none: the student routes")
 
 
-class DistillConfig(JobConfig):
+class DistillConfig(PolicyJobConfig):
     """The student samples on the prompts; each prompt's teacher scores the student's own tokens."""
 
     prompts: list[Prompt] = Field(default_factory=list, description="Prompts given inline")

@@ -19,15 +19,12 @@ import random
 import time
 
 import torch
-
-from gearshift.common.v1.common_pb2 import Mode
 from gearshift.jobs.distill.config import DistillConfig, Prompt
 from gearshift.protocol import a2fm
+from gearshift.protocol.modes import MODE_OF
 from gearshift.settings import Settings
 from gearshift.training import checkpoints, data, forward, losses, tokenization
 from gearshift.training.runtime import Run, StepCallback
-
-MODES = {"instant": Mode.MODE_INSTANT, "reasoning": Mode.MODE_REASONING, "agentic": Mode.MODE_AGENTIC}
 
 
 def gather_prompts(config: DistillConfig) -> tuple[list[Prompt], list[str]]:
@@ -55,7 +52,7 @@ def prompt_encoding(tokenizer, prompt: Prompt) -> tokenization.Encoded:
     """The serving prompt, plus the forced prefix when the prompt pins a mode (never a target)."""
     segments = []
     if prompt.mode:
-        mode = MODES[prompt.mode]
+        mode = MODE_OF[prompt.mode]
         segments.append(tokenization.Segment(a2fm.episode_prefix(mode, a2fm.FORCED_JUSTIFICATION[mode]), target=False))
     return tokenization.encode(tokenizer, prompt.query, segments, end_of_turn=False)
 

@@ -1,5 +1,6 @@
-"""python -m gearshift.jobs.router [train|publish|list] ...: the same commands as `gearshift router`."""
+"""Container entry point: python -m gearshift.jobs.router --config FILE"""
 
-from gearshift.jobs.router.cli import router
+from gearshift.training.jobs import job_main
 
-router()
+if __name__ == "__main__":
+    job_main("router")

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import tomllib
-from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from gearshift.training.config import JobConfig
+from pydantic import Field, model_validator
 
 
-class RouterTrainingConfig(BaseModel):
-    """What to train on, how, and where the artefact goes. Load from JSON or TOML with from_file."""
-
-    model_config = ConfigDict(extra="forbid")
+class RouterConfig(JobConfig):
+    """What the router learns from (the store's forced-mode outcomes), how, and where the artefact
+    goes (output.dir; output.checkpoint_id names the version)."""
 
     task_source: str = Field("", description="Only trajectories of this suite (task_source); empty = every suite")
     run_ids: list[str] = Field(default_factory=list, description="Only these evaluation runs; empty = every run")
@@ -40,21 +37,13 @@ class RouterTrainingConfig(BaseModel):
     )
     min_items: int = Field(4, ge=1, description="Fewest training items with forced attempts; fewer is an error")
     bootstrap_samples: int = Field(1_000, ge=1, description="Bootstrap resamples for the cost-of-pass confidence intervals")
-    version: str = Field("", description="Artefact version and checkpoint id; empty = router-<UTC time>-<data hash>")
-    artefact_dir: Path | None = Field(None, description="Where artefacts go (default: GEARSHIFT_LEARNED_ROUTER__ARTEFACT_DIR or data_dir/routers)")
-    register_checkpoint: bool = Field(True, description="Register the artefact in the store's checkpoint registry (kind router)")
 
     @model_validator(mode="after")
-    def _eval_split_is_held_out(self) -> RouterTrainingConfig:
-        if self.eval_split and self.eval_split in self.train_splits:
-            raise ValueError(f"eval_split {self.eval_split!r} is also a training split")
+    def _checked(self) -> RouterConfig:
+        if not self.store_addr:
+            raise ValueError("the router learns from stored outcomes: set store_addr")
         if not self.train_splits:
             raise ValueError("train_splits is empty")
+        if self.eval_split and self.eval_split in self.train_splits:
+            raise ValueError(f"eval_split {self.eval_split!r} is also a training split")
         return self
-
-    @classmethod
-    def from_file(cls, path: Path) -> RouterTrainingConfig:
-        """A .json or .toml file holding these fields."""
-        text = Path(path).read_text()
-        data = tomllib.loads(text) if Path(path).suffix == ".toml" else json.loads(text)
-        return cls.model_validate(data)

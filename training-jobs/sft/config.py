@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from gearshift.training.config import DataConfig, PolicyJobConfig
 from pydantic import Field
 
-from gearshift.training.config import DataConfig, JobConfig
 
-
-class SFTConfig(JobConfig):
+class SFTConfig(PolicyJobConfig):
     """Route-then-align supervised fine-tuning on correct stored trajectories."""
 
     data: DataConfig = Field(

@@ -17,8 +17,7 @@ import time
 from collections import Counter
 
 import torch
-
-from gearshift.common.v1.common_pb2 import Trajectory
+from gearshift.api.common.v1.common_pb2 import Trajectory
 from gearshift.jobs.sft.config import SFTConfig
 from gearshift.training import data, forward, losses, tokenization
 from gearshift.training.runtime import Run, StepCallback

@@ -109,7 +109,7 @@ there is one, else a fresh one. Args: root, secret (name), key.
 {{- end }}
 {{- end }}
 
-{{/* The policy server's base URL (GEARSHIFT_POLICY_URL). */}}
+{{/* The policy server's base URL (GEARSHIFT_POLICY_CLIENT__URL). */}}
 {{- define "gearshift.policyURL" -}}
 {{- $port := ternary .Values.policy.vllm.port .Values.policy.builtin.port (eq .Values.policy.engine "vllm") -}}
 {{- printf "http://%s:%v/v1" (include "gearshift.componentName" (dict "root" . "name" "policy")) $port }}
@@ -139,9 +139,9 @@ dataDir (GEARSHIFT_DATA_DIR, default /var/lib/gearshift).
     secretKeyRef:
       name: {{ include "gearshift.authSecretName" $root }}
       key: {{ $root.Values.auth.secretKey }}
-- name: GEARSHIFT_POLICY_URL
+- name: GEARSHIFT_POLICY_CLIENT__URL
   value: {{ include "gearshift.policyURL" $root | quote }}
-- name: GEARSHIFT_POLICY_MODEL
+- name: GEARSHIFT_POLICY_CLIENT__MODEL
   value: {{ $root.Values.policy.servedModelName | quote }}
 - name: GEARSHIFT_REDIS_URL
   valueFrom:

@@ -1,24 +1,22 @@
 """The evaluation harness end to end: open channels to the executor and the store, run the suite,
-build the report from the store and write it. `stack_for` optionally brings the whole platform
-up in this process (tests, benchmarks, one-off runs without `gearshift up`)."""
+build the report from the store and write it. The stack is whatever the settings point at: a
+running one, or one started in this process with gearshift.embedded."""
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
 
+from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
+from gearshift.api.store.v1 import store_pb2_grpc
 from gearshift.clients import channel
 from gearshift.evaluation.report import RunReport, build_report, fetch_run, write_report
 from gearshift.evaluation.runner import EvalRunner, RunSummary
 from gearshift.evaluation.suites import get_suite
-from gearshift.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.settings import Settings
-from gearshift.store.v1 import store_pb2_grpc
 
 
 @dataclass
@@ -32,26 +30,6 @@ class Evaluation:
 
 def default_run_id(suite: str) -> str:
     return f"{Path(suite).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-@contextlib.asynccontextmanager
-async def stack_for(settings: Settings, inprocess: bool, builtin_policy: bool = True) -> AsyncIterator[Settings]:
-    """Settings pointing at a running stack: the configured one, or one started in this process
-    (with the built-in policy server on a free port unless builtin_policy is False)."""
-    if not inprocess:
-        yield settings
-        return
-    from gearshift.testing.stack import inprocess_stack
-
-    async with contextlib.AsyncExitStack() as stack:
-        if builtin_policy:
-            from gearshift.services.policy_server.server import running
-
-            policy = await stack.enter_async_context(
-                running(settings.model_copy(update={"policy": settings.policy.model_copy(update={"port": 0})}))
-            )
-            settings = settings.model_copy(update={"policy_url": policy.base_url})
-        yield await stack.enter_async_context(inprocess_stack(settings))
 
 
 async def evaluate(

@@ -17,13 +17,13 @@ from pathlib import Path
 
 from rich.table import Table
 
-from gearshift.common.v1.common_pb2 import Mode, Trajectory, TrajectoryStatus
+from gearshift.api.common.v1.common_pb2 import Trajectory, TrajectoryStatus
+from gearshift.api.store.v1 import store_pb2
 from gearshift.evaluation.runner import MODES, ROUTED, eval_mode_of, verifier_name
+from gearshift.protocol.modes import MODE_NAMES, mode_name
 from gearshift.rewards.cost_of_pass import compute_cost_of_pass
-from gearshift.store.v1 import store_pb2
 
-MODE_NAMES = {Mode.MODE_INSTANT: "instant", Mode.MODE_REASONING: "reasoning", Mode.MODE_AGENTIC: "agentic"}
-CHOSEN = tuple(MODE_NAMES.values())
+CHOSEN = MODE_NAMES
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -113,7 +113,7 @@ def mode_report(mode: str, trajectories: list[Trajectory], bootstrap_samples: in
         statuses=dict(Counter(TrajectoryStatus.Name(t.status).removeprefix("TRAJECTORY_STATUS_").lower() for t in trajectories)),
     )
     if mode in ROUTED:
-        chosen = [MODE_NAMES.get(t.mode, "none") for t in trajectories]
+        chosen = [mode_name(t.mode) for t in trajectories]
         report.mode_share = _shares(chosen)
         by_difficulty: dict[str, list[str]] = defaultdict(list)
         for trajectory, name in zip(trajectories, chosen):

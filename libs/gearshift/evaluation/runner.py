@@ -21,12 +21,13 @@ import grpc
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from gearshift.common.v1.common_pb2 import Mode, Reward, RoutingStrategy, Trajectory, TrajectoryStatus
+from gearshift.api.common.v1.common_pb2 import Reward, RoutingStrategy, Trajectory, TrajectoryStatus
+from gearshift.api.executor.v1 import executor_pb2
+from gearshift.api.store.v1 import store_pb2
 from gearshift.evaluation.suites import Suite, SuiteItem
-from gearshift.executor.v1 import executor_pb2
-from gearshift.store.v1 import store_pb2
+from gearshift.protocol.modes import MODE_OF, mode_name
 
-FORCED = {"instant": Mode.MODE_INSTANT, "reasoning": Mode.MODE_REASONING, "agentic": Mode.MODE_AGENTIC}
+FORCED = MODE_OF  # the forced evaluation modes: name -> Mode
 ROUTED = {"auto": RoutingStrategy.ROUTING_STRATEGY_MODEL, "learned": RoutingStrategy.ROUTING_STRATEGY_LEARNED}
 MODES = (*FORCED, *ROUTED)
 EVAL_MODE_LABEL = "eval_mode"
@@ -214,5 +215,5 @@ def eval_mode_of(trajectory: Trajectory) -> str:
     if label:
         return label
     if trajectory.routing_strategy == RoutingStrategy.ROUTING_STRATEGY_FORCED or trajectory.requested_mode:
-        return {mode: name for name, mode in FORCED.items()}.get(trajectory.requested_mode, "auto")
+        return mode_name(trajectory.requested_mode, unset="auto")
     return "learned" if trajectory.routing_strategy == RoutingStrategy.ROUTING_STRATEGY_LEARNED else "auto"

@@ -17,29 +17,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import time
-from collections import defaultdict
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 from rich.console import Console
 from rich.table import Table
 
+from gearshift import weights
+from gearshift.api.common.v1.common_pb2 import Checkpoint, CheckpointStatus, TrajectoryStatus
+from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
-from gearshift.common.v1.common_pb2 import Checkpoint, CheckpointStatus, Trajectory, TrajectoryStatus
+from gearshift.embedded import embedded
 from gearshift.evaluation.harness import evaluate
-from gearshift.evaluation.report import build_report, fetch_run
-from gearshift.evaluation.runner import FORCED, eval_mode_of
+from gearshift.evaluation.report import fetch_run
 from gearshift.evaluation.suites import get_suite
 from gearshift.orchestration import steps
-from gearshift.orchestration.promotion import EvalResult
+from gearshift.orchestration.evaluators import GateEvaluator
 from gearshift.orchestration.publishing import publish_builtin
 from gearshift.orchestration.runners import LocalRunner
-from gearshift.rewards import formulas
-from gearshift.settings import RewardSettings, Settings
-from gearshift.store.v1 import store_pb2, store_pb2_grpc
+from gearshift.settings import Settings
+from gearshift.training.results import read_metrics
 
 HELD_OUT = "test"
 
@@ -84,82 +82,8 @@ def loop_settings(settings: Settings, config: LoopConfig) -> Settings:
     orchestration = settings.orchestration.model_copy(update={
         "eval_suite": get_suite(config.suite).name, "eval_split": HELD_OUT, "eval_items": config.eval_items, "eval_mode": config.gate_mode,
     })
-    policy = settings.policy.model_copy(update={"port": 0, "threads": config.threads})
-    return settings.model_copy(update={"executor": executor, "orchestration": orchestration, "policy": policy, "metrics_port": 0})
-
-
-# ---------------------------------------------------------------- figures
-
-
-def mode_figures(trajectories: list[Trajectory], reward: RewardSettings) -> dict[str, dict]:
-    """Per evaluation mode: accuracy (pass@1), cost of pass, mean cost and output tokens from
-    the harness report, and the mean APO reward r_acc * r_adaptive * r_format, with p = the
-    item's forced-instant success rate when instant was evaluated (no penalty otherwise)."""
-    finished = [t for t in trajectories if t.status != TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED]
-    instant = defaultdict(list)
-    for t in finished:
-        if eval_mode_of(t) == "instant":
-            instant[t.labels.get("item_id", t.id)].append(t.reward.correct)
-    rewards = defaultdict(list)
-    for t in finished:
-        mode = eval_mode_of(t)
-        p = formulas.success_rate(instant.get(t.labels.get("item_id", t.id), []))
-        r_adaptive = formulas.adaptive_factor(p, t.mode, mode in FORCED, reward.apo_alpha, reward.apo_tau)
-        rewards[mode].append(formulas.apo_reward(t.reward.correct, t.reward.format_valid, r_adaptive))
-    report = build_report(finished, "loop")
-    return {
-        mode: {
-            "accuracy": r.pass_at_1,
-            "cost_of_pass_usd": r.cost_of_pass_usd if math.isfinite(r.cost_of_pass_usd) else None,
-            "mean_cost_usd": r.mean_cost_usd,
-            "mean_output_tokens": r.mean_output_tokens,
-            "apo_reward": sum(rewards[mode]) / len(rewards[mode]),
-            "format_valid": sum(t.reward.format_valid for t in finished if eval_mode_of(t) == mode) / r.trajectories,
-            "episodes": r.trajectories,
-        }
-        for mode, r in report.modes.items()
-    }
-
-
-class LoopEvaluator:
-    """The promotion gate's Evaluator for the loop: the evaluation harness on one checkpoint,
-    served by a built-in policy server of its own, with its own planner, router and executor
-    (the callers of the policy) next to the round's store, sandbox and reward. Results are
-    kept, so the gate does not evaluate a checkpoint the round already evaluated."""
-
-    def __init__(self, settings: Settings, config: LoopConfig):
-        self.settings, self.config = settings, config
-        self.figures: dict[str, dict[str, dict]] = {}
-
-    async def run(self, checkpoint: Checkpoint) -> dict[str, dict]:
-        """Per-mode figures of the checkpoint on the held-out split (resumed when stored)."""
-        if checkpoint.id in self.figures:
-            return self.figures[checkpoint.id]
-        from gearshift.services.policy_server.server import running
-        from gearshift.testing.stack import inprocess_stack
-
-        suite = self.settings.orchestration.eval_suite
-        run_id = f"gate-{checkpoint.id}-{suite}-{HELD_OUT}"
-        policy = self.settings.policy.model_copy(update={"model": checkpoint.uri})
-        settings = self.settings.model_copy(update={"policy": policy, "policy_model": policy.served_model_name})
-        async with running(settings) as server:
-            settings = settings.model_copy(update={"policy_url": server.base_url})
-            async with inprocess_stack(settings, ("planner", "router", "executor")) as stack:
-                await evaluate(stack, self.config.suite, self.config.eval_modes, self.config.eval_items, split=HELD_OUT,
-                               run_id=run_id, concurrency=1, out_dir=self.settings.data_dir / "eval" / run_id)
-        async with channel(self.settings.store_addr, self.settings) as ch:
-            trajectories = await fetch_run(store_pb2_grpc.TrajectoryStoreStub(ch), run_id)
-        self.figures[checkpoint.id] = mode_figures(trajectories, self.settings.reward) | {"run_id": run_id}
-        return self.figures[checkpoint.id]
-
-    def evaluate(self, checkpoint: Checkpoint, suite: str, split: str) -> EvalResult:
-        """The gate mode's accuracy and cost of pass (the Evaluator protocol)."""
-        figures = self.figures.get(checkpoint.id) or asyncio.run(self.run(checkpoint))
-        gate = figures[self.config.gate_mode]
-        cost = gate["cost_of_pass_usd"]
-        extra = {f"{mode}/{name}": value for mode, values in figures.items() if isinstance(values, dict)
-                 for name, value in values.items() if isinstance(value, int | float)}
-        return EvalResult(gate["accuracy"], math.inf if cost is None else cost, extra)
+    policy = settings.policy_server.model_copy(update={"port": 0, "threads": config.threads})
+    return settings.model_copy(update={"executor": executor, "orchestration": orchestration, "policy_server": policy, "metrics_port": 0})
 
 
 # ---------------------------------------------------------------- the round
@@ -195,8 +119,6 @@ async def base_checkpoint(settings: Settings, config: LoopConfig) -> Checkpoint:
     current = await steps.published(settings)
     if current is not None:
         return current
-    from gearshift.services.policy_server import weights
-
     uri = str(weights.resolve(config.base_model, settings.data_dir / "models").resolve())
     checkpoint = Checkpoint(id=f"base-{steps.digest(uri)}", kind="policy", uri=uri, job="base",
                             status=CheckpointStatus.CHECKPOINT_STATUS_PUBLISHED)
@@ -225,31 +147,19 @@ async def train_job(settings: Settings, runner: LocalRunner, job: str, config: d
     return await asyncio.to_thread(steps.train, runner, spec, external_id, lambda _tail: None, settings.orchestration.job_timeout_seconds)
 
 
-@contextlib.asynccontextmanager
-async def round_stack(settings: Settings, model_uri: str) -> AsyncIterator[tuple[Settings, object]]:
-    """The six services and the built-in policy server serving model_uri, in this process."""
-    from gearshift.services.policy_server.server import running
-    from gearshift.testing.stack import inprocess_stack
-
-    serving = settings.model_copy(update={"policy": settings.policy.model_copy(update={"model": model_uri})})
-    async with running(serving) as server:
-        serving = serving.model_copy(update={"policy_url": server.base_url})
-        async with inprocess_stack(serving) as stack:
-            yield stack, server
-
-
 async def run_round(settings: Settings, config: LoopConfig, console: Console | None = None, out: Path | None = None) -> dict:
     """Runs one round; returns (and writes) its JSON summary."""
     settings = loop_settings(settings, config)
     report = Reporter(console)
     suite = get_suite(config.suite)
     # The store alone first, to find the round's base; then everything, serving that base.
-    async with _store_only(settings) as probe:
-        base = await base_checkpoint(probe, config)
+    async with embedded(settings, ("store",)) as probe:
+        base = await base_checkpoint(probe.settings, config)
     round_id = f"round-{steps.digest(config.model_dump(), base.id)}"
     runner = LocalRunner(settings.data_dir / "runs", env={"GEARSHIFT_DATA_DIR": str(settings.data_dir)})
-    async with round_stack(settings, base.uri) as (stack, server):
-        evaluator = LoopEvaluator(stack, config)
+    async with embedded(settings, policy_model=base.uri) as platform:
+        stack, server = platform.settings, platform.policy
+        evaluator = GateEvaluator(stack, config.eval_modes, config.gate_mode)
 
         with report.stage("seed", f"{suite.name} train split, {config.seed_items} items x {', '.join(config.seed_modes)} (forced)") as fig:
             seed_run = f"loop-seed-{steps.digest(suite.name, config.seed_items, config.seed_modes, config.max_tokens_per_turn, config.max_steps, base.id)}"
@@ -282,7 +192,7 @@ async def run_round(settings: Settings, config: LoopConfig, console: Console | N
             parent = await steps.get_checkpoint(stack, sft["checkpoint_id"])
             apo = await train_job(stack, runner, "apo", apo_config(config, prompts), f"{round_id}:apo", None, parent)
             candidate = await steps.get_checkpoint(stack, apo["checkpoint_id"])
-            history = _metrics_lines(Path(apo["output_dir"]))
+            history = read_metrics(Path(apo["output_dir"]))
             fig |= {"checkpoint": candidate.id, "parent": candidate.parent_id, "steps": apo["metrics"].get("steps"),
                     "rollouts": sum(h.get("rollouts", 0) for h in history),
                     "rollout_reward_mean": sum(h.get("reward_mean", 0.0) for h in history) / max(1, len(history))}
@@ -318,20 +228,6 @@ async def run_round(settings: Settings, config: LoopConfig, console: Console | N
     path.write_text(json.dumps(summary, indent=2))
     report.console.print(f"summary: {path}")
     return summary | {"summary_path": str(path)}
-
-
-@contextlib.asynccontextmanager
-async def _store_only(settings: Settings) -> AsyncIterator[Settings]:
-    from gearshift.testing.stack import inprocess_stack
-
-    async with inprocess_stack(settings, ("store",)) as stack:
-        yield stack
-
-
-def _metrics_lines(output_dir: Path) -> list[dict]:
-    from gearshift.training.runtime import read_metrics  # torch: only once a trainer has run
-
-    return read_metrics(output_dir)
 
 
 FIGURES = ("accuracy", "apo_reward", "cost_of_pass_usd", "mean_cost_usd", "mean_output_tokens", "format_valid")

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
-from gearshift.common.v1.common_pb2 import Checkpoint
+from gearshift.api.common.v1.common_pb2 import Checkpoint
 
 
 @dataclass(frozen=True)

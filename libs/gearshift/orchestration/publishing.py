@@ -6,7 +6,7 @@
 - vllm_lora: vLLM's runtime LoRA loading (POST /v1/load_lora_adapter; the server needs
   VLLM_ALLOW_RUNTIME_LORA_UPDATING=True). The adapter is then served under the checkpoint id.
 - deployment: a rolling restart of the policy Deployment with the new weights (vLLM's --model
-  argument, or the built-in server's GEARSHIFT_POLICY__MODEL), through the Kubernetes API.
+  argument, or the built-in server's GEARSHIFT_POLICY_SERVER__MODEL), through the Kubernetes API.
 """
 
 from __future__ import annotations
@@ -15,10 +15,8 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-import httpx
-
-from gearshift.common.v1.common_pb2 import Checkpoint
-from gearshift.errors import FailedPrecondition
+from gearshift.api.common.v1.common_pb2 import Checkpoint
+from gearshift.errors import FailedPrecondition, InvalidArgument
 from gearshift.policy_client import PolicyClient
 from gearshift.settings import Settings
 
@@ -38,7 +36,7 @@ class PublishReport:
 async def publish_builtin(checkpoint: Checkpoint, settings: Settings) -> PublishReport:
     """POST /v1/load with the checkpoint directory; the report carries the server's own split
     of the time (load vs swap) next to the end-to-end figure."""
-    admin = settings.policy.admin_token.get_secret_value() if settings.policy.admin_token else None
+    admin = settings.policy_server.admin_token.get_secret_value() if settings.policy_server.admin_token else None
     started = time.perf_counter()
     async with PolicyClient.from_settings(settings) as client:
         report = await client.load(checkpoint.uri, admin_token=admin)
@@ -47,19 +45,19 @@ async def publish_builtin(checkpoint: Checkpoint, settings: Settings) -> Publish
 
 async def publish_vllm_lora(checkpoint: Checkpoint, settings: Settings) -> PublishReport:
     """Loads the checkpoint's LoRA adapter into a running vLLM under the checkpoint id."""
-    headers = {"Authorization": f"Bearer {settings.policy.api_key.get_secret_value()}"} if settings.policy.api_key else {}
-    body = {"lora_name": checkpoint.id, "lora_path": checkpoint.uri}
+    client = settings.policy_client.model_copy(update={"timeout_seconds": settings.orchestration.publish_timeout_seconds})
     started = time.perf_counter()
-    async with httpx.AsyncClient(base_url=settings.policy_url.rstrip("/"), headers=headers, timeout=settings.orchestration.publish_timeout_seconds) as http:
-        response = await http.post("/load_lora_adapter", json=body)
-    if response.status_code >= 400 and "already been loaded" not in response.text:
-        raise FailedPrecondition(f"vLLM refused the adapter {checkpoint.uri} ({response.status_code}): {response.text[:500]}")
+    async with PolicyClient.from_settings(settings.model_copy(update={"policy_client": client})) as policy:
+        try:
+            await policy.load_lora_adapter(checkpoint.id, checkpoint.uri)
+        except InvalidArgument as exc:
+            raise FailedPrecondition(f"vLLM refused the adapter {checkpoint.uri}: {exc}") from None
     return PublishReport("vllm_lora", checkpoint.id, time.perf_counter() - started, {"served_model_name": checkpoint.id})
 
 
 def deployment_patch(deployment: dict, container_name: str, checkpoint: Checkpoint) -> dict:
     """A strategic-merge patch that points the policy container at the checkpoint: vLLM's
-    `--model` argument when it has one, else the built-in server's GEARSHIFT_POLICY__MODEL, and
+    `--model` argument when it has one, else the built-in server's GEARSHIFT_POLICY_SERVER__MODEL, and
     an annotation with the checkpoint id so the pod template changes (a rolling restart)."""
     pod = deployment["spec"]["template"]
     container = next(c for c in pod["spec"]["containers"] if c["name"] == container_name)
@@ -69,7 +67,7 @@ def deployment_patch(deployment: dict, container_name: str, checkpoint: Checkpoi
         args[args.index("--model") + 1] = checkpoint.uri
         change["args"] = args
     else:
-        change["env"] = [{"name": "GEARSHIFT_POLICY__MODEL", "value": checkpoint.uri}]
+        change["env"] = [{"name": "GEARSHIFT_POLICY_SERVER__MODEL", "value": checkpoint.uri}]
     return {
         "spec": {
             "template": {

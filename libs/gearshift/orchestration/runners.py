@@ -9,7 +9,6 @@ writing its checkpoint directory with a result.json and registering it in the st
 from __future__ import annotations
 
 import copy
-import json
 import os
 import shlex
 import signal
@@ -24,8 +23,8 @@ from typing import Protocol
 import yaml
 
 from gearshift.settings import KubernetesSettings, Settings
+from gearshift.training.results import RESULT_FILE, read_result
 
-RESULT_FILE = "result.json"
 LOG_TAIL_CHARS = 64_000
 TRAIN_CONFIG_PATH = "/etc/gearshift/train/config.yaml"  # where the chart mounts the run's ConfigMap
 
@@ -61,14 +60,6 @@ class Runner(Protocol):
 
     def wait(self, spec: RunSpec, external_id: str, heartbeat: Heartbeat, timeout: float) -> RunOutcome:
         """Watches the run to its end."""
-
-
-def read_result(output_dir: Path) -> dict | None:
-    path = Path(output_dir) / RESULT_FILE
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _tail(path: Path) -> str:

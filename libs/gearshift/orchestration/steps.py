@@ -14,19 +14,21 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from gearshift.api.common.v1.common_pb2 import Checkpoint, CheckpointStatus, TrajectoryStatus
+from gearshift.api.reward.v1 import reward_pb2, reward_pb2_grpc
+from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
-from gearshift.common.v1.common_pb2 import Checkpoint, CheckpointStatus, TrajectoryStatus
 from gearshift.errors import FailedPrecondition, NotFound
 from gearshift.evaluation.runner import SUITE_VERIFIER
+from gearshift.orchestration import publishing
 from gearshift.orchestration.promotion import Decision, EvalResult, Evaluator, Margins, decide, stored_result
-from gearshift.orchestration.runners import Heartbeat, RunSpec, Runner
-from gearshift.reward.v1 import reward_pb2, reward_pb2_grpc
+from gearshift.orchestration.runners import Heartbeat, Runner, RunSpec
 from gearshift.rewards.scoring import APO, score_group
+from gearshift.routing.registry import ROUTER_KIND
 from gearshift.settings import Settings
-from gearshift.store.v1 import store_pb2, store_pb2_grpc
+from gearshift.training.jobs import JOB_NAMES
 
 SCORED = -1e308  # min_reward at or above this matches every scored trajectory
-JOBS = ("sft", "distill", "apo")
 
 
 def digest(*parts) -> str:
@@ -144,8 +146,8 @@ def train_config(settings: Settings, job: str, base: dict, key: str, data: dict 
     """The run's --config: the caller's base config, the data filter, the parent checkpoint as
     starting weights (lineage), a checkpoint id and directory derived from the dedupe key (a
     retried run writes the same checkpoint), and the store to read from and register in."""
-    if job not in JOBS:
-        raise FailedPrecondition(f"unknown training job {job!r}; one of {', '.join(JOBS)}")
+    if job not in JOB_NAMES:
+        raise FailedPrecondition(f"unknown training job {job!r}; one of {', '.join(JOB_NAMES)}")
     name = run_name(job, key)
     output_dir = checkpoints_dir(settings) / name
     config = json.loads(json.dumps(base))  # a deep copy
@@ -223,6 +225,19 @@ async def gate(settings: Settings, checkpoint_id: str, evaluator: Evaluator) -> 
             await update_checkpoint(settings, baseline.id, 0, baseline_result.metrics(o.eval_suite, o.eval_split))
     decision = decide(result, baseline_result, Margins(o.accuracy_margin, o.cost_of_pass_margin))
     return GateOutcome(decision, candidate, baseline if baseline_result else None)
+
+
+async def publish(settings: Settings, checkpoint_id: str) -> dict:
+    """Switches serving to a checkpoint and marks it PUBLISHED (the newest published one is the
+    one served): a policy through the configured publish target, a router by the mark alone
+    (router services poll the registry)."""
+    checkpoint = await get_checkpoint(settings, checkpoint_id)
+    report = {}
+    if checkpoint.kind != ROUTER_KIND:
+        published_report = await asyncio.to_thread(publishing.publish, checkpoint, settings)
+        report = {"target": published_report.target, "switch_seconds": published_report.switch_seconds}
+    await update_checkpoint(settings, checkpoint_id, CheckpointStatus.CHECKPOINT_STATUS_PUBLISHED, report)
+    return {"published": checkpoint_id, "kind": checkpoint.kind} | report
 
 
 def eval_summary(result: EvalResult) -> dict:

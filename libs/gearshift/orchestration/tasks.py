@@ -16,13 +16,12 @@ from functools import lru_cache
 
 from celery import chain
 
-from gearshift.common.v1.common_pb2 import CheckpointStatus
+from gearshift.api.common.v1.common_pb2 import CheckpointStatus
 from gearshift.orchestration import steps
 from gearshift.orchestration.app import app
-from gearshift.orchestration.evaluators import HarnessEvaluator
+from gearshift.orchestration.evaluators import GateEvaluator
 from gearshift.orchestration.journal import Claim, JobJournal
 from gearshift.orchestration.promotion import Evaluator
-from gearshift.orchestration.publishing import publish as publish_checkpoint
 from gearshift.orchestration.runners import make_runner
 from gearshift.settings import Settings, get_settings
 from gearshift.storage import create_store_engine, upgrade_to_head
@@ -30,7 +29,7 @@ from gearshift.storage import create_store_engine, upgrade_to_head
 log = logging.getLogger(__name__)
 
 # Tests and embedders replace how checkpoints are evaluated (the harness by default).
-evaluator_factory: Callable[[Settings], Evaluator] = HarnessEvaluator
+evaluator_factory: Callable[[Settings], Evaluator] = GateEvaluator
 
 
 @lru_cache(maxsize=1)
@@ -142,12 +141,7 @@ def publish(checkpoint_id: str) -> dict:
     settings = get_settings()
 
     def work(*_) -> dict:
-        checkpoint = asyncio.run(steps.get_checkpoint(settings, checkpoint_id))
-        report = publish_checkpoint(checkpoint, settings)
-        asyncio.run(steps.update_checkpoint(
-            settings, checkpoint_id, CheckpointStatus.CHECKPOINT_STATUS_PUBLISHED, {"switch_seconds": report.switch_seconds}
-        ))
-        return {"published": checkpoint_id, "target": report.target, "switch_seconds": report.switch_seconds}
+        return asyncio.run(steps.publish(settings, checkpoint_id))
 
     return once(f"publish:{checkpoint_id}", "publish", {"checkpoint_id": checkpoint_id}, work)
 

@@ -9,7 +9,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from gearshift.common.v1.common_pb2 import Mode, ToolCall
+from gearshift.api.common.v1.common_pb2 import Mode, ToolCall
 from gearshift.protocol.prompts import MODE_OPENERS
 
 LABELS = {
@@ -18,7 +18,6 @@ LABELS = {
     "toolcalling_agent": Mode.MODE_AGENTIC,
 }
 LABEL_OF = {mode: label for label, mode in LABELS.items()}
-MODE_NAMES = {Mode.MODE_INSTANT: "instant", Mode.MODE_REASONING: "reasoning", Mode.MODE_AGENTIC: "agentic"}
 
 CLASSIFICATION_STOP = "</classification>"
 STOP_WORDS = ("</tool_call>", "</answer>")

@@ -3,7 +3,7 @@ checkpoint meets at serving time exactly the text it was trained on."""
 
 from __future__ import annotations
 
-from gearshift.common.v1.common_pb2 import Mode
+from gearshift.api.common.v1.common_pb2 import Mode
 
 SYSTEM_PROMPT = """You are an adaptive agent. First write one short sentence about the question, then choose how to answer it:
 <classification>

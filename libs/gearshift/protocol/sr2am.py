@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gearshift.common.v1.common_pb2 import Plan, PlanDecision, PlanStep
+from gearshift.api.common.v1.common_pb2 import Plan, PlanDecision, PlanStep
+from gearshift.protocol.prompts import AGENTIC_OPENER
 
 _BLOCK = re.compile(r"^\s*Plan:[ \t]*(.*)$", re.M | re.S)
 _FIELD = re.compile(r"^\s*[-*]?\s*(Current State|Next Action|Action|Expected Outcome)\s*:\s*(.*)$", re.I)
@@ -46,6 +47,18 @@ def parse_plan_block(text: str) -> ParsedPlan | None:
     if not steps:
         return ParsedPlan(PlanDecision.PLAN_DECISION_CONTINUE, Plan())
     return ParsedPlan(PlanDecision.PLAN_DECISION_PLAN_NEW, Plan(steps=steps))
+
+
+def plan_block(decision: int, plan: Plan, first_turn: bool) -> tuple[str, str]:
+    """The text the executor writes at the start of a regulated agentic turn: the SR2AM block
+    for the configurator's decision (learned in training), and the <plan> opener it injects
+    after the first turn's block (masked in training). Serving and training both read it here."""
+    block = {
+        PlanDecision.PLAN_DECISION_PLAN_NEW: render_plan(plan),
+        PlanDecision.PLAN_DECISION_CONTINUE: "Plan:",
+        PlanDecision.PLAN_DECISION_ACT: "Plan: None",
+    }[decision]
+    return (f"{block}\n", AGENTIC_OPENER) if first_turn else (f"\n{block}\n", "")
 
 
 def render_plan(plan: Plan) -> str:

@@ -18,7 +18,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gearshift.common.v1.common_pb2 import Mode, Trajectory
+from gearshift.api.common.v1.common_pb2 import Mode, Trajectory
 from gearshift.protocol.a2fm import LABELS, MAX_PARALLEL_CALLS, render_transcript, tag_content
 
 TAGS = ("classification", "answer", "reasoning", "plan", "tool_call", "tool_response", "summary")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from gearshift.common.v1.common_pb2 import Mode
+from gearshift.api.common.v1.common_pb2 import Mode
 
 SR2AM_CORRECT_STRUCTURED = 1.0
 SR2AM_CORRECT_UNSTRUCTURED = 0.8

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
-
-import httpx
+from dataclasses import dataclass, field
 
 from gearshift.errors import Unavailable
+from gearshift.policy_client import PolicyClient, Usage
 
 JUDGE_PROMPT = """You are grading an answer to a question against the reference answer.
 Judge only whether the answer means the same as the reference; ignore style and extra detail
@@ -32,6 +31,7 @@ class JudgeVerdict:
 
     correct: bool
     rationale: str
+    usage: Usage = field(default_factory=Usage)  # the judge's own tokens (priced with the episode)
 
 
 class JudgeReplyError(ValueError):
@@ -55,31 +55,20 @@ def parse_verdict(reply: str) -> JudgeVerdict:
 
 
 class LLMJudge:
-    """Grades answers through POST {base_url}/chat/completions."""
+    """Grades answers through the policy client's chat API (model: the client's, unless named)."""
 
-    def __init__(self, client: httpx.AsyncClient, base_url: str, model: str, max_tokens: int, api_key: str | None = None):
-        self.client = client
-        self.url = base_url.rstrip("/") + "/chat/completions"
-        self.model = model
+    def __init__(self, policy: PolicyClient, max_tokens: int, model: str | None = None):
+        self.policy = policy
         self.max_tokens = max_tokens
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.model = model
 
     async def judge(self, question: str, answer: str, reference: str) -> JudgeVerdict:
         """One greedy judgement; raises Unavailable when the server or its reply fails."""
         prompt = JUDGE_PROMPT.format(question=question, reference=reference, answer=answer)
-        body = {
-            "model": self.model,
-            "messages": [{"role": "user", "content": prompt}],
-            "temperature": 0.0,
-            "max_tokens": self.max_tokens,
-        }
+        named = {"model": self.model} if self.model else {}
+        reply = await self.policy.chat([{"role": "user", "content": prompt}], max_tokens=self.max_tokens, temperature=0.0, **named)
         try:
-            response = await self.client.post(self.url, json=body, headers=self.headers)
-            response.raise_for_status()
-            content = response.json()["choices"][0]["message"]["content"] or ""
-        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
-            raise Unavailable(f"the LLM judge at {self.url} failed: {exc}") from exc
-        try:
-            return parse_verdict(content)
+            verdict = parse_verdict(reply.content or "")
         except JudgeReplyError as exc:
             raise Unavailable(f"the LLM judge replied out of format: {exc}") from exc
+        return JudgeVerdict(verdict.correct, verdict.rationale, reply.usage)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gearshift.common.v1.common_pb2 import Mode, Reward, RoutingStrategy, Trajectory
+from gearshift.api.common.v1.common_pb2 import Mode, Reward, RoutingStrategy, Trajectory
 from gearshift.rewards import formulas, verifiers
 from gearshift.rewards.formats import check_trajectory_format, final_answer
 from gearshift.rewards.structure import check_structure
@@ -101,3 +101,16 @@ def score_rollouts(
     name = resolve_verifier(verifier, reference)
     verdicts = [verify(final_answer(r), reference, name, config) for r in rollouts]
     return score_group(rollouts, verdicts, kind, name, config)
+
+
+def apo_rewards(trajectories: Sequence[Trajectory], config: RewardSettings) -> dict[str, float]:
+    """The APO reward of each already-graded trajectory (id -> reward), scoring each item's
+    trajectories as one group, so p is the item's forced-instant success rate among them."""
+    groups: dict[str, list[Trajectory]] = {}
+    for trajectory in trajectories:
+        groups.setdefault(trajectory.labels.get("item_id", trajectory.id), []).append(trajectory)
+    rewards = {}
+    for group in groups.values():
+        scored = score_group(group, [t.reward.correct for t in group], APO, group[0].reward.verifier, config)
+        rewards.update({t.id: reward.value for t, reward in zip(group, scored.rewards)})
+    return rewards

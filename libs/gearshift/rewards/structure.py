@@ -19,7 +19,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gearshift.common.v1.common_pb2 import Plan, PlanDecision, PlanStep, Turn
+from gearshift.api.common.v1.common_pb2 import Plan, PlanDecision, PlanStep, Turn
 from gearshift.rewards.formats import FormatCheck
 
 _HEADER = re.compile(r"^[ \t]*Plan:[ \t]*(.*)$", re.M)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from gearshift.common.v1.common_pb2 import RoutingStrategy, Trajectory
-from gearshift.store.v1 import store_pb2, store_pb2_grpc
+from gearshift.api.common.v1.common_pb2 import RoutingStrategy, Trajectory
+from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 
 FORCED = RoutingStrategy.ROUTING_STRATEGY_FORCED
 NATIVE = RoutingStrategy.ROUTING_STRATEGY_MODEL

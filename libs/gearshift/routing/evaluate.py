@@ -17,7 +17,8 @@ import numpy as np
 from gearshift.rewards.cost_of_pass import CostOfPass, compute_cost_of_pass
 from gearshift.routing.dataset import CORRECT_SHARE, Attempt, QueryOutcomes
 from gearshift.routing.decision import choose_mode
-from gearshift.routing.model import MODE_KEYS, RouterModel
+from gearshift.protocol.modes import NAME_OF
+from gearshift.routing.model import RouterModel
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class RoutingEvaluation:
             "routing_accuracy": self.routing_accuracy,
             "chosen_correct_rate": self.chosen_correct_rate,
         }
-        out.update({f"learned_share_{MODE_KEYS[m]}": share for m, share in self.mode_share.items()})
+        out.update({f"learned_share_{NAME_OF[m]}": share for m, share in self.mode_share.items()})
         for name, result in self.policies.items():
             out[f"{name}_accuracy"] = result.accuracy
             out[f"{name}_cost_of_pass_usd"] = result.cost.cost_of_pass_usd
@@ -106,7 +107,7 @@ def evaluate_router(
 
     policies = {"learned": _result("learned", [item.forced[m] for item, m in zip(evaluated, chosen)], bootstrap_samples)}
     for mode in model.modes:
-        policies[f"forced_{MODE_KEYS[mode]}"] = _result(f"forced_{MODE_KEYS[mode]}", [item.forced[mode] for item in evaluated], bootstrap_samples)
+        policies[f"forced_{NAME_OF[mode]}"] = _result(f"forced_{NAME_OF[mode]}", [item.forced[mode] for item in evaluated], bootstrap_samples)
     oracle_picks = [
         item.forced[oracle if oracle is not None else min(item.forced, key=lambda m, it=item: (it.mean_cost(m), m))]
         for item, oracle in zip(evaluated, oracles)

@@ -13,13 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
+from gearshift.protocol.modes import MODE_OF, NAME_OF
 from gearshift.routing.features import FeatureSpec
 
 FORMAT_VERSION = 1
 WEIGHTS_FILE = "weights.npz"
 METADATA_FILE = "metadata.json"
-MODE_KEYS = {1: "instant", 2: "reasoning", 3: "agentic"}  # common.v1.Mode values
-MODE_BY_KEY = {name: mode for mode, name in MODE_KEYS.items()}
 # A light pull on the bias: a mode that always (or never) succeeded in training gets a large
 # but finite logit instead of one that grows with every Newton step.
 BIAS_PENALTY = 1e-3
@@ -99,8 +98,8 @@ class RouterModel:
             "format_version": FORMAT_VERSION,
             "version": self.version,
             "feature_spec": self.spec.to_json(),
-            "modes": [MODE_KEYS[m] for m in self.modes],
-            "expected_cost_usd": {MODE_KEYS[m]: c for m, c in self.expected_cost_usd.items()},
+            "modes": [NAME_OF[m] for m in self.modes],
+            "expected_cost_usd": {NAME_OF[m]: c for m, c in self.expected_cost_usd.items()},
         }
         # metadata last: its presence marks a complete artefact
         (directory / METADATA_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
@@ -113,8 +112,8 @@ class RouterModel:
             raise ValueError(f"router artefact format {meta.get('format_version')} is not {FORMAT_VERSION}")
         with np.load(Path(directory) / WEIGHTS_FILE) as arrays:
             weights, bias, mean, scale = (arrays[k] for k in ("weights", "bias", "mean", "scale"))
-        modes = tuple(MODE_BY_KEY[name] for name in meta["modes"])
-        costs = {MODE_BY_KEY[name]: float(c) for name, c in meta["expected_cost_usd"].items()}
+        modes = tuple(MODE_OF[name] for name in meta["modes"])
+        costs = {MODE_OF[name]: float(c) for name, c in meta["expected_cost_usd"].items()}
         return cls(meta["version"], FeatureSpec.from_json(meta["feature_spec"]), modes, weights, bias, mean, scale, costs, meta)
 
 

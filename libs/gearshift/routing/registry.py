@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gearshift.common.v1.common_pb2 import Checkpoint, CheckpointStatus
+from gearshift.api.common.v1.common_pb2 import Checkpoint, CheckpointStatus
+from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.errors import FailedPrecondition
-from gearshift.store.v1 import store_pb2, store_pb2_grpc
 
 ROUTER_KIND = "router"
 PUBLISHED = CheckpointStatus.CHECKPOINT_STATUS_PUBLISHED

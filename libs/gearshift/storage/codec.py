@@ -7,7 +7,7 @@ from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from gearshift.common.v1.common_pb2 import Checkpoint, Reward, Trajectory
+from gearshift.api.common.v1.common_pb2 import Checkpoint, Reward, Trajectory
 
 
 def microseconds(stamp: Timestamp) -> int:

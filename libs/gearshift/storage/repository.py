@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Engine, func, insert, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 
-from gearshift.common.v1.common_pb2 import Checkpoint, Reward, Trajectory
+from gearshift.api.common.v1.common_pb2 import Checkpoint, Reward, Trajectory
 from gearshift.errors import AlreadyExists, NotFound
 from gearshift.storage.codec import (
     checkpoint_from_row,

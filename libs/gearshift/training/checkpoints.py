@@ -15,7 +15,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from gearshift.services.policy_server import weights  # noqa: E402
+from gearshift import weights  # noqa: E402
 from gearshift.training.config import ModelConfig  # noqa: E402
 
 ADAPTER_DIR = "adapter"

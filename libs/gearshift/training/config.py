@@ -9,8 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-MODE_NAMES = ("instant", "reasoning", "agentic")
-ModeName = Literal["instant", "reasoning", "agentic"]
+from gearshift.protocol.modes import ModeName
 
 
 class Strict(BaseModel):
@@ -67,8 +66,8 @@ class OptimConfig(Strict):
 class OutputConfig(Strict):
     """Where the checkpoint goes and how often the run saves resumable state."""
 
-    dir: Path = Field(..., description="Checkpoint directory: weights, result.json, metrics.jsonl, resume state")
-    checkpoint_id: str = Field("", description="Registry id of the new checkpoint (default: a fresh uuid)")
+    dir: Path = Field(..., description="Checkpoint directory: weights or artefact, result.json, metrics.jsonl, resume state")
+    checkpoint_id: str = Field("", description="Registry id of the new checkpoint (default: a fresh id)")
     save_every: int = Field(50, ge=1, description="Save resumable state (weights, optimizer, scheduler, step) every N steps")
     resume: bool = Field(True, description="Continue from saved resume state in dir when there is some")
     register_checkpoint: bool = Field(True, description="Register the checkpoint in the store's registry when store_addr is set")
@@ -76,10 +75,9 @@ class OutputConfig(Strict):
 
 
 class JobConfig(Strict):
-    """What every training job's config has."""
+    """What every training job's config has: where its checkpoint goes, and the store it reads
+    trajectories from and registers the checkpoint in."""
 
-    model: ModelConfig = Field(default_factory=ModelConfig, description="The model being trained")
-    optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer and schedule")
     output: OutputConfig = Field(..., description="Checkpoint directory and saving")
     store_addr: str = Field("", description="Trajectory store (host:port) for data and the registry; empty: no store")
 
@@ -92,3 +90,10 @@ class JobConfig(Strict):
         import yaml  # only YAML configs need it
 
         return cls.model_validate(yaml.safe_load(text) or {})
+
+
+class PolicyJobConfig(JobConfig):
+    """A job that trains the policy model: SFT, distillation, APO."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The model being trained")
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer and schedule")

@@ -7,13 +7,13 @@ import asyncio
 import hashlib
 from collections.abc import Iterable
 
+from gearshift.api.common.v1.common_pb2 import Trajectory, TrajectoryStatus
+from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
-from gearshift.common.v1.common_pb2 import Mode, Trajectory, TrajectoryStatus
+from gearshift.protocol.modes import MODE_OF
 from gearshift.settings import Settings
-from gearshift.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.training.config import DataConfig
 
-MODES = {"instant": Mode.MODE_INSTANT, "reasoning": Mode.MODE_REASONING, "agentic": Mode.MODE_AGENTIC}
 CORRECTNESS = {
     "any": store_pb2.CORRECTNESS_UNSPECIFIED,
     "correct": store_pb2.CORRECTNESS_CORRECT,
@@ -25,7 +25,7 @@ CORRECTNESS = {
 def trajectory_filters(config: DataConfig) -> list[store_pb2.TrajectoryFilter]:
     """The store filters for a data config: one per run id (the filter takes a single one)."""
     base = store_pb2.TrajectoryFilter(
-        modes=[MODES[mode] for mode in config.modes],
+        modes=[MODE_OF[mode] for mode in config.modes],
         correctness=CORRECTNESS[config.correctness],
         task_source=config.task_source,
         split=config.split,

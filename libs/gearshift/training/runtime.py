@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -16,15 +15,13 @@ from pathlib import Path
 
 import torch
 
-from gearshift.common.v1.common_pb2 import Checkpoint, CheckpointStatus
+from gearshift import code_version
 from gearshift.settings import Settings
 from gearshift.training import checkpoints
-from gearshift.training.config import JobConfig, OptimConfig
+from gearshift.training.config import OptimConfig, PolicyJobConfig
+from gearshift.training.results import METRICS_FILE, read_metrics, register, write_result
 
-RESULT_FILE = "result.json"
-METRICS_FILE = "metrics.jsonl"
 RESUME_DIR = "resume"
-POLICY_KIND = "policy"
 
 StepCallback = Callable[[int, dict], None]
 
@@ -44,22 +41,12 @@ def build_optimizer(model: torch.nn.Module, optim: OptimConfig):
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def code_version() -> str:
-    """The git commit of the code that trained (or "unknown" outside a checkout)."""
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=Path(__file__).parent, timeout=5
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
 @dataclass
 class Run:
     """One training run of a job; create it with Run.start."""
 
     job: str
-    config: JobConfig
+    config: PolicyJobConfig
     policy: checkpoints.LoadedPolicy
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
@@ -70,7 +57,7 @@ class Run:
     last_metrics: dict = field(default_factory=dict)
 
     @classmethod
-    def start(cls, job: str, config: JobConfig, on_step: StepCallback | None = None) -> Run:
+    def start(cls, job: str, config: PolicyJobConfig, on_step: StepCallback | None = None) -> Run:
         """Loads the model and optimizer, and resumes from saved state when there is some."""
         torch.manual_seed(config.optim.seed)
         torch.set_num_threads(config.optim.threads)
@@ -176,47 +163,10 @@ class Run:
                 **(metrics or {}),
             },
         }
-        (self.output / RESULT_FILE).write_text(json.dumps(result, indent=2))
-        return result
+        return write_result(self.output, result)
 
 
 def _saved_id(output: Path) -> str:
     """The id a previous (interrupted) run of this directory chose, so a resume keeps it."""
     path = output / "checkpoint_id"
     return path.read_text().strip() if path.exists() else ""
-
-
-def read_metrics(output: Path) -> list[dict]:
-    """The metrics lines of a run, one dict per step."""
-    path = output / METRICS_FILE
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def as_checkpoint(result: dict) -> Checkpoint:
-    """The registry record of a finished run: a CANDIDATE policy with its lineage."""
-    metrics = {key: float(value) for key, value in result["metrics"].items() if isinstance(value, int | float) and math.isfinite(value)}
-    return Checkpoint(
-        id=result["checkpoint_id"],
-        kind=POLICY_KIND,
-        uri=result["uri"],
-        parent_id=result["parent_id"],
-        job=result["job"],
-        config_json=json.dumps(result["config"]),
-        code_version=result["code_version"],
-        dataset_snapshot=result["dataset_snapshot"],
-        trajectory_ids=result["trajectory_ids"],
-        eval_metrics={f"train/{key}": value for key, value in metrics.items()},
-        status=CheckpointStatus.CHECKPOINT_STATUS_CANDIDATE,
-    )
-
-
-async def register(store_addr: str, result: dict) -> Checkpoint:
-    """Records the checkpoint in the store's registry."""
-    from gearshift.clients import channel
-    from gearshift.store.v1 import store_pb2, store_pb2_grpc
-
-    async with channel(store_addr, Settings()) as ch:
-        stub = store_pb2_grpc.TrajectoryStoreStub(ch)
-        return await stub.RegisterCheckpoint(store_pb2.RegisterCheckpointRequest(checkpoint=as_checkpoint(result)))

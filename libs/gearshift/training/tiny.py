@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gearshift.services.policy_server import weights
+from gearshift import weights
 from gearshift.settings import Settings
 
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from gearshift.common.v1.common_pb2 import PlanDecision, RoutingStrategy, Trajectory, TrajectoryStatus
+from gearshift.api.common.v1.common_pb2 import RoutingStrategy, Trajectory, TrajectoryStatus
 from gearshift.protocol import a2fm, prompts
-from gearshift.protocol.sr2am import render_plan
+from gearshift.protocol.sr2am import plan_block
 
 
 @dataclass(frozen=True)
@@ -48,19 +48,6 @@ class Encoded:
         return sum(self.target)
 
 
-def plan_block(turn) -> tuple[str, str]:
-    """The SR2AM plan block the executor writes at the start of an agentic turn (see
-    EpisodeRunner._regulate), and the <plan> opener it injects after the first one."""
-    if not turn.plan_decision:
-        return "", ""
-    block = {
-        PlanDecision.PLAN_DECISION_PLAN_NEW: render_plan(turn.plan),
-        PlanDecision.PLAN_DECISION_CONTINUE: "Plan:",
-        PlanDecision.PLAN_DECISION_ACT: "Plan: None",
-    }[turn.plan_decision]
-    return (f"\n{block}\n", "") if turn.index else (f"{block}\n", prompts.AGENTIC_OPENER)
-
-
 def assistant_segments(trajectory: Trajectory) -> list[Segment]:
     """The assistant turn of a stored trajectory in target and masked pieces; joined, they equal
     a2fm.render_transcript(trajectory)."""
@@ -72,7 +59,7 @@ def assistant_segments(trajectory: Trajectory) -> list[Segment]:
     ]
     for turn in trajectory.turns:
         output = turn.output
-        block, opener = plan_block(turn)
+        block, opener = plan_block(turn.plan_decision, turn.plan, first_turn=not turn.index) if turn.plan_decision else ("", "")
         if block and output.startswith(block + opener):
             # SR2AM trains the plan as part of the agent's reasoning; the opener is injected.
             pieces += [Segment(block, target=True), Segment(opener, target=False)]

@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
-
+from gearshift.api.common.v1.common_pb2 import TrajectoryStatus
+from gearshift.api.store.v1 import store_pb2_grpc
 from gearshift.clients import channel
-from gearshift.common.v1.common_pb2 import TrajectoryStatus
 from gearshift.evaluation.harness import evaluate
 from gearshift.evaluation.report import fetch_run
 from gearshift.settings import ExecutorSettings, RouterSettings
-from gearshift.store.v1 import store_pb2_grpc
-from gearshift.testing.stack import inprocess_stack
+from gearshift.embedded import embedded
 
 TINY = {
     "executor": ExecutorSettings(max_tokens_per_turn=16, max_steps_agentic=1, max_steps_other=1),
@@ -25,8 +24,9 @@ FINISHED = {TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED, TrajectoryStatus.TRAJE
 
 @pytest.mark.model
 async def test_small_suite_end_to_end(settings, postgres_url, builtin_policy, tmp_path):
-    configured = settings.model_copy(update={"policy_url": builtin_policy, "database_url": postgres_url, **TINY})
-    async with inprocess_stack(configured) as stack:
+    configured = settings.with_policy(builtin_policy).model_copy(update={"database_url": postgres_url, **TINY})
+    async with embedded(configured) as platform:
+        stack = platform.settings
         result = await evaluate(stack, "default", ["instant", "auto"], 2, run_id="model-e2e", concurrency=2, out_dir=tmp_path)
         async with channel(stack.store_addr, stack) as ch:
             stored = await fetch_run(store_pb2_grpc.TrajectoryStoreStub(ch), "model-e2e")

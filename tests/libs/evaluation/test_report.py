@@ -6,15 +6,22 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from gearshift.clients import channel
-from gearshift.common.v1.common_pb2 import (
-    Cost, Mode, Reward, RoutingStrategy, TokenUsage, ToolCall, Trajectory, TrajectoryStatus, Turn,
+from gearshift.api.common.v1.common_pb2 import (
+    Cost,
+    Mode,
+    Reward,
+    RoutingStrategy,
+    TokenUsage,
+    ToolCall,
+    Trajectory,
+    TrajectoryStatus,
+    Turn,
 )
+from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
+from gearshift.clients import channel
 from gearshift.evaluation.report import build_report, compare, fetch_run, pass_at_k, write_report
 from gearshift.evaluation.runner import trajectory_id, verifier_name
-from gearshift.store.v1 import store_pb2, store_pb2_grpc
-from gearshift.testing.stack import inprocess_stack
+from gearshift.embedded import embedded
 
 SUITE = "hand"
 COMPLETED, CANCELLED = TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED, TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED
@@ -57,7 +64,7 @@ def run_a(run_id="run-a"):
 
 @pytest.fixture
 async def store(settings):
-    async with inprocess_stack(settings, services=("store",)) as running, channel(running.store_addr, running) as ch:
+    async with embedded(settings, ("store",)) as platform, channel(platform.settings.store_addr, platform.settings) as ch:
         yield store_pb2_grpc.TrajectoryStoreStub(ch)
 
 

@@ -8,16 +8,15 @@ import json
 import uuid
 
 import pytest
-
+from gearshift.api.common.v1.common_pb2 import Mode, RoutingStrategy, Trajectory, TrajectoryStatus
+from gearshift.api.executor.v1 import executor_pb2_grpc
+from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
-from gearshift.common.v1.common_pb2 import Mode, RoutingStrategy, Trajectory, TrajectoryStatus
 from gearshift.evaluation.harness import evaluate
 from gearshift.evaluation.runner import parse_modes, trajectory_id
 from gearshift.evaluation.suites import get_suite
-from gearshift.executor.v1 import executor_pb2_grpc
-from gearshift.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.testing.scripted_policy import serve_scripted
-from gearshift.testing.stack import inprocess_stack
+from gearshift.embedded import embedded
 
 
 def always_42(body: dict) -> str:
@@ -50,7 +49,8 @@ def suite_path(tmp_path):
 @pytest.fixture
 async def stack(settings):
     async with serve_scripted(always_42) as policy_url:
-        async with inprocess_stack(settings.model_copy(update={"policy_url": policy_url})) as running:
+        async with embedded(settings.with_policy(policy_url)) as platform:
+            running = platform.settings
             yield running
 
 

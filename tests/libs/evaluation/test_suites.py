@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from gearshift.evaluation.suites import SPLITS, FAMILIES, Facts, facts_match, generated_suite, get_suite, jsonl_suite, split_of
+from gearshift.evaluation.suites import FAMILIES, SPLITS, Facts, facts_match, generated_suite, get_suite, jsonl_suite, split_of
 
 GENERATED = [name for name in FAMILIES if name != "facts"]  # facts is a fixed table: seeds only reorder it
 

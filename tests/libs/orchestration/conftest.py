@@ -8,10 +8,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from gearshift import weights
+from gearshift.storage import create_store_engine, upgrade_to_head
 from sqlalchemy.engine import make_url
 
-from gearshift.services.policy_server import weights
-from gearshift.storage import create_store_engine, upgrade_to_head
 from tests.conftest import POSTGRES_SERVER_URL
 
 MODELS = Path.home() / ".gearshift" / "models"  # the SmolLM2 tokenizer cache, when made

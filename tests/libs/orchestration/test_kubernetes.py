@@ -8,11 +8,11 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
-
-from gearshift.common.v1.common_pb2 import Checkpoint
+from gearshift.api.common.v1.common_pb2 import Checkpoint
 from gearshift.orchestration.publishing import CHECKPOINT_ANNOTATION, deployment_patch
 from gearshift.orchestration.runners import RunSpec, build_config_map, build_job, to_manifest
 from gearshift.settings import KubernetesSettings
+
 from tests.charts.k8s import KUBE_VERSION, find_helm, named, render
 
 SPEC = RunSpec(name="gearshift-sft-0123abcd", job="sft", config={"optim": {"max_steps": 2}}, output_dir=Path("/checkpoints/x"))
@@ -85,4 +85,4 @@ def test_deployment_patch_points_vllm_or_builtin_at_the_checkpoint():
     assert patch["spec"]["template"]["metadata"]["annotations"] == {CHECKPOINT_ANNOTATION: "sft-1"}
     builtin = {"spec": {"template": {"spec": {"containers": [{"name": "policy", "command": ["gearshift", "serve-policy"]}]}}}}
     (container,) = deployment_patch(builtin, "policy", checkpoint)["spec"]["template"]["spec"]["containers"]
-    assert container["env"] == [{"name": "GEARSHIFT_POLICY__MODEL", "value": "/checkpoints/sft-1"}]
+    assert container["env"] == [{"name": "GEARSHIFT_POLICY_SERVER__MODEL", "value": "/checkpoints/sft-1"}]

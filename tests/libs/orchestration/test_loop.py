@@ -9,14 +9,13 @@ import json
 from pathlib import Path
 
 import pytest
-
+from gearshift import weights
+from gearshift.api.common.v1.common_pb2 import CheckpointStatus
+from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
-from gearshift.common.v1.common_pb2 import CheckpointStatus
 from gearshift.orchestration.loop import QUICK_CONFIG, run_round
-from gearshift.services.policy_server import weights
 from gearshift.settings import Settings
-from gearshift.store.v1 import store_pb2, store_pb2_grpc
-from gearshift.testing.stack import inprocess_stack
+from gearshift.embedded import embedded
 
 # About 90 s on an idle 2-core machine; the limit leaves room for a shared, loaded one.
 pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.timeout(900)]
@@ -52,7 +51,7 @@ async def test_quick_round_runs_every_stage_and_registers_the_candidate_with_lin
     assert all(0 <= figures[name][side] <= 1 for name in ("accuracy", "apo_reward") for side in ("before", "after"))
     assert json.loads((tmp_path / "summary.json").read_text())["candidate"] == summary["candidate"]
 
-    async with inprocess_stack(settings, ("store",)) as stack, channel(stack.store_addr, stack) as ch:
+    async with embedded(settings, ("store",)) as platform, channel(platform.settings.store_addr, platform.settings) as ch:
         store = store_pb2_grpc.TrajectoryStoreStub(ch)
         candidate = await store.GetCheckpoint(store_pb2.GetCheckpointRequest(id=summary["candidate"], include_lineage=True))
         sft = await store.GetCheckpoint(store_pb2.GetCheckpointRequest(id=candidate.parent_id, include_lineage=True))

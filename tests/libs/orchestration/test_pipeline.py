@@ -13,16 +13,15 @@ import time
 import uuid
 
 import pytest
-from sqlalchemy import select
-
+from gearshift.api.common.v1.common_pb2 import Checkpoint, CheckpointStatus, Mode, Trajectory, TrajectoryStatus, Turn
+from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
-from gearshift.common.v1.common_pb2 import Checkpoint, CheckpointStatus, Mode, Trajectory, TrajectoryStatus, Turn
 from gearshift.orchestration.app import create_app
 from gearshift.services.policy_server.server import running
-from gearshift.settings import PolicySettings, Settings
+from gearshift.settings import PolicyServerSettings, Settings
 from gearshift.storage.models import job_runs
-from gearshift.store.v1 import store_pb2, store_pb2_grpc
-from gearshift.testing.stack import inprocess_stack
+from gearshift.embedded import embedded
+from sqlalchemy import select
 
 pytestmark = pytest.mark.slow
 
@@ -51,10 +50,10 @@ def worker_env(settings: Settings, policy_url: str) -> dict[str, str]:
         "GEARSHIFT_REDIS_URL": REDIS_URL,
         "GEARSHIFT_STORE_ADDR": settings.store_addr,
         "GEARSHIFT_REWARD_ADDR": settings.reward_addr,
-        "GEARSHIFT_POLICY_URL": policy_url,
+        "GEARSHIFT_POLICY_CLIENT__URL": policy_url,
         "GEARSHIFT_METRICS_PORT": "0",
         "GEARSHIFT_LOG_LEVEL": "WARNING",
-        "GEARSHIFT_POLICY__THREADS": "1",
+        "GEARSHIFT_POLICY_SERVER__THREADS": "1",
         "GEARSHIFT_ORCHESTRATION__EVAL_ITEMS": "2",
         "GEARSHIFT_ORCHESTRATION__EVAL_MODE": "instant",
         "GEARSHIFT_EXECUTOR__MAX_TOKENS_PER_TURN": "16",
@@ -75,8 +74,9 @@ async def test_one_round_end_to_end_then_redelivery_does_nothing_twice(tmp_path,
     base, _ = tiny_models
     url = orchestration_db.url.render_as_string(hide_password=False)
     settings = Settings(data_dir=tmp_path, metrics_port=0, database_url=url, log_level="WARNING")
-    policy = settings.model_copy(update={"policy": PolicySettings(model=str(base), port=0, threads=1)})
-    async with running(policy) as server, inprocess_stack(settings, ("store", "reward")) as stack:
+    policy = settings.model_copy(update={"policy_server": PolicyServerSettings(model=str(base), port=0, threads=1)})
+    async with running(policy) as server, embedded(settings, ("store", "reward")) as platform:
+        stack = platform.settings
         async with channel(stack.store_addr, stack) as ch:
             store = store_pb2_grpc.TrajectoryStoreStub(ch)
             trajectories = seeded(4)

@@ -6,13 +6,12 @@ from __future__ import annotations
 import math
 
 import pytest
-
-from gearshift.common.v1.common_pb2 import Checkpoint, CheckpointStatus
+from gearshift.api.common.v1.common_pb2 import Checkpoint, CheckpointStatus
+from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
+from gearshift.clients import channel
 from gearshift.orchestration import steps
 from gearshift.orchestration.promotion import EvalResult, Margins, decide
-from gearshift.store.v1 import store_pb2, store_pb2_grpc
-from gearshift.clients import channel
-from gearshift.testing.stack import inprocess_stack
+from gearshift.embedded import embedded
 
 MARGINS = Margins(accuracy=0.02, cost_of_pass=0.10)
 BASE = EvalResult(accuracy=0.50, cost_of_pass=0.0010)
@@ -56,7 +55,8 @@ async def test_gate_refuses_a_regression_and_accepts_an_improvement(tmp_path, or
 
     settings = Settings(data_dir=tmp_path, metrics_port=0, database_url=orchestration_db.url.render_as_string(hide_password=False),
                         orchestration=OrchestrationSettings(accuracy_margin=0.02, cost_of_pass_margin=0.10, eval_suite="s", eval_split="test"))
-    async with inprocess_stack(settings, ("store",)) as stack:
+    async with embedded(settings, ("store",)) as platform:
+        stack = platform.settings
         async with channel(stack.store_addr, stack) as ch:
             store = store_pb2_grpc.TrajectoryStoreStub(ch)
             for ident, parent in (("base", ""), ("worse", "base"), ("better", "base")):

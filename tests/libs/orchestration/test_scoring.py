@@ -3,11 +3,12 @@ without a verdict are verified by the reward service."""
 
 from __future__ import annotations
 
+from gearshift.api.common.v1.common_pb2 import Mode, Reward, RoutingStrategy, TrajectoryStatus
+from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
-from gearshift.common.v1.common_pb2 import Mode, Reward, RoutingStrategy, TrajectoryStatus
 from gearshift.orchestration import steps
-from gearshift.store.v1 import store_pb2, store_pb2_grpc
-from gearshift.testing.stack import inprocess_stack
+from gearshift.embedded import embedded
+
 from tests.libs.rewards.trajectories import rollout
 
 
@@ -27,7 +28,8 @@ async def test_suite_verdicts_are_kept_and_others_verified(settings):
     ]
     ungraded = [graded("00000000-0000-4000-8000-000000000003", Mode.MODE_INSTANT, "The capital is Paris.", None)]
     ungraded[0].query = "Another question"
-    async with inprocess_stack(settings, ("store", "reward")) as stack:
+    async with embedded(settings, ("store", "reward")) as platform:
+        stack = platform.settings
         async with channel(stack.store_addr, stack) as ch:
             store = store_pb2_grpc.TrajectoryStoreStub(ch)
             await store.Put(store_pb2.PutRequest(trajectories=suite_graded + ungraded))

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from gearshift.common.v1.common_pb2 import Mode
+from gearshift.api.common.v1.common_pb2 import Mode
 from gearshift.protocol import a2fm
 
 TOOLS = frozenset({"python", "web_search", "crawl_page"})

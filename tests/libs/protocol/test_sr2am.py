@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gearshift.common.v1.common_pb2 import PlanDecision
+from gearshift.api.common.v1.common_pb2 import PlanDecision
 from gearshift.protocol.sr2am import parse_plan_block, render_plan
 
 FULL = """Let me think about this.

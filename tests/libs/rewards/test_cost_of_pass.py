@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from gearshift.rewards.cost_of_pass import compute_cost_of_pass, cost_of_pass
 
 

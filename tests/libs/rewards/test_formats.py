@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-from gearshift.common.v1.common_pb2 import Mode, Trajectory, Turn
+from gearshift.api.common.v1.common_pb2 import Mode, Trajectory, Turn
 from gearshift.rewards.formats import FormatError, check_format, final_answer, split_blocks, tool_call_problem
+
 from tests.libs.rewards.trajectories import AGENTIC, AGENTIC_TURNS, INSTANT, REASONING
 
 CALL = "{'id': 1, 'name': 'web_search', 'arguments': {'query': 'capital of France'}}"

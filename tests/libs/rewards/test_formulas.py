@@ -4,13 +4,13 @@ reward stays in its documented range."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from gearshift.rewards import formulas
 from gearshift.rewards.scoring import APO, CORRECTNESS, KINDS, SR2AM, score_group, score_rollouts
 from gearshift.rewards.verifiers import token_f1
 from gearshift.settings import RewardSettings
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from tests.libs.rewards.trajectories import AGENTIC, INSTANT, REASONING, SR2AM_TURNS, rollout
 
 CONFIG = RewardSettings(apo_alpha=2.0, apo_tau=0.5)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
-
 from gearshift.errors import Unavailable
+from gearshift.policy_client import PolicyClient
 from gearshift.rewards.judge import JudgeReplyError, LLMJudge, parse_verdict
+
 from tests.libs.rewards.chat_server import scripted_chat_server
 
 
@@ -32,8 +32,8 @@ def test_replies_out_of_format(reply):
 async def test_judge_over_http():
     replies = iter(['{"rationale": "Both name Paris.", "judgement": "correct"}', "I am not sure.", 503])
     with scripted_chat_server(lambda prompt: next(replies)) as (url, requests):
-        async with httpx.AsyncClient(timeout=5) as client:
-            judge = LLMJudge(client, url, "judge-model", max_tokens=64)
+        async with PolicyClient(url, "policy-model", timeout=5, retries=0) as client:
+            judge = LLMJudge(client, max_tokens=64, model="judge-model")
             verdict = await judge.judge("Capital of France?", "It is Paris.", "Paris")
             assert verdict.correct and verdict.rationale == "Both name Paris."
             with pytest.raises(Unavailable, match="out of format"):

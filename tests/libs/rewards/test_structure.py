@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-from gearshift.common.v1.common_pb2 import PlanDecision, Turn
+from gearshift.api.common.v1.common_pb2 import PlanDecision, Turn
 from gearshift.rewards.structure import StructureError, check_structure, parse_plan_blocks
+
 from tests.libs.rewards.trajectories import SR2AM_TURNS
 
 NEW, CONTINUE, ACT = PlanDecision.PLAN_DECISION_PLAN_NEW, PlanDecision.PLAN_DECISION_CONTINUE, PlanDecision.PLAN_DECISION_ACT

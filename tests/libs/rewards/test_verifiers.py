@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from gearshift.rewards import verifiers
 from gearshift.rewards.scoring import verify
 from gearshift.settings import RewardSettings

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gearshift.common.v1.common_pb2 import Mode, RoutingStrategy, TokenUsage, ToolResult, Trajectory, Turn
+from gearshift.api.common.v1.common_pb2 import Mode, RoutingStrategy, TokenUsage, ToolResult, Trajectory, Turn
 
 INSTANT, REASONING, AGENTIC = Mode.MODE_INSTANT, Mode.MODE_REASONING, Mode.MODE_AGENTIC
 FORCED, MODEL = RoutingStrategy.ROUTING_STRATEGY_FORCED, RoutingStrategy.ROUTING_STRATEGY_MODEL

@@ -11,16 +11,16 @@ import random
 import uuid
 from collections.abc import AsyncIterator
 
+from gearshift.api.common.v1.common_pb2 import Cost, Mode, Reward, RoutingStrategy, TokenUsage, Trajectory, TrajectoryStatus
+from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
-from gearshift.common.v1.common_pb2 import Cost, Mode, Reward, RoutingStrategy, TokenUsage, Trajectory, TrajectoryStatus
+from gearshift.protocol.modes import mode_name
 from gearshift.server import running
 from gearshift.services.store.service import build as build_store
 from gearshift.settings import Settings
-from gearshift.store.v1 import store_pb2, store_pb2_grpc
 
 INSTANT, REASONING, AGENTIC = Mode.MODE_INSTANT, Mode.MODE_REASONING, Mode.MODE_AGENTIC
 MODES = (INSTANT, REASONING, AGENTIC)
-MODE_NAMES = {INSTANT: "instant", REASONING: "reasoning", AGENTIC: "agentic"}
 COST = {INSTANT: 0.00001, REASONING: 0.00004, AGENTIC: 0.0001}  # per attempt, US dollars
 SUITE = "synthetic"
 COUNTRIES = ["France", "Spain", "Italy", "Peru", "Chile", "Japan", "Kenya", "Egypt", "Norway", "Canada", "Brazil", "India"]
@@ -44,7 +44,7 @@ def trajectory(run_id: str, split: str, item_id: str, query: str, mode: int, cor
                sample: int = 0, strategy: int = RoutingStrategy.ROUTING_STRATEGY_FORCED, family: str = "") -> Trajectory:
     """A trajectory tagged as the evaluation harness tags it."""
     requested = mode if strategy == RoutingStrategy.ROUTING_STRATEGY_FORCED else Mode.MODE_UNSPECIFIED
-    key = MODE_NAMES[mode] if strategy == RoutingStrategy.ROUTING_STRATEGY_FORCED else "auto"
+    key = mode_name(mode) if strategy == RoutingStrategy.ROUTING_STRATEGY_FORCED else "auto"
     return Trajectory(
         id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"{run_id}/{item_id}/{key}/{sample}")),
         query=query,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from gearshift.api.common.v1.common_pb2 import RoutingStrategy
 from gearshift.clients import channel
-from gearshift.common.v1.common_pb2 import RoutingStrategy
 from gearshift.routing.dataset import DatasetQuery, load_dataset
+
 from tests.libs.routing.synthetic import AGENTIC, COST, INSTANT, REASONING, SUITE, put, running_store, trajectory, world
 from tests.libs.storage.helpers import migrated_postgres_url, store_database_url  # noqa: F401
 

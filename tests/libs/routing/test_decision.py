@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from gearshift.routing.decision import ModeEstimate, choose_mode
 
 I, R, A = 1, 2, 3  # instant, reasoning, agentic

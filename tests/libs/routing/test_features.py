@@ -6,8 +6,7 @@ import math
 
 import numpy as np
 import pytest
-
-from gearshift.jobs.router.config import RouterTrainingConfig
+from gearshift.jobs.router.config import RouterConfig
 from gearshift.routing.features import LEXICAL_FEATURES, FeatureSpec, extractor_for, lexical_features
 
 
@@ -46,14 +45,18 @@ def test_minilm_sentence_embedding_separates_topics():
 
 
 def test_config_files(tmp_path):
-    toml = tmp_path / "router.toml"
-    toml.write_text('task_source = "basic_arithmetic"\nrun_ids = ["r1"]\nembedding = "static"\n')
-    config = RouterTrainingConfig.from_file(toml)
+    yaml = tmp_path / "router.yaml"
+    yaml.write_text('task_source: basic_arithmetic\nrun_ids: [r1]\nembedding: static\nstore_addr: "127.0.0.1:50056"\noutput: {dir: /tmp/r}\n')
+    config = RouterConfig.from_file(yaml)
     assert (config.task_source, config.run_ids, config.embedding, config.train_splits) == ("basic_arithmetic", ["r1"], "static", ["train"])
     bad = tmp_path / "bad.json"
-    bad.write_text('{"train_splits": ["train", "dev"], "eval_split": "dev"}')
+    good = '"store_addr": "s:1", "output": {"dir": "/tmp/r"}'
+    bad.write_text('{"train_splits": ["train", "dev"], "eval_split": "dev", ' + good + '}')
     with pytest.raises(ValueError, match="also a training split"):
-        RouterTrainingConfig.from_file(bad)
-    bad.write_text('{"embeding": "none"}')
+        RouterConfig.from_file(bad)
+    bad.write_text('{"embeding": "none", ' + good + '}')
     with pytest.raises(ValueError, match="embeding"):
-        RouterTrainingConfig.from_file(bad)
+        RouterConfig.from_file(bad)
+    bad.write_text('{"output": {"dir": "/tmp/r"}}')
+    with pytest.raises(ValueError, match="store_addr"):
+        RouterConfig.from_file(bad)

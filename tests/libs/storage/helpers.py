@@ -8,9 +8,7 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from sqlalchemy.engine import make_url
-
-from gearshift.common.v1.common_pb2 import (
+from gearshift.api.common.v1.common_pb2 import (
     Mode,
     PlanDecision,
     Reward,
@@ -21,6 +19,7 @@ from gearshift.common.v1.common_pb2 import (
     Turn,
 )
 from gearshift.storage import TrajectoryRepository, create_store_engine, upgrade_to_head
+from sqlalchemy.engine import make_url
 
 BASE_US = 1_790_000_000_000_000  # 2026-09-21, a fixed "now" for created_at
 

@@ -8,14 +8,14 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import text
-
-from gearshift.common.v1.common_pb2 import Checkpoint, Reward
+from gearshift.api.common.v1.common_pb2 import Checkpoint, Reward
 from gearshift.errors import AlreadyExists, NotFound
 from gearshift.storage import Keyset, TrajectoryFilter, TrajectoryRepository, upgrade_to_head
 from gearshift.storage.database import alembic_config
 from gearshift.storage.models import Base
 from gearshift.storage.repository import Correctness
+from sqlalchemy import text
+
 from tests.libs.storage.helpers import BASE_US, make_trajectory
 
 

@@ -1,9 +1,8 @@
 """A tiny random checkpoint with the real SmolLM2 tokenizer, made once per session."""
 
 import pytest
-from transformers import AutoTokenizer
-
 from gearshift.training.tiny import tiny_checkpoint
+from transformers import AutoTokenizer
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,7 @@
 """Checkpoints reload in the policy server's loader with the trained weights."""
 
 import torch
-
-from gearshift.services.policy_server import weights
+from gearshift import weights
 from gearshift.training import checkpoints
 from gearshift.training.config import ModelConfig, OptimConfig
 from gearshift.training.runtime import build_optimizer

@@ -2,6 +2,7 @@
 
 from gearshift.protocol import a2fm
 from gearshift.training import tokenization
+
 from tests.libs.training.trajectories import TOOL_CALL, forced_agentic, routed_instant
 
 

@@ -1,6 +1,6 @@
 """Literal trajectories for the training tests: one the model routed, one forced with a tool call."""
 
-from gearshift.common.v1.common_pb2 import (
+from gearshift.api.common.v1.common_pb2 import (
     Mode,
     PlanDecision,
     Reward,

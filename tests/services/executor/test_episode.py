@@ -10,14 +10,13 @@ import uuid
 
 import grpc
 import pytest
-
+from gearshift.api.common.v1.common_pb2 import Mode, PlanDecision, RoutingStrategy, TrajectoryStatus
+from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
+from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
-from gearshift.common.v1.common_pb2 import Mode, PlanDecision, RoutingStrategy, TrajectoryStatus
-from gearshift.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.protocol import a2fm
-from gearshift.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.testing.scripted_policy import serve_scripted
-from gearshift.testing.stack import inprocess_stack
+from gearshift.embedded import embedded
 
 CALLS = (
     "I will compute it.\n<tool_call>\n"
@@ -50,8 +49,9 @@ def scripted_model(body: dict) -> str:
 @pytest.fixture
 async def stack(settings, postgres_url):
     async with serve_scripted(scripted_model) as policy_url:
-        base = settings.model_copy(update={"policy_url": policy_url, "database_url": postgres_url})
-        async with inprocess_stack(base) as running:
+        base = settings.with_policy(policy_url).model_copy(update={"database_url": postgres_url})
+        async with embedded(base) as platform:
+            running = platform.settings
             yield running
 
 

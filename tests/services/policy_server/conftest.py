@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
-from gearshift.services.policy_server import weights
+from gearshift import weights
 from gearshift.services.policy_server.server import running
-from gearshift.settings import PolicySettings, Settings
+from gearshift.settings import PolicyServerSettings, Settings
 
 
 @pytest.fixture(scope="session")
@@ -26,8 +25,8 @@ def tokenizer(tiny_checkpoints):
 
 def policy_settings(tmp_path, checkpoint, **policy) -> Settings:
     """Settings for a server on a free port serving checkpoint with one thread."""
-    section = PolicySettings(model=str(checkpoint), port=0, threads=1, max_tokens_cap=3000, **policy)
-    return Settings(data_dir=tmp_path, metrics_port=0, log_level="WARNING", policy=section)
+    section = PolicyServerSettings(model=str(checkpoint), port=0, threads=1, max_tokens_cap=3000, **policy)
+    return Settings(data_dir=tmp_path, metrics_port=0, log_level="WARNING", policy_server=section)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,6 @@ import json
 
 import httpx
 import pytest
-
 from gearshift.policy_client import PolicyClient
 
 PROMPT = "The quick brown fox"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-
 from gearshift.services.policy_server.generation import SamplingParams, pick_token
 
 LOGITS = torch.tensor([1.0, 3.0, 2.9, -5.0])

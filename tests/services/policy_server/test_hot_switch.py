@@ -4,10 +4,10 @@ old one; and the admin and API tokens guard what they should."""
 from __future__ import annotations
 
 import httpx
-from pydantic import SecretStr
-
 from gearshift.policy_client import PolicyClient
 from gearshift.services.policy_server.server import running
+from pydantic import SecretStr
+
 from tests.services.policy_server.conftest import policy_settings
 
 PROMPT = "Once upon a time"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from gearshift.services.policy_server.parsing import OutputSplitter, parse_tool_block, split_output
 
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 import shutil
 
 import pytest
-
+from gearshift import weights
 from gearshift.policy_client import PolicyClient
-from gearshift.services.policy_server import weights
 from gearshift.services.policy_server.server import running
-from gearshift.settings import PolicySettings, Settings
+from gearshift.settings import PolicyServerSettings, Settings
 
 pytestmark = pytest.mark.model
 
@@ -19,7 +18,7 @@ async def test_smollm2_knows_paris_and_switches_checkpoints_under_3_seconds(tmp_
     data_dir = Settings().data_dir  # the model cache is shared across runs; everything else is temporary
     cached = weights.cache_smollm2(data_dir / "models")
     copy = shutil.copytree(cached, tmp_path / "checkpoint-copy")
-    settings = Settings(data_dir=data_dir, log_level="WARNING", policy=PolicySettings(port=0, threads=2))
+    settings = Settings(data_dir=data_dir, log_level="WARNING", policy_server=PolicyServerSettings(port=0, threads=2))
     async with running(settings) as server, PolicyClient(server.base_url, "smollm2", timeout=300) as client:
         answer = await client.chat([{"role": "user", "content": "What is the capital of France?"}], max_tokens=40)
         assert "Paris" in answer.content and answer.finish_reason == "stop"

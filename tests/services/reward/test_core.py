@@ -8,6 +8,7 @@ import time
 
 from gearshift.rewards import verifiers
 from gearshift.services.reward.core import RewardScorer
+
 from tests.libs.rewards.trajectories import INSTANT, rollout
 
 

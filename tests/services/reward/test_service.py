@@ -7,14 +7,14 @@ import math
 
 import grpc
 import pytest
-from pydantic import SecretStr
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
+from gearshift.api.common.v1.common_pb2 import TokenUsage, Trajectory
+from gearshift.api.reward.v1 import reward_pb2, reward_pb2_grpc
 from gearshift.clients import channel
-from gearshift.common.v1.common_pb2 import TokenUsage, Trajectory
-from gearshift.reward.v1 import reward_pb2, reward_pb2_grpc
 from gearshift.server import running
 from gearshift.services.reward.service import FULL_NAME, build
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from pydantic import SecretStr
+
 from tests.libs.rewards.chat_server import scripted_chat_server
 from tests.libs.rewards.test_formulas import apo_group
 from tests.libs.rewards.trajectories import AGENTIC, INSTANT, REASONING, rollout, with_tool_results
@@ -179,12 +179,9 @@ async def test_the_judge_when_enabled(settings):
         return f'{{"rationale": "compared with Paris", "judgement": "{verdict}"}}'
 
     with scripted_chat_server(respond) as (url, requests):
+        client = settings.policy_client.model_copy(update={"url": url, "api_key": SecretStr("policy-key")})
         judged = settings.model_copy(
-            update={
-                "policy_url": url,
-                "policy": settings.policy.model_copy(update={"api_key": SecretStr("policy-key")}),
-                "reward": settings.reward.model_copy(update={"judge_enabled": True}),
-            }
+            update={"policy_client": client, "reward": settings.reward.model_copy(update={"judge_enabled": True})}
         )
         group = [rollout(INSTANT, "the city of Paris"), rollout(INSTANT, "Lyon"), rollout(INSTANT, "the city of Paris")]
         async with reward_service(judged) as (stub, _):

@@ -8,18 +8,18 @@ import contextlib
 
 import grpc
 import pytest
-
+from gearshift.api.common.v1.common_pb2 import Checkpoint, RoutingStrategy
+from gearshift.api.router.v1 import router_pb2, router_pb2_grpc
+from gearshift.api.store.v1 import store_pb2
 from gearshift.clients import channel
-from gearshift.common.v1.common_pb2 import Checkpoint, RoutingStrategy
-from gearshift.jobs.router.config import RouterTrainingConfig
-from gearshift.jobs.router.trainer import RouterTrainer
+from gearshift.jobs.router.config import RouterConfig
+from gearshift.jobs.router.trainer import train_async
 from gearshift.protocol import a2fm
-from gearshift.router.v1 import router_pb2, router_pb2_grpc
 from gearshift.routing.registry import publish
 from gearshift.server import running
 from gearshift.services.router.service import build
 from gearshift.settings import LearnedRouterSettings
-from gearshift.store.v1 import store_pb2
+
 from tests.libs.routing.synthetic import AGENTIC, INSTANT, REASONING, SUITE, put, running_store, world
 
 LEARNED = RoutingStrategy.ROUTING_STRATEGY_LEARNED
@@ -28,8 +28,9 @@ FACT = "What is the capital of Peru?"
 
 
 async def train(settings, version: str, embedding: str = "static") -> None:
-    config = RouterTrainingConfig(task_source=SUITE, version=version, embedding=embedding, bootstrap_samples=50)
-    await RouterTrainer(config, settings).run()
+    config = RouterConfig(task_source=SUITE, embedding=embedding, bootstrap_samples=50, store_addr=settings.store_addr,
+                          output={"dir": settings.data_dir / "routers" / version, "checkpoint_id": version})
+    await train_async(config)
 
 
 @contextlib.asynccontextmanager

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import grpc
 import pytest
-
+from gearshift.api.common.v1.common_pb2 import Mode, RoutingStrategy
+from gearshift.api.router.v1 import router_pb2, router_pb2_grpc
 from gearshift.clients import channel
-from gearshift.common.v1.common_pb2 import Mode, RoutingStrategy
-from gearshift.router.v1 import router_pb2, router_pb2_grpc
 from gearshift.server import running
 from gearshift.services.router.service import build
 from gearshift.settings import RouterSettings
@@ -18,7 +17,7 @@ from gearshift.testing.scripted_policy import serve_scripted
 
 async def route(settings, respond, **request) -> router_pb2.RouteResponse:
     async with serve_scripted(respond) as url:
-        configured = settings.model_copy(update={"policy_url": url, "router": RouterSettings(max_attempts=3)})
+        configured = settings.with_policy(url).model_copy(update={"router": RouterSettings(max_attempts=3)})
         async with running(await build(configured), configured) as server, channel(f"127.0.0.1:{server.port}", configured) as ch:
             return await router_pb2_grpc.RouterStub(ch).Route(router_pb2.RouteRequest(**request))
 

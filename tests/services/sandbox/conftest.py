@@ -6,10 +6,9 @@ import json
 import os
 
 import pytest
-
+from gearshift.api.common.v1.common_pb2 import ToolCall, ToolResult
+from gearshift.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from gearshift.clients import channel
-from gearshift.common.v1.common_pb2 import ToolCall, ToolResult
-from gearshift.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from gearshift.server import running
 from gearshift.services.sandbox.service import build
 from gearshift.settings import SandboxSettings, Settings

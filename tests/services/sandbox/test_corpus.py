@@ -7,7 +7,6 @@ import math
 
 import pytest
 from click.testing import CliRunner
-
 from gearshift.cli import main
 from gearshift.services.sandbox.corpus import (
     Corpus,

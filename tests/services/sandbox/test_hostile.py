@@ -15,10 +15,10 @@ from typing import Callable
 
 import grpc
 import pytest
-
-from gearshift.common.v1.common_pb2 import ToolCall, ToolResult
-from gearshift.sandbox.v1 import sandbox_pb2
+from gearshift.api.common.v1.common_pb2 import ToolCall, ToolResult
+from gearshift.api.sandbox.v1 import sandbox_pb2
 from gearshift.services.sandbox import core
+
 from tests.services.sandbox.conftest import SERVICE_SECRET, run_python
 
 SERVICE_PID = os.getpid()  # the sandbox service runs inside the test process

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from gearshift.services.sandbox.pages import host_allowed, readable_text, truncate_tokens
 from gearshift.services.sandbox.workers import SpawnError, UidAllocator, _collect, _Collected
 

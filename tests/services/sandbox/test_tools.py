@@ -12,12 +12,12 @@ from pathlib import Path
 
 import grpc
 import pytest
-from prometheus_client import REGISTRY
-
+from gearshift.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from gearshift.clients import channel
-from gearshift.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from gearshift.server import running
 from gearshift.services.sandbox.service import build
+from prometheus_client import REGISTRY
+
 from tests.services.sandbox.conftest import call, run_python, sandbox_settings
 
 
@@ -235,7 +235,7 @@ def site():
 async def test_allowlisted_pages_are_fetched_as_readable_text_and_summarised(tmp_path, site):
     # The loopback site stands in for the web and for the policy's chat-completions endpoint.
     settings = sandbox_settings(tmp_path, url_allowlist=["127.0.0.1"], warm_workers=0, summarize_pages=True)
-    settings = settings.model_copy(update={"policy_url": f"{site}/v1"})
+    settings = settings.with_policy(f"{site}/v1")
     async with running(await build(settings), settings) as server:
         async with channel(f"127.0.0.1:{server.port}", settings) as ch:
             stub = sandbox_pb2_grpc.SandboxStub(ch)

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
-
+from gearshift.api.store.v1 import store_pb2_grpc
 from gearshift.clients import channel
 from gearshift.server import running
 from gearshift.services.store.service import build
 from gearshift.settings import Settings
 from gearshift.storage import TrajectoryRepository, create_store_engine
-from gearshift.store.v1 import store_pb2_grpc
+
 from tests.libs.storage.helpers import migrated_postgres_url, store_database_url  # noqa: F401
 
 

@@ -6,15 +6,15 @@ import math
 
 import grpc
 import pytest
-from google.protobuf.timestamp_pb2 import Timestamp
-from pydantic import SecretStr
-
+from gearshift.api.common.v1.common_pb2 import Reward, Trajectory, TrajectoryStatus
+from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
-from gearshift.common.v1.common_pb2 import Reward, Trajectory, TrajectoryStatus
 from gearshift.server import running
 from gearshift.services.store.service import FULL_NAME, build
 from gearshift.settings import Limits
-from gearshift.store.v1 import store_pb2, store_pb2_grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+from pydantic import SecretStr
+
 from tests.libs.storage.helpers import BASE_US, make_trajectory
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from gearshift.api.common.v1.common_pb2 import Checkpoint, CheckpointStatus
+from gearshift.api.store.v1 import store_pb2
 
-from gearshift.common.v1.common_pb2 import Checkpoint, CheckpointStatus
-from gearshift.store.v1 import store_pb2
 from tests.libs.storage.helpers import make_trajectory
 
 CANDIDATE = CheckpointStatus.CHECKPOINT_STATUS_CANDIDATE

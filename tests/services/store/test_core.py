@@ -9,11 +9,11 @@ import time
 
 import psycopg
 import pytest
-
 from gearshift.errors import Unavailable
 from gearshift.services.store.core import TrajectoryStore
 from gearshift.settings import Settings
 from gearshift.storage import TrajectoryRepository, create_store_engine, upgrade_to_head
+
 from tests.libs.storage.helpers import libpq, make_trajectory
 
 

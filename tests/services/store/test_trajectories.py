@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from gearshift.api.common.v1.common_pb2 import Mode, Reward, TrajectoryStatus
+from gearshift.api.store.v1 import store_pb2
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from gearshift.common.v1.common_pb2 import Mode, Reward, TrajectoryStatus
-from gearshift.store.v1 import store_pb2
 from tests.libs.storage.helpers import BASE_US, make_trajectory
 
 UNKNOWN_ID = "00000000-0000-0000-0000-000000000000"

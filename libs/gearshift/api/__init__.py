@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC code, one package per proto: gearshift.api.<service>.v1 (make protos)."""

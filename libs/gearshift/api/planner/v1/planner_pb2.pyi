@@ -1,0 +1,54 @@
+from gearshift.api.common.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class BeliefState(_message.Message):
+    __slots__ = ("query", "history", "current_plan", "plan_progress")
+    QUERY_FIELD_NUMBER: _ClassVar[int]
+    HISTORY_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_PLAN_FIELD_NUMBER: _ClassVar[int]
+    PLAN_PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    query: str
+    history: _containers.RepeatedCompositeFieldContainer[_common_pb2.Turn]
+    current_plan: _common_pb2.Plan
+    plan_progress: int
+    def __init__(self, query: _Optional[str] = ..., history: _Optional[_Iterable[_Union[_common_pb2.Turn, _Mapping]]] = ..., current_plan: _Optional[_Union[_common_pb2.Plan, _Mapping]] = ..., plan_progress: _Optional[int] = ...) -> None: ...
+
+class RegulateRequest(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: BeliefState
+    def __init__(self, state: _Optional[_Union[BeliefState, _Mapping]] = ...) -> None: ...
+
+class RegulateResponse(_message.Message):
+    __slots__ = ("decision", "rationale", "usage")
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    RATIONALE_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    decision: _common_pb2.PlanDecision
+    rationale: str
+    usage: _common_pb2.TokenUsage
+    def __init__(self, decision: _Optional[_Union[_common_pb2.PlanDecision, str]] = ..., rationale: _Optional[str] = ..., usage: _Optional[_Union[_common_pb2.TokenUsage, _Mapping]] = ...) -> None: ...
+
+class PlanRequest(_message.Message):
+    __slots__ = ("state", "max_horizon")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    MAX_HORIZON_FIELD_NUMBER: _ClassVar[int]
+    state: BeliefState
+    max_horizon: int
+    def __init__(self, state: _Optional[_Union[BeliefState, _Mapping]] = ..., max_horizon: _Optional[int] = ...) -> None: ...
+
+class PlanResponse(_message.Message):
+    __slots__ = ("plan", "text", "usage")
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    plan: _common_pb2.Plan
+    text: str
+    usage: _common_pb2.TokenUsage
+    def __init__(self, plan: _Optional[_Union[_common_pb2.Plan, _Mapping]] = ..., text: _Optional[str] = ..., usage: _Optional[_Union[_common_pb2.TokenUsage, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,144 @@
+"""Running the platform: one service, the policy server, the whole embedded stack, its health,
+the demo, and solving a question."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import sys
+
+import click
+
+from gearshift.cli import main
+from gearshift.cli.common import run_or_fail
+from gearshift.settings import get_settings
+from gearshift.topology import BY_NAME, SERVICE_NAMES
+
+
+@main.command()
+@click.argument("service", type=click.Choice(SERVICE_NAMES))
+@click.option("--port", type=int, default=None, help="gRPC port (default: GEARSHIFT_PORT or the service's own)")
+def serve(service: str, port: int | None) -> None:
+    """Run one service in the foreground until SIGTERM/SIGINT."""
+    from gearshift.server import main as serve_forever
+
+    settings = get_settings()
+    if port is not None:
+        settings = settings.model_copy(update={"port": port})
+    serve_forever(importlib.import_module(BY_NAME[service].module).build, settings)
+
+
+@main.command("serve-policy")
+@click.option("--model", default=None, help='"smollm2", "tiny" or a local checkpoint directory (default: GEARSHIFT_POLICY_SERVER__MODEL)')
+@click.option("--port", type=int, default=None, help="HTTP port (default: GEARSHIFT_POLICY_SERVER__PORT, 8400)")
+def serve_policy(model: str | None, port: int | None) -> None:
+    """Run the built-in OpenAI-compatible policy server in the foreground."""
+    from gearshift.services.policy_server.server import main as serve_policy_main
+
+    serve_policy_main(model, port)
+
+
+@main.command()
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Where the SQLite store lives")
+@click.option("--base-port", type=int, default=None, help=f"First of {len(SERVICE_NAMES) + 1} consecutive ports (services, then the policy server)")
+@click.option("--no-policy", is_flag=True, help="Do not start the built-in policy server")
+def up(data_dir: str | None, base_port: int | None, no_policy: bool) -> None:
+    """Start every service on localhost; Ctrl-C stops them all."""
+    from gearshift.stack import Stack
+
+    stack = Stack(get_settings(), data_dir=data_dir, base_port=base_port, with_policy=not no_policy)
+    sys.exit(stack.run_foreground())
+
+
+@main.command()
+@click.option("--timeout", type=float, default=2.0, help="Seconds to wait for each service")
+def status(timeout: float) -> None:
+    """Check each service's gRPC health and the policy server's."""
+    from gearshift.stack import check_health, policy_health
+
+    settings = get_settings()
+    results = asyncio.run(check_health(settings, timeout))
+    results["policy"] = (settings.policy_client.url, policy_health(settings.policy_client.url))
+    width = max(map(len, results))
+    for name, (address, state) in results.items():
+        click.echo(f"{name:<{width}}  {address:<22} {state}")
+    sys.exit(0 if all(state == "SERVING" for _, state in results.values()) else 1)
+
+
+@main.group()
+def corpus() -> None:
+    """Manage the sandbox's search corpus."""
+
+
+@corpus.command("add")
+@click.argument("path", type=click.Path(exists=True))
+def corpus_add(path: str) -> None:
+    """Ingest a text, Markdown or JSONL file (or a folder of them) into the corpus."""
+    from gearshift.services.sandbox.corpus import CorpusError, ingest
+
+    try:
+        click.echo(ingest(path, get_settings()))
+    except CorpusError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@main.command()
+@click.argument("question")
+@click.option("--mode", type=click.Choice(["auto", "instant", "reasoning", "agentic"]), default="auto", show_default=True)
+@click.option("--reference", default="", help="Reference answer; the trajectory is then scored")
+@click.option("--max-steps", type=int, default=0, help="Turn budget (0 = the mode's default)")
+@click.option("--json", "as_json", is_flag=True, help="Print the stored trajectory as JSON instead of the live view")
+def solve(question: str, mode: str, reference: str, max_steps: int, as_json: bool) -> None:
+    """Answer a question through the executor, showing mode, plan, tool calls and answer live."""
+    from rich.console import Console
+
+    from gearshift import console as view
+    from gearshift.api.executor.v1 import executor_pb2
+
+    request = executor_pb2.SolveRequest(
+        query=question, mode=view.MODE_BY_NAME[mode], reference_answer=reference, budget=executor_pb2.Budget(max_steps=max_steps)
+    )
+    out = Console()
+    trajectory = run_or_fail(view.solve(get_settings(), request, None if as_json else view.LiveView(out)))
+    if as_json:
+        click.echo(view.as_json(trajectory))
+    else:
+        out.print(view.summary_table(trajectory))
+        out.print(f"trajectory {trajectory.id}")
+
+
+DEMO_QUESTIONS = (
+    ("What is the capital of France?", "auto", "Paris"),
+    ("What is 17*23?", "agentic", "391"),
+    ("Tom has 3 boxes of 12 apples and eats 5. How many apples are left?", "reasoning", "31"),
+)
+
+
+@main.command()
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Where the SQLite store lives")
+@click.option("--base-port", type=int, default=None, help=f"First of {len(SERVICE_NAMES) + 1} consecutive ports")
+def demo(data_dir: str | None, base_port: int | None) -> None:
+    """Start the embedded stack, solve a few example questions live, then stop it."""
+    from rich.console import Console
+
+    from gearshift import console as view
+    from gearshift.api.executor.v1 import executor_pb2
+    from gearshift.stack import Stack
+
+    out = Console()
+    stack = Stack(get_settings(), data_dir=data_dir, base_port=base_port)
+    stack.start()
+    try:
+        results = stack.wait_ready()
+        down = [name for name, (_, state) in results.items() if state != "SERVING"]
+        if down:
+            raise click.ClickException(f"not ready: {', '.join(down)}")
+        settings = stack.client_settings()
+        for question, mode, reference in DEMO_QUESTIONS:
+            out.rule(f"{question}  [dim](mode {mode}, reference {reference})[/]")
+            request = executor_pb2.SolveRequest(query=question, mode=view.MODE_BY_NAME[mode], reference_answer=reference)
+            trajectory = asyncio.run(view.solve(settings, request, view.LiveView(out)))
+            out.print(view.summary_table(trajectory))
+        out.print(f"stored in {stack.data_dir / 'store.db'}; read them with `gearshift trajectories list`")
+    finally:
+        stack.stop()

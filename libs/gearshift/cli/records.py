@@ -1,0 +1,86 @@
+"""Reading what the store holds: trajectories and checkpoints; publishing a checkpoint."""
+
+from __future__ import annotations
+
+import click
+
+from gearshift.cli import main
+from gearshift.cli.common import store_call
+from gearshift.settings import get_settings
+
+
+@main.group()
+def trajectories() -> None:
+    """Read stored trajectories."""
+
+
+@trajectories.command("list")
+@click.option("--limit", type=int, default=20, show_default=True)
+@click.option("--mode", type=click.Choice(["instant", "reasoning", "agentic"]), default=None)
+@click.option("--source", default="", help="Only this task source")
+def trajectories_list(limit: int, mode: str | None, source: str) -> None:
+    """List the newest trajectories."""
+    from rich.console import Console
+
+    from gearshift import console as view
+    from gearshift.api.store.v1 import store_pb2
+
+    query = store_pb2.QueryRequest(
+        filter=store_pb2.TrajectoryFilter(modes=[view.MODE_BY_NAME[mode]] if mode else [], task_source=source), page_size=limit
+    )
+    page = store_call(lambda stub: stub.Query(query))
+    Console().print(view.trajectories_table(list(page.trajectories)))
+
+
+@trajectories.command("show")
+@click.argument("trajectory_id")
+@click.option("--json", "as_json", is_flag=True, help="The whole trajectory as JSON")
+def trajectories_show(trajectory_id: str, as_json: bool) -> None:
+    """Show one trajectory: its transcript and its figures."""
+    from rich.console import Console
+
+    from gearshift import console as view
+    from gearshift.api.store.v1 import store_pb2
+    from gearshift.protocol.a2fm import render_transcript
+
+    trajectory = store_call(lambda stub: stub.Get(store_pb2.GetRequest(id=trajectory_id))).trajectory
+    if as_json:
+        click.echo(view.as_json(trajectory))
+        return
+    out = Console()
+    out.print(f"[bold]query[/] {trajectory.query}")
+    out.print(render_transcript(trajectory), markup=False, highlight=False)
+    out.print(view.summary_table(trajectory))
+
+
+@main.group()
+def checkpoints() -> None:
+    """The checkpoint registry: policies and routers with their lineage and figures."""
+
+
+@checkpoints.command("list")
+@click.option("--kind", type=click.Choice(["policy", "router"]), default=None, help="Only this kind")
+@click.option("--limit", type=int, default=20, show_default=True)
+def checkpoints_list(kind: str | None, limit: int) -> None:
+    """Checkpoints, newest first, with status and key figures."""
+    from gearshift.api.common.v1.common_pb2 import CheckpointStatus
+    from gearshift.api.store.v1 import store_pb2
+
+    reply = store_call(lambda stub: stub.ListCheckpoints(store_pb2.ListCheckpointsRequest(kind=kind or "", limit=limit)))
+    shown = ("accuracy", "cost_of_pass", "routing_accuracy", "learned_accuracy", "train/final_loss")
+    for checkpoint in reply.checkpoints:
+        status = CheckpointStatus.Name(checkpoint.status).removeprefix("CHECKPOINT_STATUS_")
+        metrics = checkpoint.eval_metrics
+        figures = ", ".join(f"{k} {metrics[k]:.3g}" for k in shown if k in metrics)
+        click.echo(f"{checkpoint.id}  {checkpoint.kind:<6}  {status:<9}  {figures}")
+
+
+@checkpoints.command("publish")
+@click.argument("checkpoint_id")
+def checkpoints_publish(checkpoint_id: str) -> None:
+    """Make serving use a checkpoint: a policy through the configured publish target, a router
+    through the registry (router services load it within their poll interval)."""
+    from gearshift.cli.common import run_or_fail
+    from gearshift.orchestration.steps import publish
+
+    click.echo(run_or_fail(publish(get_settings(), checkpoint_id)))

