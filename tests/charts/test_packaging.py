@@ -21,7 +21,6 @@ DOCKERFILES = sorted((ROOT / "docker").glob("*Dockerfile"))
 SKAFFOLD = yaml.safe_load((ROOT / "skaffold.yaml").read_text())
 PROFILES = [None, *(profile["name"] for profile in SKAFFOLD["profiles"])]
 PINNED_BASE = re.compile(r"^[\w./-]+:v?\d+(\.\d+)+[\w.-]*$")  # a full version, never latest or a bare major
-needs_helm = pytest.mark.skipif(find_helm() is None, reason="helm not found: run scripts/install-k8s-tools.sh")
 
 
 @dataclass
@@ -203,7 +202,6 @@ def injected_values(profile: str | None) -> tuple[tuple[str, ...], tuple[str, ..
     return files, tuple(sets)
 
 
-@needs_helm
 @pytest.mark.parametrize("profile", PROFILES, ids=str)
 def test_skaffold_builds_every_gearshift_image_the_chart_uses_and_no_other(profile):
     files, sets = injected_values(profile)
@@ -221,8 +219,7 @@ def test_install_script_is_idempotent_once_the_tools_are_there(tmp_path):
     assert os.access(script, os.X_OK)
     helm = find_helm()
     kubectl = ROOT / ".tools" / "bin" / "kubectl"
-    if helm is None or not kubectl.exists():
-        pytest.skip("helm/kubectl not installed yet: run scripts/install-k8s-tools.sh")
+    assert kubectl.exists(), "kubectl is not installed: run scripts/install-k8s-tools.sh (make tools)"
     for tool, source in (("helm", helm), ("kubectl", kubectl)):
         (tmp_path / tool).symlink_to(source)
     result = subprocess.run(["bash", str(script)], env={**os.environ, "TOOLS_BIN": str(tmp_path)}, capture_output=True, text=True, timeout=60)

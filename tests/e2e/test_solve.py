@@ -9,8 +9,8 @@ import pytest
 from gearshift.api.common.v1.common_pb2 import Mode, RoutingStrategy, Trajectory, TrajectoryStatus
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.clients import channel
-from gearshift.settings import ExecutorSettings, PlannerSettings, RouterSettings
 from gearshift.embedded import embedded
+from gearshift.settings import ExecutorSettings, PlannerSettings, RouterSettings
 
 QUESTION, REFERENCE = "What is the capital of France?", "Paris"
 SMALL = {

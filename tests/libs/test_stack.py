@@ -12,7 +12,6 @@ import time
 
 import httpx
 import pytest
-
 from gearshift.topology import SERVICE_NAMES, SERVICES
 
 BASE_PORT = 56500  # one gRPC port per service from here; metrics on port + 1000

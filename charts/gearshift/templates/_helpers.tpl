@@ -130,7 +130,7 @@ dataDir (GEARSHIFT_DATA_DIR, default /var/lib/gearshift).
   value: {{ $root.Values.ports.metrics | quote }}
 - name: GEARSHIFT_DATA_DIR
   value: {{ .dataDir | default "/var/lib/gearshift" | quote }}
-{{- range $service := list "router" "planner" "executor" "sandbox" "reward" "store" }}
+{{- range $service := include "gearshift.grpcServices" $root | splitList " " }}
 - name: GEARSHIFT_{{ upper $service }}_ADDR
   value: {{ printf "%s:%v" (include "gearshift.componentName" (dict "root" $root "name" $service)) $root.Values.ports.grpc | quote }}
 {{- end }}
@@ -193,4 +193,10 @@ readinessProbe:
   periodSeconds: 5
   timeoutSeconds: 3
   failureThreshold: 2
+{{- end }}
+
+{{/* The platform's gRPC services in start order: the services table of libs/gearshift/topology.py
+(tests/charts keeps the two the same). */}}
+{{- define "gearshift.grpcServices" -}}
+store sandbox reward planner router executor
 {{- end }}

@@ -1,7 +1,7 @@
 """Cost of pass (A^2FM): total cost / correct answers, with a percentile bootstrap interval.
 
 Equivalently the expected cost of one attempt divided by the probability that an attempt is
-correct (PROTOCOLS.md section 7). With no correct answer it is +inf.
+correct (docs/protocol.md, section 7). With no correct answer it is +inf.
 """
 
 from __future__ import annotations

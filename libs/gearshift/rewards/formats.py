@@ -1,4 +1,4 @@
-"""A^2FM format validity per mode, judged on a trajectory's turn outputs (PROTOCOLS.md section 1).
+"""A^2FM format validity per mode, judged on a trajectory's turn outputs (docs/protocol.md, section 3).
 
 - instant: only <answer>...</answer>;
 - reasoning: <reasoning>...</reasoning> then <answer>...</answer>;

@@ -1,4 +1,4 @@
-"""The reward formulas as small pure functions (PROTOCOLS.md section 4).
+"""The reward formulas as small pure functions (docs/protocol.md, section 6).
 
 Ranges: correctness_reward in {0, 1}; adaptive_factor in [0, 1]; apo_reward in [0, 1];
 sr2am_reward in {0, 0.1, 0.2, 0.8, 1}.

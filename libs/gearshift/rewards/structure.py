@@ -1,5 +1,5 @@
 """SR2AM structure validity: every agentic turn carries one plan block that parses
-(PROTOCOLS.md section 3).
+(docs/protocol.md, section 4).
 
     Plan:
     - Current State: ...

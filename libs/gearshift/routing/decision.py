@@ -1,7 +1,7 @@
 """The cost-aware decision: the mode with the lowest expected cost of pass.
 
 expected cost of pass(mode) = expected cost of one attempt in that mode / P(correct | query, mode)
-(PROTOCOLS.md section 7, per query). Only modes whose predicted accuracy reaches the floor
+(docs/protocol.md, sections 7 and 8, per query). Only modes whose predicted accuracy reaches the floor
 compete; when none does, the most likely mode wins. Ties go to the cheaper mode.
 """
 

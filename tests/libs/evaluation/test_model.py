@@ -10,10 +10,10 @@ import pytest
 from gearshift.api.common.v1.common_pb2 import TrajectoryStatus
 from gearshift.api.store.v1 import store_pb2_grpc
 from gearshift.clients import channel
+from gearshift.embedded import embedded
 from gearshift.evaluation.harness import evaluate
 from gearshift.evaluation.report import fetch_run
 from gearshift.settings import ExecutorSettings, RouterSettings
-from gearshift.embedded import embedded
 
 TINY = {
     "executor": ExecutorSettings(max_tokens_per_turn=16, max_steps_agentic=1, max_steps_other=1),

@@ -19,9 +19,9 @@ from gearshift.api.common.v1.common_pb2 import (
 )
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
+from gearshift.embedded import embedded
 from gearshift.evaluation.report import build_report, compare, fetch_run, pass_at_k, write_report
 from gearshift.evaluation.runner import trajectory_id, verifier_name
-from gearshift.embedded import embedded
 
 SUITE = "hand"
 COMPLETED, CANCELLED = TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED, TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED

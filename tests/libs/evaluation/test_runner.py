@@ -12,11 +12,11 @@ from gearshift.api.common.v1.common_pb2 import Mode, RoutingStrategy, Trajectory
 from gearshift.api.executor.v1 import executor_pb2_grpc
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
+from gearshift.embedded import embedded
 from gearshift.evaluation.harness import evaluate
 from gearshift.evaluation.runner import parse_modes, trajectory_id
 from gearshift.evaluation.suites import get_suite
 from gearshift.testing.scripted_policy import serve_scripted
-from gearshift.embedded import embedded
 
 
 def always_42(body: dict) -> str:

@@ -6,14 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import kubernetes_validate
-import pytest
 import yaml
 from gearshift.api.common.v1.common_pb2 import Checkpoint
 from gearshift.orchestration.publishing import CHECKPOINT_ANNOTATION, deployment_patch
 from gearshift.orchestration.runners import RunSpec, build_config_map, build_job, to_manifest
 from gearshift.settings import KubernetesSettings
 
-from tests.charts.k8s import KUBE_VERSION, find_helm, named, render
+from tests.charts.k8s import KUBE_VERSION, named, render
 
 SPEC = RunSpec(name="gearshift-sft-0123abcd", job="sft", config={"optim": {"max_steps": 2}}, output_dir=Path("/checkpoints/x"))
 GPU_NODES = {
@@ -56,7 +55,6 @@ def test_config_map_carries_the_config_file():
     assert yaml.safe_load(config_map["data"]["config.yaml"]) == SPEC.config
 
 
-@pytest.mark.skipif(find_helm() is None, reason="helm is not installed (scripts/install-k8s-tools.sh)")
 def test_job_from_the_charts_template(tmp_path):
     """The worker's template comes from the chart's training-job ConfigMap: the run's Job keeps
     the chart's pod (image, GPUs, claim) and gets its own name, args and config ConfigMap."""

@@ -13,9 +13,9 @@ from gearshift import weights
 from gearshift.api.common.v1.common_pb2 import CheckpointStatus
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
+from gearshift.embedded import embedded
 from gearshift.orchestration.loop import QUICK_CONFIG, run_round
 from gearshift.settings import Settings
-from gearshift.embedded import embedded
 
 # About 90 s on an idle 2-core machine; the limit leaves room for a shared, loaded one.
 pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.timeout(900)]

@@ -16,11 +16,11 @@ import pytest
 from gearshift.api.common.v1.common_pb2 import Checkpoint, CheckpointStatus, Mode, Trajectory, TrajectoryStatus, Turn
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
+from gearshift.embedded import embedded
 from gearshift.orchestration.app import create_app
 from gearshift.services.policy_server.server import running
 from gearshift.settings import PolicyServerSettings, Settings
 from gearshift.storage.models import job_runs
-from gearshift.embedded import embedded
 from sqlalchemy import select
 
 pytestmark = pytest.mark.slow

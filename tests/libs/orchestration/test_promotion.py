@@ -9,9 +9,9 @@ import pytest
 from gearshift.api.common.v1.common_pb2 import Checkpoint, CheckpointStatus
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
+from gearshift.embedded import embedded
 from gearshift.orchestration import steps
 from gearshift.orchestration.promotion import EvalResult, Margins, decide
-from gearshift.embedded import embedded
 
 MARGINS = Margins(accuracy=0.02, cost_of_pass=0.10)
 BASE = EvalResult(accuracy=0.50, cost_of_pass=0.0010)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from gearshift.api.common.v1.common_pb2 import Mode, Reward, RoutingStrategy, TrajectoryStatus
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
-from gearshift.orchestration import steps
 from gearshift.embedded import embedded
+from gearshift.orchestration import steps
 
 from tests.libs.rewards.trajectories import rollout
 

@@ -14,9 +14,9 @@ from gearshift.api.common.v1.common_pb2 import Mode, PlanDecision, RoutingStrate
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
+from gearshift.embedded import embedded
 from gearshift.protocol import a2fm
 from gearshift.testing.scripted_policy import serve_scripted
-from gearshift.embedded import embedded
 
 CALLS = (
     "I will compute it.\n<tool_call>\n"
