@@ -407,6 +407,20 @@ class PolicyClient:
         return response
 
 
+def sampling_options(sampling=None) -> dict:
+    """temperature and top_p of a policy call for a common.v1.Sampling; None: greedy."""
+    if sampling is None:
+        return {"temperature": 0.0, "top_p": 1.0}
+    if not (sampling.temperature >= 0 and 0 <= sampling.top_p <= 1):
+        raise InvalidArgument(f"sampling needs temperature >= 0 and top_p in [0, 1], got {sampling.temperature}, {sampling.top_p}")
+    return {"temperature": sampling.temperature, "top_p": sampling.top_p or 1.0}
+
+
+def requested_sampling(request):
+    """The request's sampling field, or None when the caller left it unset."""
+    return request.sampling if request.HasField("sampling") else None
+
+
 def _tool_fields(tools: list[dict] | None, tool_choice: str | dict | None) -> dict:
     """The chat body's tool fields, left out when not given (some servers reject nulls)."""
     return ({"tools": tools} if tools else {}) | ({"tool_choice": tool_choice} if tool_choice is not None else {})

@@ -13,8 +13,8 @@ from typing import Literal
 from pydantic import BaseModel, Field, SecretStr, create_model, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gearshift.training.jobs import POLICY_JOBS
 from gearshift.topology import BY_NAME, METRICS_PORT_OFFSET, POLICY_PORT, SERVICES
+from gearshift.training.jobs import POLICY_JOBS
 
 
 class PriceTable(BaseModel):

@@ -21,6 +21,7 @@ from gearshift.api.common.v1.common_pb2 import (
     PlanDecision,
     PlanningStats,
     RoutingStrategy,
+    Sampling,
     TokenUsage,
     ToolCall,
     ToolResult,
@@ -71,6 +72,8 @@ class EpisodeState:
     """What is known so far; becomes the stored trajectory."""
 
     trajectory: Trajectory
+    sampling: Sampling  # how the policy's turns sample
+    explore: Sampling | None  # the caller's sampling for routing and planning too; None: greedy
     transcript: str = ""  # the assistant turn so far
     plan: Plan = field(default_factory=Plan)
     plan_progress: int = 0
@@ -81,14 +84,25 @@ class EpisodeState:
         usage = self.trajectory.usage
         return usage.input_tokens + usage.output_tokens
 
+    def account(self, turn: Turn | None, input_tokens: int, output_tokens: int) -> None:
+        """Counts one model call's tokens: the trajectory's usage (priced, and held against the
+        token budget) is the sum of every call of the episode; a turn's, of its own calls."""
+        for usage in (self.trajectory.usage, turn.usage if turn is not None else None):
+            if usage is not None:
+                usage.input_tokens += input_tokens
+                usage.output_tokens += output_tokens
+
+    def inject(self, turn: Turn, text: str) -> None:
+        """Writes platform text into the turn (an opener the model continues from); the turn
+        records where, so training masks it and the stored turn still replays exactly."""
+        start = len(turn.output)
+        turn.output += text
+        self.transcript += text
+        turn.injected_spans.extend((start, len(turn.output)))
+
 
 def event(turn: int, **kind) -> executor_pb2.SolveEvent:
     return executor_pb2.SolveEvent(turn=turn, **kind)
-
-
-def add_usage(total: TokenUsage, input_tokens: int, output_tokens: int) -> None:
-    total.input_tokens += input_tokens
-    total.output_tokens += output_tokens
 
 
 class EpisodeRunner:
@@ -130,14 +144,14 @@ class EpisodeRunner:
         yield event(ROUTING_TURN, final=executor_pb2.Final(trajectory=state.trajectory))
 
     async def _run(self, request, state: EpisodeState, budget: Budget) -> AsyncIterator[executor_pb2.SolveEvent]:
-        route = await self.down.router.Route(
-            router_pb2.RouteRequest(query=request.query, strategy=request.strategy, forced_mode=request.mode)
-        )
+        route = await self.down.router.Route(router_pb2.RouteRequest(
+            query=request.query, strategy=request.strategy, forced_mode=request.mode, sampling=state.explore,
+        ))
         trajectory = state.trajectory
         trajectory.mode = route.mode
         trajectory.routing_strategy = route.strategy
         trajectory.routing_rationale = route.rationale
-        add_usage(trajectory.usage, route.usage.input_tokens, route.usage.output_tokens)
+        state.account(None, route.usage.input_tokens, route.usage.output_tokens)
         yield event(ROUTING_TURN, mode_chosen=executor_pb2.ModeChosen(mode=route.mode, strategy=route.strategy, rationale=route.rationale))
         state.transcript = a2fm.episode_prefix(route.mode, route.rationale)
         loop = self._agentic if route.mode == Mode.MODE_AGENTIC else self._direct
@@ -198,7 +212,7 @@ class EpisodeRunner:
 
     async def _force_answer(self, state: EpisodeState, index: int) -> AsyncIterator[executor_pb2.SolveEvent]:
         turn = Turn(index=index)
-        state.transcript += "\n<answer>"
+        state.inject(turn, a2fm.FORCED_ANSWER_OPENER)
         async for item in self._generate(state, turn, stop=["</answer>"]):
             yield item
         state.trajectory.turns.append(turn)
@@ -210,20 +224,21 @@ class EpisodeRunner:
         belief = planner_pb2.BeliefState(
             query=state.trajectory.query, history=state.trajectory.turns, current_plan=state.plan, plan_progress=state.plan_progress
         )
-        decision = await self.down.planner.Regulate(planner_pb2.RegulateRequest(state=belief))
-        add_usage(turn.usage, decision.usage.input_tokens, decision.usage.output_tokens)
+        decision = await self.down.planner.Regulate(planner_pb2.RegulateRequest(state=belief, sampling=state.explore))
+        state.account(turn, decision.usage.input_tokens, decision.usage.output_tokens)
         turn.plan_decision = decision.decision
         if decision.decision == PlanDecision.PLAN_DECISION_PLAN_NEW:
-            planned = await self.down.planner.Plan(planner_pb2.PlanRequest(state=belief))
-            add_usage(turn.usage, planned.usage.input_tokens, planned.usage.output_tokens)
+            planned = await self.down.planner.Plan(planner_pb2.PlanRequest(state=belief, sampling=state.explore))
+            state.account(turn, planned.usage.input_tokens, planned.usage.output_tokens)
             if planned.plan.steps:
                 state.plan, state.plan_progress = planned.plan, 0
                 turn.plan.CopyFrom(planned.plan)
             else:
                 turn.plan_decision = PlanDecision.PLAN_DECISION_ACT  # the planner produced nothing usable
         block, opener = plan_block(turn.plan_decision, turn.plan, first_turn=not turn.index)
-        state.transcript += block + opener
-        turn.output += block + opener  # part of the assistant's text: the stored turn replays it
+        state.transcript += block  # the agent's own reasoning (SR2AM): learned in training
+        turn.output += block
+        state.inject(turn, opener)
         return event(turn.index, plan=executor_pb2.PlanMade(decision=turn.plan_decision, plan=turn.plan))
 
     async def _generate(self, state: EpisodeState, turn: Turn, stop: list[str]) -> AsyncIterator[executor_pb2.SolveEvent]:
@@ -233,8 +248,8 @@ class EpisodeRunner:
         async for chunk in self.policy.stream_chat(
             prompts.messages(state.trajectory.query, state.transcript),
             max_tokens=remaining,
-            temperature=self.config.temperature,
-            top_p=self.config.top_p,
+            temperature=state.sampling.temperature,
+            top_p=state.sampling.top_p or 1.0,
             stop=stop,
             continue_final_message=True,
             add_generation_prompt=False,
@@ -250,8 +265,7 @@ class EpisodeRunner:
         state.transcript += output
         turn.output += output
         if usage is not None:
-            add_usage(turn.usage, usage.prompt_tokens, usage.completion_tokens)
-            add_usage(state.trajectory.usage, usage.prompt_tokens, usage.completion_tokens)
+            state.account(turn, usage.prompt_tokens, usage.completion_tokens)
 
     async def _run_tools(self, state: EpisodeState, turn: Turn, parsed: a2fm.ParsedCalls | None) -> list[ToolResult]:
         """Runs the parsed calls in parallel. Rejected calls become error results too, so the
@@ -329,10 +343,13 @@ class EpisodeRunner:
             run_id=request.run_id,
             model_version=self.model_version,
             labels=dict(request.labels),
+            purpose=request.purpose,
             created_at=created,
             usage=TokenUsage(),
         )
-        return EpisodeState(trajectory)
+        if request.HasField("sampling"):  # rollouts: every model call explores, routing and planning too
+            return EpisodeState(trajectory, request.sampling, request.sampling)
+        return EpisodeState(trajectory, Sampling(temperature=self.config.temperature, top_p=self.config.top_p), None)
 
     async def _already_stored(self, trajectory_id: str) -> Trajectory | None:
         if not trajectory_id:
@@ -350,12 +367,13 @@ class EpisodeRunner:
         trajectory = state.trajectory
         trajectory.wall_seconds = time.monotonic() - started
         trajectory.planning.CopyFrom(planning_stats(trajectory))
-        trajectory.cost.CopyFrom(self.costs.price_trajectory(trajectory))
         if score:  # an episode that ran out of budget is scored too: it has no correct answer
-            scored = await self.down.reward.Score(
+            scored = (await self.down.reward.Score(
                 reward_pb2.ScoreRequest(reference_answer=request.reference_answer, rollouts=[trajectory])
-            )
-            trajectory.reward.CopyFrom(scored.scored[0].reward)
+            )).scored[0]
+            trajectory.reward.CopyFrom(scored.reward)
+            state.account(None, scored.judge_usage.input_tokens, scored.judge_usage.output_tokens)
+        trajectory.cost.CopyFrom(self.costs.price_trajectory(trajectory))  # every model call, a judge's included
         await self.down.store.Put(store_pb2.PutRequest(trajectories=[trajectory]))
 
 

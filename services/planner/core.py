@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from gearshift.api.common.v1.common_pb2 import Plan, PlanDecision, Turn
 from gearshift.errors import InvalidArgument
-from gearshift.policy_client import PolicyClient
+from gearshift.policy_client import PolicyClient, sampling_options
 from gearshift.protocol.sr2am import parse_plan_block, render_plan
 from gearshift.settings import PlannerSettings
 
@@ -99,7 +99,8 @@ class SimulativePlanner:
         self.policy = policy
         self.config = config
 
-    async def regulate(self, belief: Belief) -> Decision:
+    async def regulate(self, belief: Belief, sampling: dict | None = None) -> Decision:
+        """The configurator's decision; sampling (temperature, top_p) defaults to greedy."""
         _check(belief)
         prompt = REGULATE_PROMPT.format(
             query=belief.query,
@@ -107,7 +108,8 @@ class SimulativePlanner:
             progress=f"{belief.progress} of {len(belief.plan.steps)}",
             last=last_result(belief.history),
         )
-        reply = await self.policy.chat([{"role": "user", "content": prompt}], max_tokens=self.config.regulate_max_tokens, temperature=0.0)
+        reply = await self.policy.chat([{"role": "user", "content": prompt}], max_tokens=self.config.regulate_max_tokens,
+                                       **(sampling or sampling_options()))
         decision = parse_decision(reply.content or "")
         usable = decision is not None and not (decision == PlanDecision.PLAN_DECISION_CONTINUE and belief.progress >= len(belief.plan.steps))
         if usable:
@@ -117,7 +119,8 @@ class SimulativePlanner:
             rationale = f"policy reply {reply.content!r:.40} was not a usable decision; rule chose {PlanDecision.Name(decision)}"
         return Decision(decision, rationale, reply.usage.prompt_tokens, reply.usage.completion_tokens)
 
-    async def plan(self, belief: Belief, max_horizon: int) -> PlanResult:
+    async def plan(self, belief: Belief, max_horizon: int, sampling: dict | None = None) -> PlanResult:
+        """A simulative plan of at most max_horizon steps; sampling defaults to greedy."""
         _check(belief)
         horizon = min(max_horizon or self.config.max_horizon, self.config.max_horizon)
         prompt = PLAN_PROMPT.format(query=belief.query, last=last_result(belief.history), horizon=horizon)
@@ -125,15 +128,27 @@ class SimulativePlanner:
         reply = await self.policy.chat(
             [{"role": "user", "content": prompt}, {"role": "assistant", "content": opener}],
             max_tokens=self.config.max_tokens,
-            temperature=0.0,
             stop=["<tool_call>", "<answer>"],
+            **(sampling or sampling_options()),
             continue_final_message=True,
             add_generation_prompt=False,
         )
         text = opener + (reply.content or "")
         parsed = parse_plan_block(text)
-        plan = Plan(steps=list(parsed.plan.steps)[:horizon]) if parsed else Plan()
+        plan = complete_steps(parsed.plan, horizon) if parsed else Plan()
         return PlanResult(plan, text, reply.usage.prompt_tokens, reply.usage.completion_tokens)
+
+
+def complete_steps(plan: Plan, horizon: int) -> Plan:
+    """The plan's leading steps that have a state, an action and an expected outcome, at most
+    horizon of them: a step missing one would render as a plan block SR2AM's checker rejects.
+    No usable step, no plan (the executor then acts without one)."""
+    steps = []
+    for step in list(plan.steps)[:horizon]:
+        if not (step.state and step.action and step.expected_outcome):
+            break
+        steps.append(step)
+    return Plan(steps=steps)
 
 
 def _check(belief: Belief) -> None:

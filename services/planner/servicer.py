@@ -5,6 +5,7 @@ from __future__ import annotations
 from gearshift.api.common.v1.common_pb2 import TokenUsage
 from gearshift.api.planner.v1 import planner_pb2, planner_pb2_grpc
 from gearshift.errors import InvalidArgument
+from gearshift.policy_client import requested_sampling, sampling_options
 from gearshift.services.planner.core import Belief, SimulativePlanner
 from gearshift.settings import Limits
 
@@ -22,7 +23,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         return Belief(state.query, list(state.history), state.current_plan, state.plan_progress)
 
     async def Regulate(self, request: planner_pb2.RegulateRequest, context) -> planner_pb2.RegulateResponse:
-        decision = await self.planner.regulate(self._belief(request.state))
+        decision = await self.planner.regulate(self._belief(request.state), sampling_options(requested_sampling(request)))
         return planner_pb2.RegulateResponse(
             decision=decision.decision,
             rationale=decision.rationale,
@@ -32,7 +33,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
     async def Plan(self, request: planner_pb2.PlanRequest, context) -> planner_pb2.PlanResponse:
         if request.max_horizon < 0:
             raise InvalidArgument("max_horizon must not be negative")
-        result = await self.planner.plan(self._belief(request.state), request.max_horizon)
+        result = await self.planner.plan(self._belief(request.state), request.max_horizon, sampling_options(requested_sampling(request)))
         return planner_pb2.PlanResponse(
             plan=result.plan,
             text=result.text,

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from gearshift.api.common.v1.common_pb2 import Cost, Mode, Trajectory
+from gearshift.api.common.v1.common_pb2 import Cost, Mode, TokenUsage, Trajectory
 from gearshift.errors import FailedPrecondition, InvalidArgument
 from gearshift.pricing import CostTable
 from gearshift.rewards import verifiers
@@ -28,10 +28,11 @@ DEFAULT_CONFIDENCE = 0.95
 
 @dataclass(frozen=True)
 class ScoredGroup:
-    """A scored group and each rollout's cost, in rollout order."""
+    """A scored group, each rollout's cost and the tokens a judge spent on it, in rollout order."""
 
     score: GroupScore
     costs: list[Cost]
+    judge_usage: list[TokenUsage]
 
 
 class RewardScorer:
@@ -66,8 +67,11 @@ class RewardScorer:
         unique = list(dict.fromkeys(keys))
         results = await asyncio.gather(*(self._verify(question, answer, reference, name) for question, answer in unique))
         verdicts = dict(zip(unique, results))
-        correct = [verdicts[key] for key in keys]
-        return ScoredGroup(score_group(rollouts, correct, kind, name, self.config), costs)
+        correct = [verdicts[key][0] for key in keys]
+        # A judgement shared by identical answers was paid once: by the first of them.
+        first = {key: keys.index(key) for key in unique}
+        usage = [verdicts[key][1] if first[key] == index else TokenUsage() for index, key in enumerate(keys)]
+        return ScoredGroup(score_group(rollouts, correct, kind, name, self.config), costs, usage)
 
     def price(self, trajectory: Trajectory) -> Cost:
         """The trajectory's cost breakdown from the shared price table."""
@@ -93,18 +97,20 @@ class RewardScorer:
             raise InvalidArgument(f"confidence {confidence} must lie strictly between 0 and 1")
         return await asyncio.to_thread(compute_cost_of_pass, costs, correct, samples, confidence, seed)
 
-    async def _verify(self, question: str, answer: str, reference: str, name: str) -> bool:
+    async def _verify(self, question: str, answer: str, reference: str, name: str) -> tuple[bool, TokenUsage]:
+        """The verdict, and the tokens a judge spent reaching it."""
         if not answer.strip():
-            return False
+            return False, TokenUsage()
         if name == verifiers.JUDGE:
-            return (await self.judge.judge(question, answer, reference)).correct
+            verdict = await self.judge.judge(question, answer, reference)
+            return verdict.correct, TokenUsage(input_tokens=verdict.usage.prompt_tokens, output_tokens=verdict.usage.completion_tokens)
         async with self._slots:
             work = asyncio.get_running_loop().run_in_executor(self._pool, verify, answer, reference, name, self.config)
             try:
-                return await asyncio.wait_for(work, self.config.verify_timeout_seconds)
+                return await asyncio.wait_for(work, self.config.verify_timeout_seconds), TokenUsage()
             except TimeoutError:
                 log.warning("%s check gave up after %.1fs; counted incorrect", name, self.config.verify_timeout_seconds)
-                return False
+                return False, TokenUsage()
 
     def _check_group(self, reference: str, kind: str, rollouts: Sequence[Trajectory]) -> None:
         if not rollouts:

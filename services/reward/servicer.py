@@ -12,6 +12,7 @@ VERIFIERS = {
     reward_pb2.VERIFIER_UNSPECIFIED: None,
     reward_pb2.VERIFIER_MATH: verifiers.MATH,
     reward_pb2.VERIFIER_EXACT: verifiers.EXACT,
+    reward_pb2.VERIFIER_PHRASE: verifiers.PHRASE,
     reward_pb2.VERIFIER_F1: verifiers.F1,
     reward_pb2.VERIFIER_CHOICE: verifiers.CHOICE,
     reward_pb2.VERIFIER_NUMERIC: verifiers.NUMERIC,
@@ -42,8 +43,8 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
         p = scored.score.forced_instant_success_rate
         return reward_pb2.ScoreResponse(
             scored=[
-                reward_pb2.ScoredRollout(trajectory_id=rollout.id, reward=reward, cost=cost)
-                for rollout, reward, cost in zip(request.rollouts, scored.score.rewards, scored.costs)
+                reward_pb2.ScoredRollout(trajectory_id=rollout.id, reward=reward, cost=cost, judge_usage=usage)
+                for rollout, reward, cost, usage in zip(request.rollouts, scored.score.rewards, scored.costs, scored.judge_usage)
             ],
             forced_instant_success_rate=NO_RATE if p is None else p,
         )

@@ -9,7 +9,7 @@ from typing import Protocol
 
 from gearshift.api.common.v1.common_pb2 import RoutingStrategy
 from gearshift.errors import FailedPrecondition, InvalidArgument
-from gearshift.policy_client import PolicyClient
+from gearshift.policy_client import PolicyClient, sampling_options
 from gearshift.protocol import a2fm, prompts
 from gearshift.protocol.modes import MODE_OF, NAME_OF
 from gearshift.settings import RouterSettings
@@ -46,7 +46,8 @@ class ModeRouter:
         self.config = config
         self.learned = learned
 
-    async def route(self, query: str, strategy: int, forced_mode: int) -> ModeDecision:
+    async def route(self, query: str, strategy: int, forced_mode: int, sampling: dict | None = None) -> ModeDecision:
+        """The mode for a query; a model-routed decision samples with sampling (default greedy)."""
         if not query.strip():
             raise InvalidArgument("query is empty")
         if forced_mode and forced_mode not in NAME_OF:
@@ -63,10 +64,10 @@ class ModeRouter:
                 raise FailedPrecondition("no learned router is published; train one with `gearshift router train`")
             return await asyncio.to_thread(self.learned.decide, query)  # an embedding can take milliseconds
         if strategy == RoutingStrategy.ROUTING_STRATEGY_MODEL:
-            return await self._ask_policy(query)
+            return await self._ask_policy(query, sampling or sampling_options())
         raise InvalidArgument(f"unknown strategy {strategy}")
 
-    async def _ask_policy(self, query: str) -> ModeDecision:
+    async def _ask_policy(self, query: str, sampling: dict) -> ModeDecision:
         """The policy writes a rationale and a classification block. A reply without a known label
         is re-asked with its rationale and the block's opening prefilled, so the model only has
         to name the label; after max_attempts the configured fallback mode is used."""
@@ -77,7 +78,7 @@ class ModeRouter:
         for attempt in range(1, self.config.max_attempts + 1):
             if attempt == 1:
                 reply = await self.policy.chat(
-                    prompts.messages(query), max_tokens=self.config.max_tokens, temperature=0.0, stop=[a2fm.CLASSIFICATION_STOP]
+                    prompts.messages(query), max_tokens=self.config.max_tokens, stop=[a2fm.CLASSIFICATION_STOP], **sampling
                 )
                 text = reply.content or ""
                 rationale = text.split("<classification>")[0].strip().split("\n")[0][:RATIONALE_CHARS]
@@ -101,5 +102,5 @@ class ModeRouter:
                                     input_tokens=input_tokens, output_tokens=output_tokens, attempts=attempt)
         mode = MODE_OF[self.config.fallback_mode]
         note = f"No known label after {self.config.max_attempts} attempts; fell back to {self.config.fallback_mode}."
-        return ModeDecision(mode, RoutingStrategy.ROUTING_STRATEGY_MODEL, note, a2fm.episode_prefix(mode, note),
+        return ModeDecision(mode, RoutingStrategy.ROUTING_STRATEGY_FALLBACK, note, a2fm.episode_prefix(mode, note),
                             input_tokens=input_tokens, output_tokens=output_tokens, attempts=self.config.max_attempts)

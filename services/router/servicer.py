@@ -5,6 +5,7 @@ from __future__ import annotations
 from gearshift.api.common.v1.common_pb2 import Mode, RoutingStrategy, TokenUsage
 from gearshift.api.router.v1 import router_pb2, router_pb2_grpc
 from gearshift.errors import InvalidArgument
+from gearshift.policy_client import requested_sampling, sampling_options
 from gearshift.services.router.core import ModeRouter
 from gearshift.settings import Limits
 
@@ -21,7 +22,8 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             raise InvalidArgument(f"unknown strategy {request.strategy}")
         if request.forced_mode not in Mode.values():
             raise InvalidArgument(f"unknown mode {request.forced_mode}")
-        decision = await self.router.route(request.query, request.strategy, request.forced_mode)
+        decision = await self.router.route(request.query, request.strategy, request.forced_mode,
+                                           sampling_options(requested_sampling(request)))
         return router_pb2.RouteResponse(
             mode=decision.mode,
             strategy=decision.strategy,

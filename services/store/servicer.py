@@ -30,6 +30,7 @@ def to_filter(message: store_pb2.TrajectoryFilter) -> TrajectoryFilter:
     return TrajectoryFilter(
         modes=tuple(message.modes),
         statuses=tuple(message.statuses),
+        purposes=tuple(message.purposes),
         correctness=CORRECTNESS[message.correctness],
         min_reward=message.min_reward if message.HasField("min_reward") else None,
         max_reward=message.max_reward if message.HasField("max_reward") else None,

@@ -11,6 +11,7 @@ from gearshift.api.common.v1.common_pb2 import (
     CheckpointStatus,
     Mode,
     PlanDecision,
+    Purpose,
     Reward,
     RoutingStrategy,
     Trajectory,
@@ -26,6 +27,7 @@ MODES = frozenset(Mode.values())
 STRATEGIES = frozenset(RoutingStrategy.values())
 PLAN_DECISIONS = frozenset(PlanDecision.values())
 STATUSES = frozenset(TrajectoryStatus.values()) - {TrajectoryStatus.TRAJECTORY_STATUS_UNSPECIFIED}
+PURPOSES = frozenset(Purpose.values())
 CHECKPOINT_STATUSES = frozenset(CheckpointStatus.values())
 CHECKPOINT_KINDS = ("policy", "router")
 
@@ -90,6 +92,7 @@ def check_trajectory(trajectory: Trajectory, limits: Limits, store: StoreSetting
     check_enum(trajectory.mode, MODES, "mode")
     check_enum(trajectory.requested_mode, MODES, "requested_mode")
     check_enum(trajectory.routing_strategy, STRATEGIES, "routing_strategy")
+    check_enum(trajectory.purpose, PURPOSES, "purpose")
     for turn in trajectory.turns:
         check_enum(turn.plan_decision, PLAN_DECISIONS, f"turns[{turn.index}].plan_decision")
     for field in _LABELS:
@@ -106,6 +109,8 @@ def check_filter(flt: TrajectoryFilter, store: StoreSettings) -> None:
         check_enum(mode, MODES, "filter.modes")
     for status in flt.statuses:
         check_enum(status, STATUSES, "filter.statuses")
+    for purpose in flt.purposes:
+        check_enum(purpose, PURPOSES, "filter.purposes")
     for field in ("min_reward", "max_reward"):
         value = getattr(flt, field)
         if value is not None:

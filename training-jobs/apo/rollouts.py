@@ -7,7 +7,7 @@ import asyncio
 import uuid
 from dataclasses import dataclass
 
-from gearshift.api.common.v1.common_pb2 import Mode, Trajectory
+from gearshift.api.common.v1.common_pb2 import Mode, Purpose, Trajectory
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.api.reward.v1 import reward_pb2, reward_pb2_grpc
 from gearshift.clients import channel
@@ -44,6 +44,7 @@ def group_requests(prompt: APOPrompt, config: APOConfig, run_id: str, step: int,
             split="train",
             run_id=run_id,
             labels={**prompt.labels, "step": str(step), "sample": str(k)},
+            purpose=Purpose.PURPOSE_TRAINING,
             trajectory_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"{run_id}/{step}/{index}/{Mode.Name(mode)}/{k}")),
         )
         for mode, k in slots

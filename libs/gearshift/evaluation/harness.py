@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from gearshift.api.common.v1.common_pb2 import Purpose, Sampling
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.api.store.v1 import store_pb2_grpc
 from gearshift.clients import channel
@@ -45,8 +46,12 @@ async def evaluate(
     budget: executor_pb2.Budget | None = None,
     console: Console | None = None,
     executor=None,
+    purpose: int = Purpose.PURPOSE_EVALUATION,
+    sampling: Sampling | None = None,
 ) -> Evaluation:
     """Runs (or resumes) a suite against the stack `settings` points at, then reports it.
+    Trajectories are stored with `purpose` (evaluation unless the run makes training data or
+    serves the promotion gate).
 
     `executor` replaces the executor stub (tests count its Solve calls through a wrapper)."""
     suite = get_suite(suite_name)
@@ -57,7 +62,7 @@ async def evaluate(
     async with channel(settings.executor_addr, settings) as executor_channel, channel(settings.store_addr, settings) as store_channel:
         store = store_pb2_grpc.TrajectoryStoreStub(store_channel)
         runner = EvalRunner(executor or executor_pb2_grpc.ExecutorStub(executor_channel), store, suite, run_id,
-                            concurrency, budget, console)
+                            concurrency, budget, console, purpose, sampling)
         summary = await runner.run(items, modes, samples)
         report = build_report(await fetch_run(store, run_id), run_id)
     files = write_report(report, Path(out_dir) if out_dir else settings.data_dir / "eval" / run_id)

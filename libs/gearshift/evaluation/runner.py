@@ -21,7 +21,7 @@ import grpc
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from gearshift.api.common.v1.common_pb2 import Reward, RoutingStrategy, Trajectory, TrajectoryStatus
+from gearshift.api.common.v1.common_pb2 import Purpose, Reward, RoutingStrategy, Sampling, Trajectory, TrajectoryStatus
 from gearshift.api.executor.v1 import executor_pb2
 from gearshift.api.store.v1 import store_pb2
 from gearshift.evaluation.suites import Suite, SuiteItem
@@ -86,11 +86,13 @@ class EvalRunner:
     """Runs jobs against an executor stub and a store stub (any objects with their methods)."""
 
     def __init__(self, executor, store, suite: Suite, run_id: str, concurrency: int = 4,
-                 budget: executor_pb2.Budget | None = None, console: Console | None = None):
+                 budget: executor_pb2.Budget | None = None, console: Console | None = None,
+                 purpose: int = Purpose.PURPOSE_EVALUATION, sampling: Sampling | None = None):
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.executor, self.store, self.suite, self.run_id = executor, store, suite, run_id
         self.concurrency, self.budget, self.console = concurrency, budget, console
+        self.purpose, self.sampling = purpose, sampling
         self._unavailable = asyncio.Event()
 
     def jobs(self, items: Iterable[SuiteItem], modes: Iterable[str], samples: int) -> list[Job]:
@@ -107,6 +109,8 @@ class EvalRunner:
             split=item.split,
             run_id=self.run_id,
             labels=item.labels(job.sample) | {EVAL_MODE_LABEL: job.mode},
+            purpose=self.purpose,
+            sampling=self.sampling,
         )
         if job.mode in FORCED:
             request.mode = FORCED[job.mode]

@@ -18,11 +18,12 @@ import hashlib
 import json
 import random
 import re
-import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from gearshift.rewards.verifiers import phrase_match
 
 SPLITS = ("train", "dev", "test")
 # Share of items per split (train, dev, test), in percent.
@@ -167,30 +168,13 @@ class Facts(Family):
     def item(self, seed: int, index: int):
         row = self.rows()[self._order(seed)[index]]
         references = [row["answer"], *row.get("aliases", [])]
-        return row["question"], row["answer"], str(row["difficulty"]), lambda answer: facts_match(answer, references, self.MAX_ANSWER_WORDS)
+        return row["question"], row["answer"], str(row["difficulty"]), lambda answer: any(phrase_match(answer, ref, self.MAX_ANSWER_WORDS) for ref in references)
 
     def items(self, seed: int) -> Iterator[SuiteItem]:
         for index in range(len(self.rows())):
             question, answer, difficulty, grade = self.item(seed, index)
             item_id = f"{self.name}-s{seed}-{index:06d}"
             yield SuiteItem(item_id, question, answer, split_of(item_id), self.domain, difficulty, grade)
-
-
-def normalize_text(text: str) -> str:
-    """Lower case, accents and punctuation dropped, thousands separators removed, single spaces."""
-    text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode().lower()
-    text = re.sub(r"(?<=\d)[,_](?=\d{3})", "", text)
-    return " ".join(re.sub(r"[^a-z0-9]+", " ", text).split())
-
-
-def facts_match(answer: str, references: list[str], max_words: int) -> bool:
-    """True when one reference appears as whole words in the normalised answer, and the
-    answer is at most max_words words long."""
-    given = normalize_text(answer)
-    if not given or len(given.split()) > max_words:
-        return False
-    padded = f" {given} "
-    return any(f" {normalize_text(ref)} " in padded for ref in references if normalize_text(ref))
 
 
 def _gsm_steps(entry: dict) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import math
 
-from gearshift.api.common.v1.common_pb2 import Checkpoint, Trajectory, TrajectoryStatus
+from gearshift.api.common.v1.common_pb2 import Checkpoint, Purpose, Trajectory, TrajectoryStatus
 from gearshift.api.store.v1 import store_pb2_grpc
 from gearshift.clients import channel
 from gearshift.embedded import embedded
@@ -68,7 +68,8 @@ class GateEvaluator:
             o, run_id = self.settings.orchestration, self.run_id(checkpoint)
             async with embedded(self.settings, POLICY_CALLERS, policy_model=checkpoint.uri) as platform:
                 await evaluate(platform.settings, o.eval_suite, self.modes, o.eval_items, split=o.eval_split, run_id=run_id,
-                               concurrency=self.concurrency, out_dir=self.settings.data_dir / "eval" / run_id)
+                               concurrency=self.concurrency, out_dir=self.settings.data_dir / "eval" / run_id,
+                               purpose=Purpose.PURPOSE_GATE)
             async with channel(self.settings.store_addr, self.settings) as ch:
                 trajectories = await fetch_run(store_pb2_grpc.TrajectoryStoreStub(ch), run_id)
             self.figures[checkpoint.id] = mode_figures(trajectories, self.settings.reward) | {"run_id": run_id}

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gearshift import weights
-from gearshift.api.common.v1.common_pb2 import Checkpoint, CheckpointStatus, TrajectoryStatus
+from gearshift.api.common.v1.common_pb2 import Checkpoint, CheckpointStatus, Purpose, TrajectoryStatus
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
 from gearshift.embedded import embedded
@@ -164,7 +164,7 @@ async def run_round(settings: Settings, config: LoopConfig, console: Console | N
         with report.stage("seed", f"{suite.name} train split, {config.seed_items} items x {', '.join(config.seed_modes)} (forced)") as fig:
             seed_run = f"loop-seed-{steps.digest(suite.name, config.seed_items, config.seed_modes, config.max_tokens_per_turn, config.max_steps, base.id)}"
             seeded = await evaluate(stack, config.suite, config.seed_modes, config.seed_items, split="train", run_id=seed_run,
-                                    concurrency=1, out_dir=settings.data_dir / "eval" / seed_run)
+                                    concurrency=1, out_dir=settings.data_dir / "eval" / seed_run, purpose=Purpose.PURPOSE_TRAINING)
             fig |= {"run_id": seed_run, "episodes": seeded.summary.planned, "solved_now": seeded.summary.solved,
                     "reused": seeded.summary.skipped, "correct": sum(r.correct for r in seeded.report.modes.values())}
 

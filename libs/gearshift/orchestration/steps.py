@@ -26,6 +26,8 @@ from gearshift.orchestration.runners import Heartbeat, Runner, RunSpec
 from gearshift.rewards.scoring import APO, score_group
 from gearshift.routing.registry import ROUTER_KIND
 from gearshift.settings import Settings
+from gearshift.training.config import TRAINING_PURPOSES
+from gearshift.training.data import PURPOSES
 from gearshift.training.jobs import JOB_NAMES
 
 SCORED = -1e308  # min_reward at or above this matches every scored trajectory
@@ -95,8 +97,9 @@ async def score(settings: Settings, trajectories: list) -> int:
 
 async def count_scored_since(settings: Settings, since_us: int, enough: int) -> tuple[int, int]:
     """(how many scored trajectories were created after since_us, capped at `enough`; the
-    newest one's creation time in microseconds, or since_us when there is none)."""
-    flt = store_pb2.TrajectoryFilter(min_reward=SCORED)
+    newest one's creation time in microseconds, or since_us when there is none). Evaluation and
+    gate runs do not count: they are not new training data."""
+    flt = store_pb2.TrajectoryFilter(min_reward=SCORED, purposes=[PURPOSES[p] for p in TRAINING_PURPOSES])
     if since_us:
         flt.created_after.FromMicroseconds(since_us + 1)
     count, newest = 0, since_us

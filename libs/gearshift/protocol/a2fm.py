@@ -21,6 +21,8 @@ LABEL_OF = {mode: label for label, mode in LABELS.items()}
 
 CLASSIFICATION_STOP = "</classification>"
 STOP_WORDS = ("</tool_call>", "</answer>")
+# What the executor writes when an agentic turn ends with neither a call nor an answer.
+FORCED_ANSWER_OPENER = "\n<answer>"
 MAX_PARALLEL_CALLS = 10
 
 # The one-sentence justification injected before a forced classification block.

@@ -55,7 +55,7 @@ def plan_block(decision: int, plan: Plan, first_turn: bool) -> tuple[str, str]:
     after the first turn's block (masked in training). Serving and training both read it here."""
     block = {
         PlanDecision.PLAN_DECISION_PLAN_NEW: render_plan(plan),
-        PlanDecision.PLAN_DECISION_CONTINUE: "Plan:",
+        PlanDecision.PLAN_DECISION_CONTINUE: "Plan:\n",  # an empty plan: "Plan:" then an empty line
         PlanDecision.PLAN_DECISION_ACT: "Plan: None",
     }[decision]
     return (f"{block}\n", AGENTIC_OPENER) if first_turn else (f"\n{block}\n", "")

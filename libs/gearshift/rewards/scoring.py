@@ -40,6 +40,8 @@ def verify(answer: str, reference: str, verifier: str, config: RewardSettings) -
         return verifiers.math_match(answer, reference, config.math_max_chars)
     if verifier == verifiers.EXACT:
         return verifiers.exact_match(answer, reference)
+    if verifier == verifiers.PHRASE:
+        return verifiers.phrase_match(answer, reference)
     if verifier == verifiers.F1:
         return verifiers.f1_match(answer, reference, config.f1_threshold)
     if verifier == verifiers.CHOICE:

@@ -108,12 +108,14 @@ def _steps(fields: list[tuple[str, str]]) -> Plan:
 
 
 def check_structure(turns: Sequence[Turn]) -> FormatCheck:
-    """Whether every turn has exactly one plan block that parses, matching the turn's recorded
-    configurator decision, and continuing only a plan that was written before."""
-    if not turns:
-        return FormatCheck(False, "no turns")
+    """Whether every regulated agentic turn (one with a configurator decision) has exactly one
+    plan block that parses, matching the recorded decision, and continues only a plan that was
+    written before. Turns nobody regulated (instant and reasoning mode, an agentic episode's
+    forced-answer turn) have no plan block to check."""
     planned = False
     for position, turn in enumerate(turns):
+        if turn.plan_decision == PlanDecision.PLAN_DECISION_UNSPECIFIED:
+            continue
         try:
             blocks = parse_plan_blocks(turn.output)
         except StructureError as exc:
@@ -121,7 +123,7 @@ def check_structure(turns: Sequence[Turn]) -> FormatCheck:
         if len(blocks) != 1:
             return FormatCheck(False, f"turn {position} has {len(blocks)} plan blocks (needs one)")
         decision = blocks[0].decision
-        if turn.plan_decision not in (PlanDecision.PLAN_DECISION_UNSPECIFIED, decision):
+        if turn.plan_decision != decision:
             return FormatCheck(False, f"turn {position}: the plan block contradicts the recorded decision")
         if decision == PlanDecision.PLAN_DECISION_CONTINUE and not planned:
             return FormatCheck(False, f"turn {position} continues a plan that was never written")

@@ -18,7 +18,14 @@ from fractions import Fraction
 from math_verify import parse as math_parse
 from math_verify import verify as math_verify
 
-MATH, EXACT, F1, CHOICE, NUMERIC, JUDGE = "math", "exact", "f1", "choice", "numeric", "judge"
+MATH, EXACT, PHRASE, F1, CHOICE, NUMERIC, JUDGE = "math", "exact", "phrase", "f1", "choice", "numeric", "judge"
+
+# Phrase match: a short reference inside a short answer ("The capital of Japan is Tokyo.").
+PHRASE_MAX_REFERENCE_WORDS = 5  # longer references are checked by exact match
+PHRASE_MAX_ANSWER_WORDS = 30  # a longer answer is an essay, not an answer
+_NEGATIONS = frozenset({"not", "no", "never", "nor", "neither", "isnt", "arent", "wasnt", "werent", "doesnt", "dont", "didnt", "cannot", "cant"})
+_HEDGES = frozenset({"or", "either", "maybe", "perhaps", "possibly", "probably", "unsure", "guess"})
+_NEGATION_REACH = 3  # a negation this many words before the reference denies it
 
 # math-verify warns on every call that its timeouts are off; we bound it from outside instead.
 logging.getLogger("math_verify").setLevel(logging.ERROR)
@@ -45,6 +52,33 @@ def normalize(text: str) -> str:
 def exact_match(answer: str, reference: str) -> bool:
     """Normalized exact match."""
     return normalize(answer) == normalize(reference)
+
+
+def phrase_words(text: str) -> list[str]:
+    """The words phrase matching compares: accents, case, punctuation and thousands separators
+    dropped ("Tōkyō," -> "tokyo", "1,000" -> "1000", "isn't" -> "isnt")."""
+    text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode().lower()
+    text = re.sub(r"(?<=\d)[,_](?=\d{3})|['’]", "", text)
+    return re.sub(r"[^a-z0-9]+", " ", text).split()
+
+
+def phrase_match(answer: str, reference: str, max_words: int = PHRASE_MAX_ANSWER_WORDS) -> bool:
+    """The reference appears as whole words in a short answer that commits to it: not denied by
+    a negation just before it ("not Tokyo"), not hedged or offered among other candidates
+    ("Tokyo or Kyoto", "Osaka, Tokyo, Kyoto", "Tokyo and Kyoto")."""
+    said, wanted = phrase_words(answer), phrase_words(reference)
+    if not said or not wanted or len(said) > max_words or _HEDGES & set(said):
+        return False
+    starts = [i for i in range(len(said) - len(wanted) + 1) if said[i : i + len(wanted)] == wanted]
+    return any(_committed(said, answer, i, i + len(wanted)) for i in starts)
+
+
+def _committed(said: list[str], answer: str, start: int, end: int) -> bool:
+    if _NEGATIONS & set(said[max(0, start - _NEGATION_REACH) : start]):
+        return False
+    if "and" in (said[start - 1] if start else None, said[end] if end < len(said) else None):
+        return False  # "Tokyo and Kyoto": two candidates
+    return max((len(part.split(",")) for part in re.split(r"[.;:!?]", answer)), default=1) < 3  # "Osaka, Tokyo, Kyoto"
 
 
 def token_f1(answer: str, reference: str) -> float:
@@ -137,10 +171,12 @@ def looks_like_math(reference: str) -> bool:
 
 def auto_verifier(reference: str) -> str:
     """The verifier the reference calls for: a single letter A-J is a multiple-choice answer,
-    numbers and LaTeX are math, anything else is normalized exact match."""
+    numbers and LaTeX are math, a short phrase is phrase match, anything else exact match."""
     if _CHOICE_ALONE.match(reference.strip()):
         return CHOICE
-    return MATH if looks_like_math(reference) else EXACT
+    if looks_like_math(reference):
+        return MATH
+    return PHRASE if len(phrase_words(reference)) <= PHRASE_MAX_REFERENCE_WORDS else EXACT
 
 
 def _strip_boxed(text: str) -> str:

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gearshift.protocol.modes import NAME_OF
 from gearshift.rewards.cost_of_pass import CostOfPass, compute_cost_of_pass
 from gearshift.routing.dataset import CORRECT_SHARE, Attempt, QueryOutcomes
 from gearshift.routing.decision import choose_mode
-from gearshift.protocol.modes import NAME_OF
 from gearshift.routing.model import RouterModel
 
 

@@ -29,6 +29,7 @@ def trajectory_row(trajectory: Trajectory) -> dict[str, Any]:
         "split": trajectory.split,
         "run_id": trajectory.run_id,
         "model_version": trajectory.model_version,
+        "purpose": trajectory.purpose,
         "created_at_us": microseconds(trajectory.created_at),
         "reward": reward.SerializeToString() if scored else None,
         "payload": trajectory.SerializeToString(),

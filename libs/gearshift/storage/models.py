@@ -51,6 +51,7 @@ class TrajectoryRow(Base):
     split: Mapped[str] = mapped_column(Text)
     run_id: Mapped[str] = mapped_column(Text)
     model_version: Mapped[str] = mapped_column(Text)
+    purpose: Mapped[int] = mapped_column(SmallInteger, server_default="0")
     # Microseconds since the epoch (UTC): exact, portable keyset paging on both dialects.
     created_at_us: Mapped[int] = mapped_column(BigInteger)
     reward: Mapped[bytes | None] = mapped_column(LargeBinary)
@@ -67,6 +68,7 @@ class TrajectoryRow(Base):
         Index(None, "split", "created_at_us"),
         Index(None, "run_id", "created_at_us"),
         Index(None, "model_version", "created_at_us"),
+        Index(None, "purpose", "created_at_us"),
     )
 
 

@@ -43,6 +43,7 @@ class TrajectoryFilter:
 
     modes: tuple[int, ...] = ()
     statuses: tuple[int, ...] = ()
+    purposes: tuple[int, ...] = ()
     correctness: Correctness = Correctness.ANY
     min_reward: float | None = None
     max_reward: float | None = None
@@ -73,6 +74,8 @@ def _conditions(flt: TrajectoryFilter) -> list:
         where.append(t.mode.in_(flt.modes))
     if flt.statuses:
         where.append(t.status.in_(flt.statuses))
+    if flt.purposes:
+        where.append(t.purpose.in_(flt.purposes))
     if flt.correctness is Correctness.CORRECT:
         where.append(t.correct.is_(True))
     elif flt.correctness is Correctness.INCORRECT:

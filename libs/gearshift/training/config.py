@@ -11,6 +11,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gearshift.protocol.modes import ModeName
 
+PurposeName = Literal["serving", "evaluation", "gate", "training"]
+TRAINING_PURPOSES = ("serving", "training")  # what training data may come from by default
+
 
 class Strict(BaseModel):
     """Unknown keys in a config file are mistakes, not silently ignored options."""
@@ -26,7 +29,11 @@ class DataConfig(Strict):
     min_reward: float | None = Field(None, description="Keep rewards at least this (scored trajectories only)")
     max_reward: float | None = Field(None, description="Keep rewards at most this (scored trajectories only)")
     task_source: str = Field("", description="Only this task source (suite name); empty: all")
-    split: str = Field("", description='Only this split ("train", "dev", "test"); empty: all')
+    split: str = Field("train", description='Only this split ("train", "dev", "test"; empty: all): held-out items never train by default')
+    purposes: list[PurposeName] = Field(
+        default_factory=lambda: list(TRAINING_PURPOSES),
+        description="Only trajectories that ran for these purposes (serving, evaluation, gate, training); evaluation and gate runs are left out by default",
+    )
     model_version: str = Field("", description="Only trajectories produced by this model version; empty: all")
     run_ids: list[str] = Field(default_factory=list, description="Only these run ids (one Export per id); empty: all")
     completed_only: bool = Field(True, description="Keep only trajectories that ended with an answer (status COMPLETED)")

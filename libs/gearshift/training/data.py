@@ -7,13 +7,19 @@ import asyncio
 import hashlib
 from collections.abc import Iterable
 
-from gearshift.api.common.v1.common_pb2 import Trajectory, TrajectoryStatus
+from gearshift.api.common.v1.common_pb2 import Purpose, Trajectory, TrajectoryStatus
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
 from gearshift.protocol.modes import MODE_OF
 from gearshift.settings import Settings
 from gearshift.training.config import DataConfig
 
+PURPOSES = {
+    "serving": Purpose.PURPOSE_UNSPECIFIED,
+    "evaluation": Purpose.PURPOSE_EVALUATION,
+    "gate": Purpose.PURPOSE_GATE,
+    "training": Purpose.PURPOSE_TRAINING,
+}
 CORRECTNESS = {
     "any": store_pb2.CORRECTNESS_UNSPECIFIED,
     "correct": store_pb2.CORRECTNESS_CORRECT,
@@ -31,6 +37,7 @@ def trajectory_filters(config: DataConfig) -> list[store_pb2.TrajectoryFilter]:
         split=config.split,
         model_version=config.model_version,
         statuses=[TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED] if config.completed_only else [],
+        purposes=[PURPOSES[purpose] for purpose in config.purposes],
     )
     if config.min_reward is not None:
         base.min_reward = config.min_reward

@@ -25,7 +25,6 @@ import torch
 
 from gearshift.api.common.v1.common_pb2 import RoutingStrategy, Trajectory, TrajectoryStatus
 from gearshift.protocol import a2fm, prompts
-from gearshift.protocol.sr2am import plan_block
 
 
 @dataclass(frozen=True)
@@ -58,15 +57,21 @@ def assistant_segments(trajectory: Trajectory) -> list[Segment]:
         Segment(prompts.MODE_OPENERS[trajectory.mode], target=False),
     ]
     for turn in trajectory.turns:
-        output = turn.output
-        block, opener = plan_block(turn.plan_decision, turn.plan, first_turn=not turn.index) if turn.plan_decision else ("", "")
-        if block and output.startswith(block + opener):
-            # SR2AM trains the plan as part of the agent's reasoning; the opener is injected.
-            pieces += [Segment(block, target=True), Segment(opener, target=False)]
-            output = output[len(block + opener):]
-        pieces.append(Segment(output, target=True))
+        pieces += turn_segments(turn)
         pieces.append(Segment(a2fm.tool_response_of(turn.tool_results), target=False))
     return [piece for piece in pieces if piece.text]
+
+
+def turn_segments(turn) -> list[Segment]:
+    """A turn's output: what the executor injected (its recorded spans: the <plan> opener, the
+    forced-answer opener) masked, the rest learned (the SR2AM plan block is the agent's own
+    reasoning)."""
+    spans = list(zip(turn.injected_spans[::2], turn.injected_spans[1::2]))
+    pieces, at = [], 0
+    for start, end in sorted(spans):
+        pieces += [Segment(turn.output[at:start], target=True), Segment(turn.output[start:end], target=False)]
+        at = end
+    return pieces + [Segment(turn.output[at:], target=True)]
 
 
 def prompt_text(tokenizer, query: str) -> str:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from gearshift.evaluation.suites import FAMILIES, SPLITS, Facts, facts_match, generated_suite, get_suite, jsonl_suite, split_of
+from gearshift.evaluation.suites import FAMILIES, SPLITS, Facts, generated_suite, get_suite, jsonl_suite, split_of
 
 GENERATED = [name for name in FAMILIES if name != "facts"]  # facts is a fixed table: seeds only reorder it
 
@@ -87,13 +87,11 @@ def test_facts_grader_wants_the_whole_reference_in_a_short_answer():
     suite = get_suite("facts")
     for item in suite.items("train"):
         assert suite.grade(item, item.answer) and suite.grade(item, f"The answer is {item.answer}.")
-    references = ["Mount Everest", "Everest"]
-    assert facts_match("It is Mount  Everest!", references, 30) and facts_match("everest", references, 30)
-    assert not facts_match("Everestville", references, 30) and not facts_match("K2", references, 30)
-    assert facts_match("Brasília.", ["Brasilia"], 30)  # accents dropped
-    assert facts_match("It is 8,849 metres tall.", ["8849"], 30) and not facts_match("It is 18849 m.", ["8849"], 30)
-    assert not facts_match("1889", ["1869"], 30) and not facts_match("", ["Paris"], 30)
-    assert not facts_match("Paris Rome Berlin " * 11, ["Paris"], 30)  # a list of guesses is no answer
+    everest = next(item for item in suite.items("train") + suite.items("test") if item.answer == "Mount Everest")
+    assert suite.grade(everest, "It is Mount  Everest!") and suite.grade(everest, "everest")  # an alias
+    assert not suite.grade(everest, "Everestville") and not suite.grade(everest, "K2")
+    assert not suite.grade(everest, "Not Everest, K2.") and not suite.grade(everest, "Everest or K2")
+    assert not suite.grade(everest, "Everest " * 31)  # a wall of guesses is no answer
 
 
 def test_gsm_grader_takes_only_a_full_score():

@@ -138,16 +138,59 @@ def test_numeric(answer, reference, same):
         ("2x + 1", verifiers.MATH),
         ("B", verifiers.CHOICE),
         ("(C)", verifiers.CHOICE),
-        ("Paris", verifiers.EXACT),
-        ("World War 2", verifiers.EXACT),
-        ("Barack Obama", verifiers.EXACT),
+        ("Paris", verifiers.PHRASE),
+        ("World War 2", verifiers.PHRASE),
+        ("Barack Obama", verifiers.PHRASE),
+        ("the treaty that ended the Thirty Years War", verifiers.EXACT),
     ],
 )
 def test_auto_choice(reference, verifier):
     assert verifiers.auto_verifier(reference) == verifier
 
 
-@pytest.mark.parametrize("verifier", [verifiers.MATH, verifiers.EXACT, verifiers.F1, verifiers.CHOICE, verifiers.NUMERIC])
+@pytest.mark.parametrize(
+    ("answer", "reference"),
+    [
+        ("The capital of Japan is Tokyo.", "Tokyo"),
+        ("Tokyo", "Tokyo"),
+        ("tokyo!", "Tokyo"),
+        ("It is Tōkyō, the largest city.", "Tokyo"),
+        ("The capital of Japan is Tokyo, not Kyoto.", "Tokyo"),
+        ("Paris, France", "Paris"),
+        ("Barack Obama was the 44th president.", "Barack Obama"),
+        ("It is 8,849 metres tall.", "8849"),
+        ("Brasília.", "Brasilia"),
+        ("The answer: Mount Everest", "Mount Everest"),
+    ],
+)
+def test_phrase_match_accepts_a_short_answer_that_commits_to_the_reference(answer, reference):
+    assert verifiers.phrase_match(answer, reference)
+    assert verify(answer, reference, verifiers.auto_verifier(reference), CONFIG)  # what Solve(reference_answer=...) uses
+
+
+@pytest.mark.parametrize(
+    ("answer", "reference"),
+    [
+        ("It is not Tokyo.", "Tokyo"),
+        ("The capital is not Tokyo but Kyoto.", "Tokyo"),
+        ("Definitely isn't Tokyo", "Tokyo"),
+        ("Tokyo or Kyoto", "Tokyo"),
+        ("Either Tokyo or Osaka.", "Tokyo"),
+        ("Maybe Tokyo", "Tokyo"),
+        ("Tokyo and Kyoto", "Tokyo"),
+        ("Osaka, Tokyo, Kyoto", "Tokyo"),
+        ("Tokyoite", "Tokyo"),
+        ("Kyoto", "Tokyo"),
+        ("It is 18849 m.", "8849"),
+        ("Tokyo " * 31, "Tokyo"),
+        ("Obama", "Barack Obama"),
+    ],
+)
+def test_phrase_match_refuses_denials_hedges_lists_and_partial_words(answer, reference):
+    assert not verifiers.phrase_match(answer, reference)
+
+
+@pytest.mark.parametrize("verifier", [verifiers.MATH, verifiers.EXACT, verifiers.PHRASE, verifiers.F1, verifiers.CHOICE, verifiers.NUMERIC])
 def test_an_empty_answer_is_never_correct(verifier):
     assert not verify("   ", "the", verifier, CONFIG)
     assert not verify("", "", verifier, CONFIG)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from gearshift.api.common.v1.common_pb2 import Mode, RoutingStrategy
+from gearshift.api.common.v1.common_pb2 import Mode, RoutingStrategy, Sampling
 from gearshift.api.router.v1 import router_pb2, router_pb2_grpc
 from gearshift.clients import channel
 from gearshift.server import running
@@ -45,7 +45,20 @@ async def test_a_reply_without_a_label_is_re_asked_with_the_block_prefilled(sett
 async def test_after_max_attempts_the_fallback_mode_is_used(settings):
     reply = await route(settings, lambda body: "no idea", query="17*23?")
     assert reply.mode == Mode.MODE_INSTANT and reply.attempts == 3
+    assert reply.strategy == RoutingStrategy.ROUTING_STRATEGY_FALLBACK  # not the model's choice: never trained as one
     assert "fell back to instant" in reply.rationale
+
+
+async def test_sampling_reaches_the_classification_and_greedy_is_the_default(settings):
+    seen: list[dict] = []
+
+    def respond(body: dict) -> str:
+        seen.append(body)
+        return "Easy.\n<classification>\ndefault_agent\n</classification>"
+
+    await route(settings, respond, query="hi")
+    await route(settings, respond, query="hi", sampling=Sampling(temperature=1.0, top_p=0.9))
+    assert [(body["temperature"], body["top_p"]) for body in seen] == [(0.0, 1.0), (1.0, 0.9)]
 
 
 async def test_forced_mode_needs_no_policy(settings):

@@ -23,6 +23,14 @@ class RoutingStrategy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROUTING_STRATEGY_MODEL: _ClassVar[RoutingStrategy]
     ROUTING_STRATEGY_FORCED: _ClassVar[RoutingStrategy]
     ROUTING_STRATEGY_LEARNED: _ClassVar[RoutingStrategy]
+    ROUTING_STRATEGY_FALLBACK: _ClassVar[RoutingStrategy]
+
+class Purpose(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PURPOSE_UNSPECIFIED: _ClassVar[Purpose]
+    PURPOSE_EVALUATION: _ClassVar[Purpose]
+    PURPOSE_GATE: _ClassVar[Purpose]
+    PURPOSE_TRAINING: _ClassVar[Purpose]
 
 class PlanDecision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -53,6 +61,11 @@ ROUTING_STRATEGY_UNSPECIFIED: RoutingStrategy
 ROUTING_STRATEGY_MODEL: RoutingStrategy
 ROUTING_STRATEGY_FORCED: RoutingStrategy
 ROUTING_STRATEGY_LEARNED: RoutingStrategy
+ROUTING_STRATEGY_FALLBACK: RoutingStrategy
+PURPOSE_UNSPECIFIED: Purpose
+PURPOSE_EVALUATION: Purpose
+PURPOSE_GATE: Purpose
+PURPOSE_TRAINING: Purpose
 PLAN_DECISION_UNSPECIFIED: PlanDecision
 PLAN_DECISION_PLAN_NEW: PlanDecision
 PLAN_DECISION_CONTINUE: PlanDecision
@@ -66,6 +79,14 @@ CHECKPOINT_STATUS_UNSPECIFIED: CheckpointStatus
 CHECKPOINT_STATUS_CANDIDATE: CheckpointStatus
 CHECKPOINT_STATUS_PUBLISHED: CheckpointStatus
 CHECKPOINT_STATUS_REJECTED: CheckpointStatus
+
+class Sampling(_message.Message):
+    __slots__ = ("temperature", "top_p")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_p: float
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ...) -> None: ...
 
 class TokenUsage(_message.Message):
     __slots__ = ("input_tokens", "output_tokens")
@@ -136,7 +157,7 @@ class Plan(_message.Message):
     def __init__(self, steps: _Optional[_Iterable[_Union[PlanStep, _Mapping]]] = ...) -> None: ...
 
 class Turn(_message.Message):
-    __slots__ = ("index", "plan_decision", "plan", "output", "tool_calls", "tool_results", "usage", "wall_seconds")
+    __slots__ = ("index", "plan_decision", "plan", "output", "tool_calls", "tool_results", "usage", "wall_seconds", "injected_spans")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     PLAN_DECISION_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +166,7 @@ class Turn(_message.Message):
     TOOL_RESULTS_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     WALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    INJECTED_SPANS_FIELD_NUMBER: _ClassVar[int]
     index: int
     plan_decision: PlanDecision
     plan: Plan
@@ -153,7 +175,8 @@ class Turn(_message.Message):
     tool_results: _containers.RepeatedCompositeFieldContainer[ToolResult]
     usage: TokenUsage
     wall_seconds: float
-    def __init__(self, index: _Optional[int] = ..., plan_decision: _Optional[_Union[PlanDecision, str]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., output: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_results: _Optional[_Iterable[_Union[ToolResult, _Mapping]]] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., wall_seconds: _Optional[float] = ...) -> None: ...
+    injected_spans: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, index: _Optional[int] = ..., plan_decision: _Optional[_Union[PlanDecision, str]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., output: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_results: _Optional[_Iterable[_Union[ToolResult, _Mapping]]] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., wall_seconds: _Optional[float] = ..., injected_spans: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Reward(_message.Message):
     __slots__ = ("value", "correct", "format_valid", "kind", "verifier", "components")
@@ -189,7 +212,7 @@ class PlanningStats(_message.Message):
     def __init__(self, planning_frequency: _Optional[float] = ..., mean_plan_depth: _Optional[float] = ..., reasoning_tokens: _Optional[int] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("id", "query", "mode", "requested_mode", "routing_strategy", "routing_rationale", "turns", "answer", "reference_answer", "status", "usage", "cost", "reward", "planning", "task_source", "split", "run_id", "model_version", "labels", "created_at", "wall_seconds")
+    __slots__ = ("id", "query", "mode", "requested_mode", "routing_strategy", "routing_rationale", "turns", "answer", "reference_answer", "status", "usage", "cost", "reward", "planning", "task_source", "split", "run_id", "model_version", "labels", "created_at", "wall_seconds", "purpose")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -218,6 +241,7 @@ class Trajectory(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     WALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PURPOSE_FIELD_NUMBER: _ClassVar[int]
     id: str
     query: str
     mode: Mode
@@ -239,7 +263,8 @@ class Trajectory(_message.Message):
     labels: _containers.ScalarMap[str, str]
     created_at: _timestamp_pb2.Timestamp
     wall_seconds: float
-    def __init__(self, id: _Optional[str] = ..., query: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., requested_mode: _Optional[_Union[Mode, str]] = ..., routing_strategy: _Optional[_Union[RoutingStrategy, str]] = ..., routing_rationale: _Optional[str] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., answer: _Optional[str] = ..., reference_answer: _Optional[str] = ..., status: _Optional[_Union[TrajectoryStatus, str]] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., cost: _Optional[_Union[Cost, _Mapping]] = ..., reward: _Optional[_Union[Reward, _Mapping]] = ..., planning: _Optional[_Union[PlanningStats, _Mapping]] = ..., task_source: _Optional[str] = ..., split: _Optional[str] = ..., run_id: _Optional[str] = ..., model_version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., wall_seconds: _Optional[float] = ...) -> None: ...
+    purpose: Purpose
+    def __init__(self, id: _Optional[str] = ..., query: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., requested_mode: _Optional[_Union[Mode, str]] = ..., routing_strategy: _Optional[_Union[RoutingStrategy, str]] = ..., routing_rationale: _Optional[str] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., answer: _Optional[str] = ..., reference_answer: _Optional[str] = ..., status: _Optional[_Union[TrajectoryStatus, str]] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., cost: _Optional[_Union[Cost, _Mapping]] = ..., reward: _Optional[_Union[Reward, _Mapping]] = ..., planning: _Optional[_Union[PlanningStats, _Mapping]] = ..., task_source: _Optional[str] = ..., split: _Optional[str] = ..., run_id: _Optional[str] = ..., model_version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., wall_seconds: _Optional[float] = ..., purpose: _Optional[_Union[Purpose, str]] = ...) -> None: ...
 
 class Checkpoint(_message.Message):
     __slots__ = ("id", "kind", "uri", "parent_id", "job", "config_json", "code_version", "dataset_snapshot", "trajectory_ids", "eval_metrics", "status", "created_at")

@@ -20,10 +20,12 @@ class BeliefState(_message.Message):
     def __init__(self, query: _Optional[str] = ..., history: _Optional[_Iterable[_Union[_common_pb2.Turn, _Mapping]]] = ..., current_plan: _Optional[_Union[_common_pb2.Plan, _Mapping]] = ..., plan_progress: _Optional[int] = ...) -> None: ...
 
 class RegulateRequest(_message.Message):
-    __slots__ = ("state",)
+    __slots__ = ("state", "sampling")
     STATE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
     state: BeliefState
-    def __init__(self, state: _Optional[_Union[BeliefState, _Mapping]] = ...) -> None: ...
+    sampling: _common_pb2.Sampling
+    def __init__(self, state: _Optional[_Union[BeliefState, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.Sampling, _Mapping]] = ...) -> None: ...
 
 class RegulateResponse(_message.Message):
     __slots__ = ("decision", "rationale", "usage")
@@ -36,12 +38,14 @@ class RegulateResponse(_message.Message):
     def __init__(self, decision: _Optional[_Union[_common_pb2.PlanDecision, str]] = ..., rationale: _Optional[str] = ..., usage: _Optional[_Union[_common_pb2.TokenUsage, _Mapping]] = ...) -> None: ...
 
 class PlanRequest(_message.Message):
-    __slots__ = ("state", "max_horizon")
+    __slots__ = ("state", "max_horizon", "sampling")
     STATE_FIELD_NUMBER: _ClassVar[int]
     MAX_HORIZON_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
     state: BeliefState
     max_horizon: int
-    def __init__(self, state: _Optional[_Union[BeliefState, _Mapping]] = ..., max_horizon: _Optional[int] = ...) -> None: ...
+    sampling: _common_pb2.Sampling
+    def __init__(self, state: _Optional[_Union[BeliefState, _Mapping]] = ..., max_horizon: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.Sampling, _Mapping]] = ...) -> None: ...
 
 class PlanResponse(_message.Message):
     __slots__ = ("plan", "text", "usage")

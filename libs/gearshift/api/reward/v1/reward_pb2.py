@@ -25,31 +25,31 @@ _sym_db = _symbol_database.Default()
 from gearshift.api.common.v1 import common_pb2 as gearshift_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n gearshift/reward/v1/reward.proto\x12\x13gearshift.reward.v1\x1a gearshift/common/v1/common.proto\"\xbb\x01\n\x0cScoreRequest\x12\x18\n\x10reference_answer\x18\x01 \x01(\t\x12/\n\x08verifier\x18\x02 \x01(\x0e\x32\x1d.gearshift.reward.v1.Verifier\x12-\n\x04kind\x18\x03 \x01(\x0e\x32\x1f.gearshift.reward.v1.RewardKind\x12\x31\n\x08rollouts\x18\x04 \x03(\x0b\x32\x1f.gearshift.common.v1.Trajectory\"|\n\rScoredRollout\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12+\n\x06reward\x18\x02 \x01(\x0b\x32\x1b.gearshift.common.v1.Reward\x12\'\n\x04\x63ost\x18\x03 \x01(\x0b\x32\x19.gearshift.common.v1.Cost\"h\n\rScoreResponse\x12\x32\n\x06scored\x18\x01 \x03(\x0b\x32\".gearshift.reward.v1.ScoredRollout\x12#\n\x1b\x66orced_instant_success_rate\x18\x02 \x01(\x01\"C\n\x0cPriceRequest\x12\x33\n\ntrajectory\x18\x01 \x01(\x0b\x32\x1f.gearshift.common.v1.Trajectory\",\n\x07Outcome\x12\x10\n\x08\x63ost_usd\x18\x01 \x01(\x01\x12\x0f\n\x07\x63orrect\x18\x02 \x01(\x08\"\x80\x01\n\x11\x43ostOfPassRequest\x12.\n\x08outcomes\x18\x01 \x03(\x0b\x32\x1c.gearshift.reward.v1.Outcome\x12\x19\n\x11\x62ootstrap_samples\x18\x02 \x01(\x05\x12\x12\n\nconfidence\x18\x03 \x01(\x01\x12\x0c\n\x04seed\x18\x04 \x01(\x04\"\x92\x01\n\x12\x43ostOfPassResponse\x12\x18\n\x10\x63ost_of_pass_usd\x18\x01 \x01(\x01\x12\x12\n\nci_low_usd\x18\x02 \x01(\x01\x12\x13\n\x0b\x63i_high_usd\x18\x03 \x01(\x01\x12\x10\n\x08\x61ttempts\x18\x04 \x01(\x03\x12\x0f\n\x07\x63orrect\x18\x05 \x01(\x03\x12\x16\n\x0etotal_cost_usd\x18\x06 \x01(\x01*\x9b\x01\n\x08Verifier\x12\x18\n\x14VERIFIER_UNSPECIFIED\x10\x00\x12\x11\n\rVERIFIER_MATH\x10\x01\x12\x12\n\x0eVERIFIER_EXACT\x10\x02\x12\x0f\n\x0bVERIFIER_F1\x10\x03\x12\x13\n\x0fVERIFIER_CHOICE\x10\x04\x12\x14\n\x10VERIFIER_NUMERIC\x10\x05\x12\x12\n\x0eVERIFIER_JUDGE\x10\x06*U\n\nRewardKind\x12\x1b\n\x17REWARD_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0fREWARD_KIND_APO\x10\x01\x12\x15\n\x11REWARD_KIND_SR2AM\x10\x02\x32\xfe\x01\n\x06Reward\x12N\n\x05Score\x12!.gearshift.reward.v1.ScoreRequest\x1a\".gearshift.reward.v1.ScoreResponse\x12\x45\n\x05Price\x12!.gearshift.reward.v1.PriceRequest\x1a\x19.gearshift.common.v1.Cost\x12]\n\nCostOfPass\x12&.gearshift.reward.v1.CostOfPassRequest\x1a\'.gearshift.reward.v1.CostOfPassResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n gearshift/reward/v1/reward.proto\x12\x13gearshift.reward.v1\x1a gearshift/common/v1/common.proto\"\xbb\x01\n\x0cScoreRequest\x12\x18\n\x10reference_answer\x18\x01 \x01(\t\x12/\n\x08verifier\x18\x02 \x01(\x0e\x32\x1d.gearshift.reward.v1.Verifier\x12-\n\x04kind\x18\x03 \x01(\x0e\x32\x1f.gearshift.reward.v1.RewardKind\x12\x31\n\x08rollouts\x18\x04 \x03(\x0b\x32\x1f.gearshift.common.v1.Trajectory\"\xb2\x01\n\rScoredRollout\x12\x15\n\rtrajectory_id\x18\x01 \x01(\t\x12+\n\x06reward\x18\x02 \x01(\x0b\x32\x1b.gearshift.common.v1.Reward\x12\'\n\x04\x63ost\x18\x03 \x01(\x0b\x32\x19.gearshift.common.v1.Cost\x12\x34\n\x0bjudge_usage\x18\x04 \x01(\x0b\x32\x1f.gearshift.common.v1.TokenUsage\"h\n\rScoreResponse\x12\x32\n\x06scored\x18\x01 \x03(\x0b\x32\".gearshift.reward.v1.ScoredRollout\x12#\n\x1b\x66orced_instant_success_rate\x18\x02 \x01(\x01\"C\n\x0cPriceRequest\x12\x33\n\ntrajectory\x18\x01 \x01(\x0b\x32\x1f.gearshift.common.v1.Trajectory\"=\n\x07Outcome\x12\x10\n\x08\x63ost_usd\x18\x01 \x01(\x01\x12\x0f\n\x07\x63orrect\x18\x02 \x01(\x08\x12\x0f\n\x07item_id\x18\x03 \x01(\t\"\x80\x01\n\x11\x43ostOfPassRequest\x12.\n\x08outcomes\x18\x01 \x03(\x0b\x32\x1c.gearshift.reward.v1.Outcome\x12\x19\n\x11\x62ootstrap_samples\x18\x02 \x01(\x05\x12\x12\n\nconfidence\x18\x03 \x01(\x01\x12\x0c\n\x04seed\x18\x04 \x01(\x04\"\x92\x01\n\x12\x43ostOfPassResponse\x12\x18\n\x10\x63ost_of_pass_usd\x18\x01 \x01(\x01\x12\x12\n\nci_low_usd\x18\x02 \x01(\x01\x12\x13\n\x0b\x63i_high_usd\x18\x03 \x01(\x01\x12\x10\n\x08\x61ttempts\x18\x04 \x01(\x03\x12\x0f\n\x07\x63orrect\x18\x05 \x01(\x03\x12\x16\n\x0etotal_cost_usd\x18\x06 \x01(\x01*\xb0\x01\n\x08Verifier\x12\x18\n\x14VERIFIER_UNSPECIFIED\x10\x00\x12\x11\n\rVERIFIER_MATH\x10\x01\x12\x12\n\x0eVERIFIER_EXACT\x10\x02\x12\x0f\n\x0bVERIFIER_F1\x10\x03\x12\x13\n\x0fVERIFIER_CHOICE\x10\x04\x12\x14\n\x10VERIFIER_NUMERIC\x10\x05\x12\x12\n\x0eVERIFIER_JUDGE\x10\x06\x12\x13\n\x0fVERIFIER_PHRASE\x10\x07*U\n\nRewardKind\x12\x1b\n\x17REWARD_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0fREWARD_KIND_APO\x10\x01\x12\x15\n\x11REWARD_KIND_SR2AM\x10\x02\x32\xfe\x01\n\x06Reward\x12N\n\x05Score\x12!.gearshift.reward.v1.ScoreRequest\x1a\".gearshift.reward.v1.ScoreResponse\x12\x45\n\x05Price\x12!.gearshift.reward.v1.PriceRequest\x1a\x19.gearshift.common.v1.Cost\x12]\n\nCostOfPass\x12&.gearshift.reward.v1.CostOfPassRequest\x1a\'.gearshift.reward.v1.CostOfPassResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gearshift.api.reward.v1.reward_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_VERIFIER']._serialized_start=909
-  _globals['_VERIFIER']._serialized_end=1064
-  _globals['_REWARDKIND']._serialized_start=1066
-  _globals['_REWARDKIND']._serialized_end=1151
+  _globals['_VERIFIER']._serialized_start=981
+  _globals['_VERIFIER']._serialized_end=1157
+  _globals['_REWARDKIND']._serialized_start=1159
+  _globals['_REWARDKIND']._serialized_end=1244
   _globals['_SCOREREQUEST']._serialized_start=92
   _globals['_SCOREREQUEST']._serialized_end=279
-  _globals['_SCOREDROLLOUT']._serialized_start=281
-  _globals['_SCOREDROLLOUT']._serialized_end=405
-  _globals['_SCORERESPONSE']._serialized_start=407
-  _globals['_SCORERESPONSE']._serialized_end=511
-  _globals['_PRICEREQUEST']._serialized_start=513
-  _globals['_PRICEREQUEST']._serialized_end=580
-  _globals['_OUTCOME']._serialized_start=582
-  _globals['_OUTCOME']._serialized_end=626
-  _globals['_COSTOFPASSREQUEST']._serialized_start=629
-  _globals['_COSTOFPASSREQUEST']._serialized_end=757
-  _globals['_COSTOFPASSRESPONSE']._serialized_start=760
-  _globals['_COSTOFPASSRESPONSE']._serialized_end=906
-  _globals['_REWARD']._serialized_start=1154
-  _globals['_REWARD']._serialized_end=1408
+  _globals['_SCOREDROLLOUT']._serialized_start=282
+  _globals['_SCOREDROLLOUT']._serialized_end=460
+  _globals['_SCORERESPONSE']._serialized_start=462
+  _globals['_SCORERESPONSE']._serialized_end=566
+  _globals['_PRICEREQUEST']._serialized_start=568
+  _globals['_PRICEREQUEST']._serialized_end=635
+  _globals['_OUTCOME']._serialized_start=637
+  _globals['_OUTCOME']._serialized_end=698
+  _globals['_COSTOFPASSREQUEST']._serialized_start=701
+  _globals['_COSTOFPASSREQUEST']._serialized_end=829
+  _globals['_COSTOFPASSRESPONSE']._serialized_start=832
+  _globals['_COSTOFPASSRESPONSE']._serialized_end=978
+  _globals['_REWARD']._serialized_start=1247
+  _globals['_REWARD']._serialized_end=1501
 # @@protoc_insertion_point(module_scope)

@@ -17,6 +17,7 @@ class Verifier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     VERIFIER_CHOICE: _ClassVar[Verifier]
     VERIFIER_NUMERIC: _ClassVar[Verifier]
     VERIFIER_JUDGE: _ClassVar[Verifier]
+    VERIFIER_PHRASE: _ClassVar[Verifier]
 
 class RewardKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -30,6 +31,7 @@ VERIFIER_F1: Verifier
 VERIFIER_CHOICE: Verifier
 VERIFIER_NUMERIC: Verifier
 VERIFIER_JUDGE: Verifier
+VERIFIER_PHRASE: Verifier
 REWARD_KIND_UNSPECIFIED: RewardKind
 REWARD_KIND_APO: RewardKind
 REWARD_KIND_SR2AM: RewardKind
@@ -47,14 +49,16 @@ class ScoreRequest(_message.Message):
     def __init__(self, reference_answer: _Optional[str] = ..., verifier: _Optional[_Union[Verifier, str]] = ..., kind: _Optional[_Union[RewardKind, str]] = ..., rollouts: _Optional[_Iterable[_Union[_common_pb2.Trajectory, _Mapping]]] = ...) -> None: ...
 
 class ScoredRollout(_message.Message):
-    __slots__ = ("trajectory_id", "reward", "cost")
+    __slots__ = ("trajectory_id", "reward", "cost", "judge_usage")
     TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     COST_FIELD_NUMBER: _ClassVar[int]
+    JUDGE_USAGE_FIELD_NUMBER: _ClassVar[int]
     trajectory_id: str
     reward: _common_pb2.Reward
     cost: _common_pb2.Cost
-    def __init__(self, trajectory_id: _Optional[str] = ..., reward: _Optional[_Union[_common_pb2.Reward, _Mapping]] = ..., cost: _Optional[_Union[_common_pb2.Cost, _Mapping]] = ...) -> None: ...
+    judge_usage: _common_pb2.TokenUsage
+    def __init__(self, trajectory_id: _Optional[str] = ..., reward: _Optional[_Union[_common_pb2.Reward, _Mapping]] = ..., cost: _Optional[_Union[_common_pb2.Cost, _Mapping]] = ..., judge_usage: _Optional[_Union[_common_pb2.TokenUsage, _Mapping]] = ...) -> None: ...
 
 class ScoreResponse(_message.Message):
     __slots__ = ("scored", "forced_instant_success_rate")
@@ -71,12 +75,14 @@ class PriceRequest(_message.Message):
     def __init__(self, trajectory: _Optional[_Union[_common_pb2.Trajectory, _Mapping]] = ...) -> None: ...
 
 class Outcome(_message.Message):
-    __slots__ = ("cost_usd", "correct")
+    __slots__ = ("cost_usd", "correct", "item_id")
     COST_USD_FIELD_NUMBER: _ClassVar[int]
     CORRECT_FIELD_NUMBER: _ClassVar[int]
+    ITEM_ID_FIELD_NUMBER: _ClassVar[int]
     cost_usd: float
     correct: bool
-    def __init__(self, cost_usd: _Optional[float] = ..., correct: _Optional[bool] = ...) -> None: ...
+    item_id: str
+    def __init__(self, cost_usd: _Optional[float] = ..., correct: _Optional[bool] = ..., item_id: _Optional[str] = ...) -> None: ...
 
 class CostOfPassRequest(_message.Message):
     __slots__ = ("outcomes", "bootstrap_samples", "confidence", "seed")
