@@ -79,9 +79,10 @@ class RewardScorer:
         return self._price(trajectory, "")
 
     async def cost_of_pass(
-        self, costs: Sequence[float], correct: Sequence[bool], samples: int, confidence: float, seed: int
+        self, costs: Sequence[float], correct: Sequence[bool], samples: int, confidence: float, seed: int,
+        items: Sequence[str] | None = None,
     ) -> CostOfPass:
-        """Total cost / correct answers with a seeded bootstrap interval (0 = defaults)."""
+        """Total cost / correct answers with a seeded item-level bootstrap interval (0 = defaults)."""
         if not costs:
             raise InvalidArgument("no outcomes: cost of pass needs at least one attempt")
         if len(costs) > self.config.max_outcomes:
@@ -95,7 +96,7 @@ class RewardScorer:
         confidence = confidence or DEFAULT_CONFIDENCE
         if not 0 < confidence < 1:
             raise InvalidArgument(f"confidence {confidence} must lie strictly between 0 and 1")
-        return await asyncio.to_thread(compute_cost_of_pass, costs, correct, samples, confidence, seed)
+        return await asyncio.to_thread(compute_cost_of_pass, costs, correct, samples, confidence, seed, items)
 
     async def _verify(self, question: str, answer: str, reference: str, name: str) -> tuple[bool, TokenUsage]:
         """The verdict, and the tokens a judge spent reaching it."""

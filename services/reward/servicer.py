@@ -60,6 +60,7 @@ class RewardServicer(reward_pb2_grpc.RewardServicer):
             request.bootstrap_samples,
             request.confidence,
             request.seed,
+            [o.item_id or str(i) for i, o in enumerate(request.outcomes)],
         )
         return reward_pb2.CostOfPassResponse(
             cost_of_pass_usd=result.cost_of_pass_usd,

@@ -41,7 +41,7 @@ def test_group_requests_force_each_mode_rho_times_then_gamma_free(tiny_dir):
 def test_policy_loss_falls_on_a_fixed_rollout_batch(tiny_dir, tmp_path):
     cfg = config(tiny_dir, tmp_path / "out", updates_per_batch=8, optim={"learning_rate": 3e-3, "max_steps": 1, "threads": 1})
     run = Run.start("apo", cfg)
-    groups = [Group(APOPrompt(query="q", reference_answer="a"), [routed_instant(), forced_agentic()], [1.0, 0.0], 1.0)]
+    groups = [Group(APOPrompt(query="q", reference_answer="a"), [routed_instant(), forced_agentic()], [1.0, 0.0], 1.0, [True, False])]
     rollouts = trainer.encode_groups(run.tokenizer, groups, cfg.max_length)
     assert rollouts.advantages.tolist() == pytest.approx([0.7071, -0.7071], abs=1e-3)
     results = trainer.apo_update(run, rollouts, cfg)
@@ -56,7 +56,10 @@ def test_apo_run_through_the_executor(tiny_dir, tmp_path, store):
     result = trainer.train(cfg)
     history = read_metrics(tmp_path / "apo")
     assert [r["step"] for r in history] == [1, 2]
-    assert all(r["rollouts"] == 4 and r["tokens"] > 0 for r in history)
+    assert all(r["rollouts"] == 4 for r in history)
+    # A random tiny model rarely answers right: a group whose rewards are all equal is dropped,
+    # not trained on (its advantages would all be 0).
+    assert all(r["updated"] == (r["groups_dropped"] == 0) == (r["tokens"] > 0) for r in history)
     assert len(result["trajectory_ids"]) == 8 and result["job"] == "apo"
     assert json.loads((tmp_path / "apo" / "result.json").read_text())["checkpoint_id"] == result["checkpoint_id"]
     assert (tmp_path / "apo" / "model.safetensors").exists()
@@ -67,3 +70,58 @@ def test_apo_run_through_the_executor(tiny_dir, tmp_path, store):
     assert len(stored) - len(forced) == 2  # gamma free rollouts per step, routed by the model (or its fallback)
     registered = store.checkpoint(result["checkpoint_id"])
     assert registered.job == "apo" and len(registered.trajectory_ids) == 8
+
+
+def by_mode(body: dict) -> str:
+    """A scripted policy: right in instant and agentic mode, wrong in reasoning mode; left to
+    itself it routes to tools. A facts question gets "Everest" (instant) or a denial (else)."""
+    last = body["messages"][-1]["content"]
+    mountain = "mountain" in str(body["messages"])
+    if "</classification>" in (body.get("stop") or []):
+        return "A tool is safest.\n<classification>\ntoolcalling_agent\n</classification>"
+    if last.startswith("You regulate"):
+        return "ACT"
+    if last.endswith("<answer>"):
+        return "It is Everest.</answer>" if mountain else "4</answer>"
+    if last.endswith("<reasoning>"):
+        return "Hmm.</reasoning>\n<answer>Not Everest</answer>" if mountain else "2 and 3.</reasoning>\n<answer>5</answer>"
+    return "compute</plan>\n<answer>Not Everest</answer>" if mountain else "compute</plan>\n<answer>4</answer>"
+
+
+async def test_rollout_rewards_and_advantages_match_a_hand_computation(settings, tiny_dir):
+    from gearshift.embedded import embedded
+    from gearshift.evaluation.suites import get_suite
+    from gearshift.jobs.apo.rollouts import collect, informative
+    from gearshift.testing.scripted_policy import serve_scripted
+
+    everest = next(i for split in ("train", "dev", "test") for i in get_suite("facts").items(split) if i.answer == "Mount Everest")
+    cfg = config(tiny_dir, "/tmp/unused", prompts=[
+        {"query": "What is 2+2?", "reference_answer": "4"},
+        {"query": "What is 3+3?", "reference_answer": "6"},
+        {"query": everest.question, "reference_answer": everest.answer, "suite": "facts", "labels": {"item_id": everest.id}},
+    ])
+    async with serve_scripted(by_mode) as url, embedded(settings.with_policy(url)) as platform:
+        stack = platform.settings
+        groups = await collect(stack, stack.executor_addr, stack.reward_addr, cfg.prompts, cfg, "apo-by-hand", step=1)
+    two, three, mountain = groups
+    # Slots: forced instant, reasoning, agentic, then one free rollout that chose agentic.
+    # 2+2: p = 1 (forced instant right) >= tau, so the free rollout, right in a dearer mode than
+    # needed, gets r_adaptive = 1 - 1**2 = 0; forced rollouts are never penalised.
+    assert two.correct == [True, False, True, True] and two.rewards == [1.0, 0.0, 1.0, 0.0]
+    assert two.forced_instant_success_rate == 1.0
+    assert three.rewards == [0.0] * 4  # all wrong: nothing to learn
+    assert mountain.correct == [True, False, False, False]  # the suite's grader: "Not Everest" is no answer
+    assert mountain.rewards == [1.0, 0.0, 0.0, 0.0]
+    assert informative(groups, None) == [two, mountain]
+    assert informative(groups, (0.125, 0.5)) == [mountain]  # 2+2's pass rate 0.75 is outside
+    run = Run.start("apo", config(tiny_dir, settings.data_dir / "run"))
+    batch = trainer.encode_groups(run.tokenizer, [two, mountain], cfg.max_length)
+    # Group z-scores with the sample std: [1, 0, 1, 0] -> mean 0.5, std sqrt(1/3); [1, 0, 0, 0] ->
+    # mean 0.25, std 0.5.
+    assert batch.advantages.tolist() == pytest.approx([0.8660, -0.8660, 0.8660, -0.8660, 1.5, -0.5, -0.5, -0.5], abs=1e-3)
+
+
+def test_the_apo_reward_needs_forced_rollouts(tiny_dir):
+    with pytest.raises(ValueError, match="rho >= 1"):
+        config(tiny_dir, "/tmp/unused", rho=0, gamma=4)
+    assert config(tiny_dir, "/tmp/unused", rho=0, gamma=4, reward="sr2am").group_size == 4

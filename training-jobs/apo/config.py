@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from gearshift.training.config import DataConfig, PolicyJobConfig, Strict
-from pydantic import Field
+from gearshift.training.config import DataConfig, PolicyJobConfig, RolloutConfig, Strict
+from pydantic import Field, model_validator
 
 
 class APOPrompt(Strict):
@@ -13,21 +13,14 @@ class APOPrompt(Strict):
 
     query: str = Field(..., description="The user query")
     reference_answer: str = Field(..., description="The answer the reward service checks against")
-    labels: dict[str, str] = Field(default_factory=dict, description="Labels copied onto the rollouts (domain, difficulty, ...)")
+    labels: dict[str, str] = Field(default_factory=dict, description="Labels copied onto the rollouts (domain, difficulty, item_id, ...)")
+    suite: str = Field("", description="The evaluation suite the prompt comes from (labels item_id names the item): its grader decides correctness, as in evaluation; empty: the reward service's verifier")
 
-
-class RolloutConfig(Strict):
-    """How rollouts are produced: through the executor, as in serving."""
-
-    executor_addr: str = Field(
-        "", description="A running executor (its policy server is reloaded after each update via /v1/load); empty: an in-process stack serving the training weights"
-    )
-    policy_url: str = Field("", description="The running executor's policy server (for /v1/load); empty: GEARSHIFT_POLICY_CLIENT__URL")
-    temperature: float = Field(1.0, ge=0, description="Sampling temperature of the in-process stack (A^2FM: 1.0)")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass of the in-process stack")
-    max_tokens_per_turn: int = Field(128, ge=8, description="Tokens per policy turn in the in-process stack")
-    max_steps: int = Field(0, ge=0, description="Turn budget per rollout (0: the mode's default)")
-    concurrency: int = Field(12, ge=1, description="Rollouts in flight at once")
+    @model_validator(mode="after")
+    def _suite_names_its_item(self) -> APOPrompt:
+        if self.suite and "item_id" not in self.labels:
+            raise ValueError("a prompt graded by its suite needs labels.item_id")
+        return self
 
 
 class APOConfig(PolicyJobConfig):
@@ -38,6 +31,9 @@ class APOConfig(PolicyJobConfig):
     rho: int = Field(3, ge=0, description="Forced rollouts per mode per prompt (prefix injection)")
     gamma: int = Field(3, ge=0, description="Free rollouts per prompt (the model routes itself)")
     prompts_per_step: int = Field(1, ge=1, description="Prompts (groups) per optimizer step")
+    pass_rate_window: tuple[float, float] | None = Field(
+        None, description="Keep only groups whose share of correct rollouts lies in [low, high] (SR2AM: [0.125, 0.75]); groups whose rewards are all equal are always dropped"
+    )
     reward: Literal["apo", "sr2am"] = Field("apo", description="Reward formula of the reward service: APO (A^2FM) or SR2AM's tiered structure reward")
     eps_low: float = Field(0.2, ge=0, description="Clip ratio below 1 - eps_low for negative advantages")
     eps_high: float = Field(0.28, ge=0, description="Clip ratio above 1 + eps_high for positive advantages (clip-higher)")
@@ -51,3 +47,11 @@ class APOConfig(PolicyJobConfig):
     @property
     def group_size(self) -> int:
         return 3 * self.rho + self.gamma
+
+    @model_validator(mode="after")
+    def _apo_needs_forced_instant(self) -> APOConfig:
+        if self.reward == "apo" and self.rho == 0:
+            raise ValueError("the APO reward needs forced rollouts (rho >= 1): without forced-instant ones its p is undefined")
+        if self.pass_rate_window and not 0 <= self.pass_rate_window[0] <= self.pass_rate_window[1] <= 1:
+            raise ValueError("pass_rate_window must be (low, high) with 0 <= low <= high <= 1")
+        return self

@@ -11,8 +11,12 @@ from gearshift.api.common.v1.common_pb2 import Mode, Purpose, Trajectory
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.api.reward.v1 import reward_pb2, reward_pb2_grpc
 from gearshift.clients import channel
+from gearshift.evaluation.runner import verifier_name
+from gearshift.evaluation.suites import find_item
 from gearshift.jobs.apo.config import APOConfig, APOPrompt
+from gearshift.jobs.on_policy import sampling, solve
 from gearshift.protocol.modes import MODE_OF
+from gearshift.rewards.scoring import score_group
 from gearshift.settings import Settings
 
 REWARD_KINDS = {"apo": reward_pb2.REWARD_KIND_APO, "sr2am": reward_pb2.REWARD_KIND_SR2AM}
@@ -20,12 +24,26 @@ REWARD_KINDS = {"apo": reward_pb2.REWARD_KIND_APO, "sr2am": reward_pb2.REWARD_KI
 
 @dataclass
 class Group:
-    """One prompt's rollouts and their rewards, in the same order."""
+    """One prompt's rollouts, their rewards and verdicts, in the same order."""
 
     prompt: APOPrompt
     rollouts: list[Trajectory]
     rewards: list[float]
     forced_instant_success_rate: float
+    correct: list[bool]
+
+    @property
+    def pass_rate(self) -> float:
+        return sum(self.correct) / len(self.correct)
+
+
+def informative(groups: list[Group], window: tuple[float, float] | None) -> list[Group]:
+    """The groups worth an update: not all rewards equal (their advantages would all be 0), and
+    with a pass rate inside the window when one is set (SR2AM keeps [1/8, 6/8])."""
+    kept = [g for g in groups if len(set(g.rewards)) > 1]
+    if window is not None:
+        kept = [g for g in kept if window[0] <= g.pass_rate <= window[1]]
+    return kept
 
 
 def group_requests(prompt: APOPrompt, config: APOConfig, run_id: str, step: int, index: int) -> list[executor_pb2.SolveRequest]:
@@ -45,19 +63,11 @@ def group_requests(prompt: APOPrompt, config: APOConfig, run_id: str, step: int,
             run_id=run_id,
             labels={**prompt.labels, "step": str(step), "sample": str(k)},
             purpose=Purpose.PURPOSE_TRAINING,
+            sampling=sampling(config.rollout),
             trajectory_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"{run_id}/{step}/{index}/{Mode.Name(mode)}/{k}")),
         )
         for mode, k in slots
     ]
-
-
-async def solve(stub: executor_pb2_grpc.ExecutorStub, request: executor_pb2.SolveRequest, slots: asyncio.Semaphore) -> Trajectory:
-    """Runs one episode; returns the stored trajectory from the final event."""
-    async with slots:
-        async for item in stub.Solve(request):
-            if item.HasField("final"):
-                return item.final.trajectory
-    raise RuntimeError(f"the executor ended episode {request.trajectory_id} without a final event")
 
 
 async def collect(
@@ -72,9 +82,17 @@ async def collect(
         rollouts = await asyncio.gather(*(asyncio.gather(*(solve(executor, r, slots) for r in group)) for group in requests))
         groups = []
         for prompt, trajectories in zip(prompts, rollouts):
-            scored = await reward.Score(
+            if prompt.suite:  # graded as evaluation grades it: the suite's own grader
+                item = find_item(prompt.suite, prompt.labels["item_id"])
+                verdicts = [bool(t.answer.strip()) and item.grade(t.answer) for t in trajectories]
+                scored = score_group(trajectories, verdicts, config.reward, verifier_name(prompt.suite), settings.reward)
+                rewards = [r.value for r in scored.rewards]
+                p = scored.forced_instant_success_rate
+                groups.append(Group(prompt, list(trajectories), rewards, -1.0 if p is None else p, verdicts))
+                continue
+            reply = await reward.Score(
                 reward_pb2.ScoreRequest(reference_answer=prompt.reference_answer, kind=REWARD_KINDS[config.reward], rollouts=trajectories)
             )
-            rewards = [item.reward.value for item in scored.scored]
-            groups.append(Group(prompt, list(trajectories), rewards, scored.forced_instant_success_rate))
+            groups.append(Group(prompt, list(trajectories), [s.reward.value for s in reply.scored],
+                                reply.forced_instant_success_rate, [s.reward.correct for s in reply.scored]))
     return groups

@@ -22,25 +22,22 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import random
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import torch
-from gearshift import weights
-from gearshift.embedded import embedded
+from gearshift.evaluation.suites import SUITES
 from gearshift.jobs.apo.config import APOConfig, APOPrompt
-from gearshift.jobs.apo.rollouts import Group, collect
-from gearshift.policy_client import PolicyClient
-from gearshift.settings import ExecutorSettings, PolicyServerSettings, Settings
-from gearshift.topology import SERVICE_NAMES
+from gearshift.jobs.apo.rollouts import Group, collect, informative
+from gearshift.jobs.on_policy import reload_remote, rollout_services
+from gearshift.settings import Settings
 from gearshift.training import advantages, checkpoints, data, forward, losses, tokenization
 from gearshift.training.results import register
 from gearshift.training.runtime import Run, StepCallback
 
-SERVED_NAME = "policy-in-training"
+log = logging.getLogger("gearshift.jobs.apo")
 
 
 def gather_prompts(config: APOConfig) -> tuple[list[APOPrompt], list[str]]:
@@ -53,7 +50,9 @@ def gather_prompts(config: APOConfig) -> tuple[list[APOPrompt], list[str]]:
         for trajectory in data.load_trajectories(config.store_addr, config.data):
             if trajectory.reference_answer and trajectory.query not in seen:
                 seen.add(trajectory.query)
-                prompts.append(APOPrompt(query=trajectory.query, reference_answer=trajectory.reference_answer, labels=dict(trajectory.labels)))
+                graded_by_suite = trajectory.task_source in SUITES and "item_id" in trajectory.labels
+                prompts.append(APOPrompt(query=trajectory.query, reference_answer=trajectory.reference_answer,
+                                         labels=dict(trajectory.labels), suite=trajectory.task_source if graded_by_suite else ""))
                 ids.append(trajectory.id)
     if not prompts:
         raise ValueError("no prompts: give prompts inline or a data filter")
@@ -117,46 +116,6 @@ def apo_update(run: Run, rollouts: RolloutBatch, config: APOConfig, reference=No
     return results
 
 
-@contextlib.asynccontextmanager
-async def rollout_services(run: Run, config: APOConfig, settings: Settings) -> AsyncIterator[tuple[Settings, bool]]:
-    """Settings pointing at an executor and reward service; True when weights must be reloaded
-    into a remote policy server after each update."""
-    if config.rollout.executor_addr:
-        remote = settings.model_copy(update={"executor_addr": config.rollout.executor_addr})
-        if config.rollout.policy_url:
-            remote = remote.with_policy(config.rollout.policy_url)
-        yield remote, True
-        return
-    from gearshift.services.policy_server.core import PolicyEngine
-
-    server = PolicyServerSettings(model=str(run.output), served_model_name=SERVED_NAME, threads=config.optim.threads, max_tokens_cap=4096)
-    served = weights.LoadedModel(model=run.model, tokenizer=run.tokenizer, source="training", path=run.output, load_seconds=0.0)
-    engine = PolicyEngine(served, server, settings.data_dir / "models")
-    executor = ExecutorSettings(
-        temperature=config.rollout.temperature, top_p=config.rollout.top_p, max_tokens_per_turn=config.rollout.max_tokens_per_turn
-    )
-    local = settings.model_copy(update={"policy_server": server, "executor": executor, "metrics_port": 0})
-    services = SERVICE_NAMES
-    if config.store_addr:  # rollouts are stored where the job's data lives
-        local = local.model_copy(update={"store_addr": config.store_addr})
-        services = tuple(name for name in SERVICE_NAMES if name != "store")
-    try:
-        async with embedded(local, services, policy_engine=engine) as platform:
-            yield platform.settings, False
-    finally:
-        engine.close()
-
-
-async def reload_remote(run: Run, settings: Settings) -> float:
-    """Saves the weights and makes the remote policy server load them; returns seconds taken."""
-    started = time.perf_counter()
-    serving = run.output / "serving"
-    checkpoints.save_weights(run.policy, serving)
-    async with PolicyClient.from_settings(settings) as policy:
-        await policy.load(str(serving.resolve()))
-    return time.perf_counter() - started
-
-
 async def train_async(config: APOConfig, on_step: StepCallback | None = None) -> dict:
     """Runs APO; returns the run's result."""
     prompts, trajectory_ids = gather_prompts(config)
@@ -167,7 +126,7 @@ async def train_async(config: APOConfig, on_step: StepCallback | None = None) ->
         reference = checkpoints.load_frozen(config.reference or config.model.base, settings.data_dir / "models")
     run_id = f"apo-{run.checkpoint_id}"
     rollout_ids: list[str] = []
-    async with rollout_services(run, config, settings) as (stack, remote):
+    async with rollout_services(run, config.rollout, config.store_addr, config.optim.threads) as (stack, remote):
         if remote:
             await reload_remote(run, stack)  # the remote server starts from this run's weights
         for step in run.steps():
@@ -177,13 +136,24 @@ async def train_async(config: APOConfig, on_step: StepCallback | None = None) ->
             groups = await collect(stack, stack.executor_addr, stack.reward_addr, picked, config, run_id, step)
             rollout_seconds = time.perf_counter() - started
             rollout_ids += [t.id for group in groups for t in group.rollouts]
-            rollouts = encode_groups(run.tokenizer, groups, config.max_length)
-            results = apo_update(run, rollouts, config, reference)
+            kept = informative(groups, config.pass_rate_window)
             metrics = {
-                "reward_mean": float(rollouts.rewards.mean()),
-                "rollouts": len(rollouts.rewards),
-                "tokens": rollouts.batch.tokens,
+                "reward_mean": sum(r for g in groups for r in g.rewards) / sum(len(g.rewards) for g in groups),
+                "rollouts": sum(len(g.rollouts) for g in groups),
+                "groups_dropped": len(groups) - len(kept),
                 "rollout_seconds": rollout_seconds,
+            }
+            if not kept:  # nothing to learn this step: every group's rewards were equal
+                log.info("step %d: all %d groups dropped (equal rewards or outside the pass-rate window)", step, len(groups))
+                run.record(step, 0.0, metrics | {"tokens": 0, "updated": False}, started)
+                continue
+            rollouts = encode_groups(run.tokenizer, kept, config.max_length)
+            results = apo_update(run, rollouts, config, reference)
+            metrics |= {
+                "tokens": rollouts.batch.tokens,
+                "updated": True,
+                "rewards": rollouts.rewards.tolist(),
+                "advantages": rollouts.advantages.tolist(),
                 "clipped_low": results[-1].clipped_low,
                 "clipped_high": results[-1].clipped_high,
                 "kl": results[-1].kl,

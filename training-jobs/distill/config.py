@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gearshift.protocol.modes import ModeName
-from gearshift.training.config import DataConfig, PolicyJobConfig, Strict
+from gearshift.training.config import DataConfig, PolicyJobConfig, RolloutConfig, Strict
 from pydantic import Field
 
 
@@ -27,7 +27,6 @@ class DistillConfig(PolicyJobConfig):
     )
     default_teacher: str = Field("", description="Teacher of prompts whose domain is not in teachers; empty: such prompts are an error")
     top_k: int | None = Field(None, ge=1, description="Align on the student's top-k tokens only; none: the full vocabulary")
-    batch_size: int = Field(4, ge=1, description="Prompts per optimizer step (one student sample each)")
-    max_new_tokens: int = Field(128, ge=1, description="Tokens the student samples per prompt")
-    temperature: float = Field(1.0, ge=0, description="Student sampling temperature (0 = greedy)")
-    top_p: float = Field(1.0, gt=0, le=1, description="Student nucleus sampling mass")
+    batch_size: int = Field(4, ge=1, description="Prompts per optimizer step (one student episode each)")
+    max_length: int = Field(4096, ge=16, description="Tokens kept per episode (prompt included)")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="How the student's episodes run (through the executor)")

@@ -57,7 +57,8 @@ def train_on(config: SFTConfig, trajectories: list[Trajectory], on_step: StepCal
     """Trains on the given trajectories (the correct ones); returns the run's result."""
     run = Run.start("sft", config, on_step)
     kept = [t for t in trajectories if t.reward.correct]
-    examples = [tokenization.encode_trajectory(run.tokenizer, t, config.max_length) for t in kept]
+    routing = tokenization.route_targets(kept)
+    examples = [tokenization.encode_trajectory(run.tokenizer, t, config.max_length, t.id in routing) for t in kept]
     usable = [(t, e) for t, e in zip(kept, examples) if e.target_count]
     if not usable:
         raise ValueError(f"no correct trajectory with learnable tokens among {len(trajectories)} read")

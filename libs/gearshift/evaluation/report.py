@@ -95,7 +95,7 @@ def mode_report(mode: str, trajectories: list[Trajectory], bootstrap_samples: in
         per_item[trajectory.labels.get("item_id", trajectory.id)].append(ok)
     k = min(len(v) for v in per_item.values())
     costs = [t.cost.total_usd for t in trajectories]
-    cop = compute_cost_of_pass(costs, correct, bootstrap_samples, seed=seed)
+    cop = compute_cost_of_pass(costs, correct, bootstrap_samples, seed=seed, items=[t.labels.get("item_id", t.id) for t in trajectories])
     report = ModeReport(
         mode=mode,
         items=len(per_item),

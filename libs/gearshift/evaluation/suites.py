@@ -278,6 +278,22 @@ SUITES: dict[str, Callable[[], Suite]] = {
 }
 
 
+_GENERATED_ID = re.compile(r"^(?P<family>[a-z_]+)-s(?P<seed>\d+)-(?P<index>\d+)$")
+
+
+def find_item(suite: str, item_id: str) -> SuiteItem:
+    """A suite's item by id, with its grader (training grades rollouts as evaluation does)."""
+    match = _GENERATED_ID.match(item_id)
+    if match and match["family"] in FAMILIES:
+        family = FAMILIES[match["family"]]
+        question, answer, difficulty, grade = family.item(int(match["seed"]), int(match["index"]))
+        return SuiteItem(item_id, question, answer, split_of(item_id), family.domain, difficulty, grade)
+    for item in (item for split in SPLITS for item in get_suite(suite).items(split)):
+        if item.id == item_id:
+            return item
+    raise ValueError(f"suite {suite!r} has no item {item_id!r}")
+
+
 def register_suite(name: str, factory: Callable[[], Suite]) -> None:
     """Makes a suite available by name (to `gearshift eval --suite`)."""
     SUITES[name] = factory

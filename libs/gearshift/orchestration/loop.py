@@ -186,7 +186,7 @@ async def run_round(settings: Settings, config: LoopConfig, console: Console | N
                     **{k: sft["metrics"].get(k) for k in ("steps", "first_loss", "final_loss")}}
 
         with report.stage("apo", f"GRPO with adaptive sampling on {config.apo_prompts} train prompts, from the SFT checkpoint") as fig:
-            prompts = [{"query": item.question, "reference_answer": item.answer,
+            prompts = [{"query": item.question, "reference_answer": item.answer, "suite": suite.name,
                         "labels": {k: v for k, v in item.labels(0).items() if k != "sample"}}
                        for item in suite.items("train", config.apo_prompts)]
             parent = await steps.get_checkpoint(stack, sft["checkpoint_id"])

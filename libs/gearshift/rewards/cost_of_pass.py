@@ -34,12 +34,15 @@ def cost_of_pass(total_cost: float, correct: int) -> float:
 
 
 def compute_cost_of_pass(
-    costs: Sequence[float], correct: Sequence[bool], samples: int, confidence: float = 0.95, seed: int = 0
+    costs: Sequence[float], correct: Sequence[bool], samples: int, confidence: float = 0.95, seed: int = 0,
+    items: Sequence[str] | None = None,
 ) -> CostOfPass:
-    """The metric over a set of attempts, with a seeded percentile bootstrap interval
-    (resampling attempts with replacement; a resample without a correct answer counts +inf)."""
-    if len(costs) != len(correct) or not costs:
-        raise ValueError("need one verdict per cost, and at least one attempt")
+    """The metric over a set of attempts, with a seeded percentile bootstrap interval. The
+    bootstrap resamples items with replacement (items[i] is attempt i's item; none: each attempt
+    its own), so several attempts of one item move together and the interval is not too narrow.
+    A resample without a correct answer counts +inf."""
+    if len(costs) != len(correct) or not costs or (items is not None and len(items) != len(costs)):
+        raise ValueError("need one verdict (and item) per cost, and at least one attempt")
     if not 0 < confidence < 1:
         raise ValueError("confidence must lie in (0, 1)")
     if samples < 1:
@@ -49,6 +52,9 @@ def compute_cost_of_pass(
     if not np.all(np.isfinite(cost)) or np.any(cost < 0):
         raise ValueError("costs must be finite and non-negative")
     total, n_correct = float(cost.sum()), int(passed.sum())
+    if items is not None:  # one row per item: its total cost and its number of correct attempts
+        keys, index = np.unique(np.asarray(items, dtype=object).astype(str), return_inverse=True)
+        cost, passed = np.bincount(index, weights=cost, minlength=len(keys)), np.bincount(index, weights=passed, minlength=len(keys))
 
     rng = np.random.default_rng(seed)
     n = len(cost)
@@ -64,4 +70,4 @@ def compute_cost_of_pass(
     tail = (1 - confidence) / 2
     low = resampled[min(samples - 1, math.floor(tail * samples))]
     high = resampled[max(0, math.ceil((1 - tail) * samples) - 1)]
-    return CostOfPass(cost_of_pass(total, n_correct), float(low), float(high), n, n_correct, total)
+    return CostOfPass(cost_of_pass(total, n_correct), float(low), float(high), len(costs), n_correct, total)

@@ -51,6 +51,14 @@ def verify(answer: str, reference: str, verifier: str, config: RewardSettings) -
     raise ValueError(f"unknown local verifier {verifier!r}")
 
 
+def structure_of(rollout: Trajectory, format_valid: bool) -> bool:
+    """SR2AM's structure term: the plan blocks of the regulated agentic turns; a trajectory
+    without any (instant, reasoning) is judged by its mode's format instead."""
+    if any(turn.plan_decision for turn in rollout.turns):
+        return bool(check_structure(rollout.turns))
+    return format_valid
+
+
 def is_forced_instant(rollout: Trajectory) -> bool:
     """A rollout APO forced into instant mode (prefix injection)."""
     return (
@@ -83,7 +91,7 @@ def score_group(
             value = formulas.apo_reward(correct, format_valid, r_adaptive)
             components = {"r_acc": float(correct), "r_format": float(format_valid), "r_adaptive": r_adaptive}
         elif kind == SR2AM:
-            structure_valid = bool(check_structure(rollout.turns))
+            structure_valid = structure_of(rollout, format_valid)
             extractable = bool(final_answer(rollout))
             value = formulas.sr2am_reward(correct, structure_valid, extractable)
             components = {"r_acc": float(correct), "r_structure": float(structure_valid), "r_extractable": float(extractable)}

@@ -82,7 +82,8 @@ class RoutingEvaluation:
 
 def _result(name: str, picked: list[list[Attempt]], bootstrap_samples: int) -> PolicyResult:
     attempts = [a for chosen in picked for a in chosen]
-    cost = compute_cost_of_pass([a.cost_usd for a in attempts], [a.correct for a in attempts], bootstrap_samples)
+    items = [str(index) for index, chosen in enumerate(picked) for _ in chosen]
+    cost = compute_cost_of_pass([a.cost_usd for a in attempts], [a.correct for a in attempts], bootstrap_samples, items=items)
     return PolicyResult(name, len(picked), cost.correct / cost.attempts, cost)
 
 

@@ -104,3 +104,18 @@ class PolicyJobConfig(JobConfig):
 
     model: ModelConfig = Field(default_factory=ModelConfig, description="The model being trained")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer and schedule")
+
+
+class RolloutConfig(Strict):
+    """How on-policy rollouts (APO, distillation) are produced: through the executor, as in
+    serving, with the model being trained. Their sampling reaches every model call of an episode."""
+
+    executor_addr: str = Field(
+        "", description="A running executor (its policy server is reloaded after each update via /v1/load); empty: an in-process stack serving the training weights"
+    )
+    policy_url: str = Field("", description="The running executor's policy server (for /v1/load); empty: GEARSHIFT_POLICY_CLIENT__URL")
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature of every model call (A^2FM: 1.0)")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass of every model call")
+    max_tokens_per_turn: int = Field(128, ge=8, description="Tokens per policy turn in the in-process stack")
+    max_steps: int = Field(0, ge=0, description="Turn budget per rollout (0: the mode's default)")
+    concurrency: int = Field(12, ge=1, description="Rollouts in flight at once")

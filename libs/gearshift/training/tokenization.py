@@ -1,15 +1,17 @@
-"""Trajectories to token ids with loss masks, through the model's own chat template.
+"""Trajectories to token ids with loss masks, through the model's own chat template
+(docs/protocol.md, section 9).
 
 The prompt is exactly what serving sends: prompts.messages(query) rendered with the generation
 prompt. The assistant turn is the stored transcript (a2fm.render_transcript), cut into pieces
 the model wrote (targets) and pieces the platform wrote (masked):
 - tool responses (the environment's text);
-- what the executor injects: a forced mode's justification and classification block, and the
-  mode openers (<answer>, <reasoning>, the first <plan>).
+- what the executor injects: the mode openers (<answer>, <reasoning>) and, recorded in each
+  turn's injected spans, the first <plan> and the forced-answer opener.
 SR2AM plan blocks are targets: SR2AM trains plans as part of the agent's reasoning, so the
 policy learns when to plan and how far (the planner service asks the same policy).
-For model-routed trajectories the rationale and classification block are targets: one model
-learns to route, then to answer in that mode (A^2FM route-then-align).
+The routing head (rationale and classification block) is a target when it names the mode the
+model should choose (route_targets): one model learns to route, then to answer in that mode
+(A^2FM route-then-align). A forced prefix of another mode and a router fallback stay masked.
 
 Each piece is tokenized on its own, so no token straddles a learned and a masked piece (the
 whole text tokenized at once merges, e.g., the ">" ending a tool call with the "<" opening the
@@ -19,6 +21,8 @@ tool response); a generated piece gets the tokens the model emits for that text.
 from __future__ import annotations
 
 import functools
+from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -47,13 +51,38 @@ class Encoded:
         return sum(self.target)
 
 
-def assistant_segments(trajectory: Trajectory) -> list[Segment]:
+def route_targets(trajectories: Iterable[Trajectory]) -> set[str]:
+    """Ids of the trajectories whose routing head is learned. For an item with correct forced-mode
+    trajectories, the classification to learn is the item's cheapest correct mode (by mean cost,
+    ties to the cheaper mode): every correct trajectory in that mode learns its head, forced or
+    not. Elsewhere a trajectory the model routed itself learns its own. A fallback never does."""
+    by_item: dict[str, list[Trajectory]] = defaultdict(list)
+    for trajectory in trajectories:
+        by_item[trajectory.labels.get("item_id") or trajectory.query].append(trajectory)
+    learned = set()
+    for group in by_item.values():
+        correct = [t for t in group if t.reward.correct and t.routing_strategy != RoutingStrategy.ROUTING_STRATEGY_FALLBACK]
+        forced = [t for t in correct if t.routing_strategy == RoutingStrategy.ROUTING_STRATEGY_FORCED]
+        if forced:
+            costs = defaultdict(list)
+            for t in forced:
+                costs[t.mode].append(t.cost.total_usd)
+            best = min(costs, key=lambda mode: (sum(costs[mode]) / len(costs[mode]), mode))
+            learned |= {t.id for t in correct if t.mode == best}
+        else:
+            learned |= {t.id for t in group if t.routing_strategy == RoutingStrategy.ROUTING_STRATEGY_MODEL}
+    return learned
+
+
+def assistant_segments(trajectory: Trajectory, learn_routing: bool | None = None) -> list[Segment]:
     """The assistant turn of a stored trajectory in target and masked pieces; joined, they equal
-    a2fm.render_transcript(trajectory)."""
-    routed_by_model = trajectory.routing_strategy == RoutingStrategy.ROUTING_STRATEGY_MODEL
+    a2fm.render_transcript(trajectory). The routing head is learned when learn_routing says so
+    (default: when the model routed itself)."""
+    if learn_routing is None:
+        learn_routing = trajectory.routing_strategy == RoutingStrategy.ROUTING_STRATEGY_MODEL
     head = f"{trajectory.routing_rationale}\n" if trajectory.routing_rationale else ""
     pieces = [
-        Segment(head + a2fm.classification_block(trajectory.mode), target=routed_by_model),
+        Segment(head + a2fm.classification_block(trajectory.mode), target=learn_routing),
         Segment(prompts.MODE_OPENERS[trajectory.mode], target=False),
     ]
     for turn in trajectory.turns:
@@ -106,10 +135,10 @@ def _ids(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def encode_trajectory(tokenizer, trajectory: Trajectory, max_length: int | None = None) -> Encoded:
+def encode_trajectory(tokenizer, trajectory: Trajectory, max_length: int | None = None, learn_routing: bool | None = None) -> Encoded:
     """A stored trajectory with its masks; a completed one also learns to end its turn."""
     completed = trajectory.status == TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED
-    return encode(tokenizer, trajectory.query, assistant_segments(trajectory), completed, max_length)
+    return encode(tokenizer, trajectory.query, assistant_segments(trajectory, learn_routing), completed, max_length)
 
 
 @dataclass

@@ -52,6 +52,24 @@ def test_seeded_and_reproducible_over_several_chunks():
     assert first.ci_low_usd < narrower.ci_low_usd < narrower.ci_high_usd < first.ci_high_usd
 
 
+def test_the_bootstrap_resamples_items_not_attempts():
+    # Two items, four samples each: item a (cost 1 each) always right, item b (cost 1) always
+    # wrong. Resampling items, half the resamples draw b twice: no correct answer, +inf.
+    # Resampling the eight attempts as if independent almost never draws eight b's.
+    costs, correct, items = [1.0] * 8, [True] * 4 + [False] * 4, ["a"] * 4 + ["b"] * 4
+    by_item = compute_cost_of_pass(costs, correct, samples=400, seed=3, items=items)
+    by_attempt = compute_cost_of_pass(costs, correct, samples=400, seed=3)
+    assert by_item.cost_of_pass_usd == by_attempt.cost_of_pass_usd == 2.0 and by_item.attempts == 8
+    assert by_item.ci_high_usd == math.inf and by_attempt.ci_high_usd < math.inf
+    assert by_item.ci_low_usd == 1.0  # both draws item a: 8 / 8
+
+
+def test_one_item_per_attempt_is_the_attempt_bootstrap():
+    costs, correct = [0.001 * (i % 5 + 1) for i in range(50)], [i % 4 != 0 for i in range(50)]
+    assert compute_cost_of_pass(costs, correct, 500, seed=1) == compute_cost_of_pass(
+        costs, correct, 500, seed=1, items=[f"{i:03d}" for i in range(50)])
+
+
 @pytest.mark.parametrize(
     ("costs", "correct", "kwargs"),
     [
@@ -61,6 +79,7 @@ def test_seeded_and_reproducible_over_several_chunks():
         ([math.nan], [True], {}),
         ([1.0], [True], {"confidence": 1.0}),
         ([1.0], [True], {"samples": 0}),
+        ([1.0, 2.0], [True, True], {"items": ["a"]}),
     ],
 )
 def test_bad_input(costs, correct, kwargs):

@@ -9,6 +9,7 @@ from gearshift.rewards.structure import StructureError, check_structure, parse_p
 from tests.libs.rewards.trajectories import SR2AM_TURNS
 
 NEW, CONTINUE, ACT = PlanDecision.PLAN_DECISION_PLAN_NEW, PlanDecision.PLAN_DECISION_CONTINUE, PlanDecision.PLAN_DECISION_ACT
+UNREGULATED = PlanDecision.PLAN_DECISION_UNSPECIFIED
 
 TWO_STEP = """Thinking about it.
 Plan:
@@ -72,18 +73,18 @@ def test_only_line_start_headers_count():
 @pytest.mark.parametrize(
     ("outputs", "decisions", "valid"),
     [
-        (list(SR2AM_TURNS), [], True),
         (list(SR2AM_TURNS), [NEW, ACT], True),
         (list(SR2AM_TURNS), [ACT, ACT], False),  # the block contradicts the recorded decision
-        ([SR2AM_TURNS[0], "Plan:\n\nstill on it <answer>391</answer>"], [], True),  # continue a written plan
-        (["Plan:\n\n<answer>391</answer>"], [], False),  # continue with nothing to continue
-        ([SR2AM_TURNS[0], "<answer>391</answer>"], [], False),  # a turn without a plan block
-        (["Plan: None\nPlan: None\n<answer>1</answer>"], [], False),  # two blocks in one turn
-        (["Plan:\n- Current State: s\n- Action: a\n<answer>1</answer>"], [], False),
-        ([], [], False),
+        ([SR2AM_TURNS[0], "Plan:\n\nstill on it <answer>391</answer>"], [NEW, CONTINUE], True),  # continue a written plan
+        (["Plan:\n\n<answer>391</answer>"], [CONTINUE], False),  # continue with nothing to continue
+        ([SR2AM_TURNS[0], "<answer>391</answer>"], [NEW, ACT], False),  # a regulated turn without a plan block
+        ([SR2AM_TURNS[0], "\n<answer>391</answer>"], [NEW, UNREGULATED], True),  # the forced-answer turn has none to check
+        (["Plan: None\nPlan: None\n<answer>1</answer>"], [ACT], False),  # two blocks in one turn
+        (["Plan:\n- Current State: s\n- Action: a\n<answer>1</answer>"], [NEW], False),
+        ([], [], True),  # nothing regulated, nothing to check (instant and reasoning mode)
     ],
 )
 def test_structure(outputs, decisions, valid):
-    turns = [Turn(index=i, output=o, plan_decision=d) for i, (o, d) in enumerate(zip(outputs, decisions or [0] * len(outputs)))]
+    turns = [Turn(index=i, output=o, plan_decision=d) for i, (o, d) in enumerate(zip(outputs, decisions))]
     check = check_structure(turns)
     assert check.valid is valid, check.reason

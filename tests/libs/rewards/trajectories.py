@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gearshift.api.common.v1.common_pb2 import Mode, RoutingStrategy, TokenUsage, ToolResult, Trajectory, Turn
+from gearshift.api.common.v1.common_pb2 import Mode, PlanDecision, RoutingStrategy, TokenUsage, ToolResult, Trajectory, Turn
 
 INSTANT, REASONING, AGENTIC = Mode.MODE_INSTANT, Mode.MODE_REASONING, Mode.MODE_AGENTIC
 FORCED, MODEL = RoutingStrategy.ROUTING_STRATEGY_FORCED, RoutingStrategy.ROUTING_STRATEGY_MODEL
@@ -18,6 +18,16 @@ SR2AM_TURNS = (
     "- Expected Outcome: the product is printed\n<tool_call>\n{'id': 1, 'name': 'python', 'arguments': {'code': 'print(17*23)'}}\n</tool_call>",
     "The tool printed 391.\nPlan: None\n<answer>391</answer>",
 )
+
+
+def regulated(text: str) -> int:
+    """The configurator decision the executor records for an agentic turn: the one its plan
+    block expresses, ACT when it has none (the block is then missing)."""
+    if "Plan:\n-" in text:
+        return PlanDecision.PLAN_DECISION_PLAN_NEW
+    if "Plan:\n\n" in text:
+        return PlanDecision.PLAN_DECISION_CONTINUE
+    return PlanDecision.PLAN_DECISION_ACT
 
 
 def output_for(mode: int, answer: str) -> tuple[str, ...]:
@@ -44,7 +54,8 @@ def rollout(
     if not well_formed:
         outputs = (f"</reasoning>Sure! {answer}",)  # a closing tag that was never opened
     turns = [
-        Turn(index=i, output=text, usage=TokenUsage(input_tokens=100, output_tokens=50))
+        Turn(index=i, output=text, usage=TokenUsage(input_tokens=100, output_tokens=50),
+             plan_decision=regulated(text) if mode == AGENTIC else PlanDecision.PLAN_DECISION_UNSPECIFIED)
         for i, text in enumerate(outputs)
     ]
     return Trajectory(

@@ -1,5 +1,6 @@
 """Loss masks on literal trajectories: the decoded target tokens are exactly the model's text."""
 
+from gearshift.api.common.v1.common_pb2 import Mode, RoutingStrategy
 from gearshift.protocol import a2fm
 from gearshift.training import tokenization
 
@@ -23,11 +24,46 @@ def test_model_routed_learns_classification_and_answer_not_the_opener(tokenizer)
 
 def test_forced_prefix_openers_and_tool_responses_are_masked_plans_are_learned(tokenizer):
     encoded = tokenization.encode_trajectory(tokenizer, forced_agentic())
-    expected = "Plan: None\nmultiply</plan>\n" + TOOL_CALL + "\nPlan:\n<answer>391</answer><|im_end|>"
+    expected = "Plan: None\nmultiply</plan>\n" + TOOL_CALL + "\nPlan: None\n<answer>391</answer><|im_end|>"
     assert targets(tokenizer, encoded) == expected
     whole = tokenizer.decode(encoded.input_ids)
     assert "Results for tool call 1:\n391" in whole  # present in the input, just not learned
     assert "toolcalling_agent" in whole
+
+
+def variant(trajectory, ident: str, mode: int, strategy: int, cost: float, correct: bool = True):
+    copy = type(trajectory)()
+    copy.CopyFrom(trajectory)
+    copy.id, copy.mode, copy.routing_strategy = ident, mode, strategy
+    copy.cost.total_usd, copy.reward.correct = cost, correct
+    copy.labels["item_id"] = "item-1"
+    return copy
+
+
+def test_route_then_align_learns_the_cheapest_correct_mode_of_each_item():
+    base = routed_instant()
+    instant, reasoning, agentic = Mode.MODE_INSTANT, Mode.MODE_REASONING, Mode.MODE_AGENTIC
+    forced, model, fallback = (RoutingStrategy.ROUTING_STRATEGY_FORCED, RoutingStrategy.ROUTING_STRATEGY_MODEL,
+                               RoutingStrategy.ROUTING_STRATEGY_FALLBACK)
+    group = [
+        variant(base, "f-instant-wrong", instant, forced, 0.1, correct=False),
+        variant(base, "f-reasoning", reasoning, forced, 0.4),
+        variant(base, "f-agentic", agentic, forced, 0.9),
+        variant(base, "m-agentic", agentic, model, 0.9),  # the model chose a dearer correct mode
+        variant(base, "m-reasoning", reasoning, model, 0.4),
+        variant(base, "fallback", reasoning, fallback, 0.4),
+    ]
+    assert tokenization.route_targets(group) == {"f-reasoning", "m-reasoning"}
+    tie = [variant(base, "a", agentic, forced, 0.2), variant(base, "r", reasoning, forced, 0.2)]
+    assert tokenization.route_targets(tie) == {"r"}  # equal cost: the cheaper mode
+    alone = [variant(base, "m", agentic, model, 0.9), variant(base, "fb", instant, fallback, 0.1)]
+    alone[1].labels["item_id"] = "item-2"
+    assert tokenization.route_targets(alone) == {"m"}  # no forced outcomes: the model's own choice, never a fallback
+
+
+def test_a_forced_trajectory_in_the_learned_mode_learns_its_routing_head(tokenizer):
+    encoded = tokenization.encode_trajectory(tokenizer, forced_agentic(), learn_routing=True)
+    assert targets(tokenizer, encoded).startswith("This question needs tools to answer reliably.\n<classification>\ntoolcalling_agent")
 
 
 def test_prompt_is_the_serving_prompt_and_never_learned(tokenizer):

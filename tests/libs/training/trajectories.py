@@ -41,13 +41,14 @@ def forced_agentic(trajectory_id="00000000-0000-0000-0000-000000000002", difficu
         routing_strategy=RoutingStrategy.ROUTING_STRATEGY_FORCED,
         routing_rationale="This question needs tools to answer reliably.",
         turns=[
-            Turn(
+            Turn(  # as the executor writes it: the <plan> opener after the first block is injected
                 index=0,
                 plan_decision=PlanDecision.PLAN_DECISION_ACT,
                 output="Plan: None\n<plan>multiply</plan>\n" + TOOL_CALL,
+                injected_spans=[11, 17],
                 tool_results=[ToolResult(call_id="1", name="python", output="391\n")],
             ),
-            Turn(index=1, plan_decision=PlanDecision.PLAN_DECISION_CONTINUE, output="\nPlan:\n<answer>391</answer>"),
+            Turn(index=1, plan_decision=PlanDecision.PLAN_DECISION_ACT, output="\nPlan: None\n<answer>391</answer>"),
         ],
         answer="391",
         reference_answer="391",
