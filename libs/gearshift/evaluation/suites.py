@@ -299,6 +299,11 @@ def register_suite(name: str, factory: Callable[[], Suite]) -> None:
     SUITES[name] = factory
 
 
+def suite_name(name: str) -> str:
+    """The name a suite is known by: a .jsonl path's stem (as get_suite names it), else itself."""
+    return Path(name).stem if name.endswith(".jsonl") else name
+
+
 def get_suite(name: str) -> Suite:
     """A registered suite by name, or a JSONL file by path (suite name = the file's stem)."""
     if name in SUITES:

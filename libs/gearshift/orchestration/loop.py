@@ -80,7 +80,7 @@ def loop_settings(settings: Settings, config: LoopConfig) -> Settings:
         "max_tokens_per_turn": config.max_tokens_per_turn, "max_steps_other": config.max_steps, "max_steps_agentic": config.max_steps,
     })
     orchestration = settings.orchestration.model_copy(update={
-        "eval_suite": get_suite(config.suite).name, "eval_split": HELD_OUT, "eval_items": config.eval_items, "eval_mode": config.gate_mode,
+        "eval_suite": config.suite, "eval_split": HELD_OUT, "eval_items": config.eval_items, "eval_mode": config.gate_mode,
     })
     policy = settings.policy_server.model_copy(update={"port": 0, "threads": config.threads})
     return settings.model_copy(update={"executor": executor, "orchestration": orchestration, "policy_server": policy, "metrics_port": 0})

@@ -20,6 +20,7 @@ from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
 from gearshift.errors import FailedPrecondition, NotFound
 from gearshift.evaluation.runner import SUITE_VERIFIER
+from gearshift.evaluation.suites import suite_name
 from gearshift.orchestration import publishing
 from gearshift.orchestration.promotion import Decision, EvalResult, Evaluator, Margins, decide, stored_result
 from gearshift.orchestration.runners import Heartbeat, Runner, RunSpec
@@ -217,15 +218,16 @@ async def gate(settings: Settings, checkpoint_id: str, evaluator: Evaluator) -> 
     if not candidate.id:
         raise NotFound(f"checkpoint {checkpoint_id} is not registered")
     # Evaluators are synchronous (they may run an event loop of their own): off this loop.
-    result = stored_result(candidate, o.eval_suite, o.eval_split) or await asyncio.to_thread(evaluator.evaluate, candidate, o.eval_suite, o.eval_split)
-    await update_checkpoint(settings, candidate.id, 0, result.metrics(o.eval_suite, o.eval_split))
+    suite = suite_name(o.eval_suite)  # figures are filed under the suite's name, even for a .jsonl path
+    result = stored_result(candidate, suite, o.eval_split) or await asyncio.to_thread(evaluator.evaluate, candidate, o.eval_suite, o.eval_split)
+    await update_checkpoint(settings, candidate.id, 0, result.metrics(suite, o.eval_split))
     baseline = await published(settings, candidate.kind or "policy")
     baseline_result = None
     if baseline is not None and baseline.id != candidate.id:
-        baseline_result = stored_result(baseline, o.eval_suite, o.eval_split)
+        baseline_result = stored_result(baseline, suite, o.eval_split)
         if baseline_result is None:
             baseline_result = await asyncio.to_thread(evaluator.evaluate, baseline, o.eval_suite, o.eval_split)
-            await update_checkpoint(settings, baseline.id, 0, baseline_result.metrics(o.eval_suite, o.eval_split))
+            await update_checkpoint(settings, baseline.id, 0, baseline_result.metrics(suite, o.eval_split))
     decision = decide(result, baseline_result, Margins(o.accuracy_margin, o.cost_of_pass_margin))
     return GateOutcome(decision, candidate, baseline if baseline_result else None)
 

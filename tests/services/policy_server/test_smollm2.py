@@ -14,7 +14,7 @@ from gearshift.settings import PolicyServerSettings, Settings
 pytestmark = pytest.mark.model
 
 
-async def test_smollm2_knows_paris_and_switches_checkpoints_under_3_seconds(tmp_path, record_property):
+async def test_smollm2_knows_paris_and_switches_checkpoints_without_dropping_a_generation(tmp_path, record_property):
     data_dir = Settings().data_dir  # the model cache is shared across runs; everything else is temporary
     cached = weights.cache_smollm2(data_dir / "models")
     copy = shutil.copytree(cached, tmp_path / "checkpoint-copy")
@@ -32,7 +32,7 @@ async def test_smollm2_knows_paris_and_switches_checkpoints_under_3_seconds(tmp_
         pieces += [chunk.text async for chunk in stream]
         record_property("switch_total_seconds", report["total_seconds"])
         record_property("load_seconds_at_start", server.engine.current.load_seconds)
-        assert report["in_flight"] == 1 and report["total_seconds"] < 3.0
+        assert report["in_flight"] == 1  # its time is a benchmark figure (benchmarks/policy_server.py), not a test
         assert "".join(pieces) == reference
         assert server.engine.current.path == copy
         assert (await client.complete(prompt, **greedy)).text == reference  # same weights, new directory
