@@ -47,7 +47,8 @@ async def rollout_services(run: Run, rollout: RolloutConfig, store_addr: str, th
     served = weights.LoadedModel(model=run.model, tokenizer=run.tokenizer, source="training", path=run.output, load_seconds=0.0)
     engine = PolicyEngine(served, server, settings.data_dir / "models")
     executor = ExecutorSettings(temperature=rollout.temperature, top_p=rollout.top_p, max_tokens_per_turn=rollout.max_tokens_per_turn)
-    local = settings.model_copy(update={"policy_server": server, "executor": executor, "metrics_port": 0})
+    planner = settings.planner.model_copy(update={"max_tokens": max(16, rollout.max_tokens_per_turn)})  # a plan is a turn too
+    local = settings.model_copy(update={"policy_server": server, "executor": executor, "planner": planner, "metrics_port": 0})
     services = SERVICE_NAMES
     if store_addr:
         local = local.model_copy(update={"store_addr": store_addr})

@@ -197,9 +197,11 @@ class OrchestrationSettings(BaseModel):
     eval_suite: str = Field("basic_arithmetic", description="Evaluation suite of the promotion gate")
     eval_split: str = Field("test", description="Held-out split the promotion gate evaluates on")
     eval_items: int = Field(20, ge=1, description="Items of the held-out split the gate evaluates")
-    eval_mode: str = Field("auto", description="Evaluation mode of the gate (auto: the model routes itself)")
-    accuracy_margin: float = Field(0.0, ge=0, description="Largest accuracy drop (absolute, 0..1) the gate accepts vs the published checkpoint")
-    cost_of_pass_margin: float = Field(0.05, ge=0, description="Largest relative cost-of-pass rise the gate accepts vs the published checkpoint")
+    gate_modes: list[str] = Field(
+        default_factory=lambda: ["auto"], description="Modes the gate decides on (auto: the model routes itself); learned is added where a router is published"
+    )
+    accuracy_margin: float = Field(0.0, ge=0, description="Largest accuracy drop (absolute, 0..1) the lower end of the 95% interval of the difference may show vs the published checkpoint")
+    cost_of_pass_margin: float = Field(0.05, ge=0, description="Largest relative cost-of-pass rise the upper end of the 95% interval may show vs the published checkpoint")
     publish_target: Literal["builtin", "vllm_lora", "deployment"] = Field(
         "builtin", description="How to publish: POST /v1/load on the built-in server, vLLM runtime LoRA loading, or a rolling restart of the policy Deployment"
     )

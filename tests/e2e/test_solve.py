@@ -10,6 +10,7 @@ from gearshift.api.common.v1.common_pb2 import Mode, RoutingStrategy, Trajectory
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.clients import channel
 from gearshift.embedded import embedded
+from gearshift.protocol.a2fm import render_transcript
 from gearshift.settings import ExecutorSettings, PlannerSettings, RouterSettings
 
 QUESTION, REFERENCE = "What is the capital of France?", "Paris"
@@ -37,7 +38,13 @@ def check(results: dict, database_url: str) -> None:
             assert trajectory.mode == mode and trajectory.routing_strategy == RoutingStrategy.ROUTING_STRATEGY_FORCED
         else:
             assert trajectory.routing_strategy == RoutingStrategy.ROUTING_STRATEGY_MODEL and trajectory.mode
-        assert trajectory.status in (TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED, TrajectoryStatus.TRAJECTORY_STATUS_BUDGET_EXHAUSTED)
+        # The status says how the transcript ended: an answer, or the mode's turn budget used up.
+        steps = SMALL["executor"].max_steps_agentic if trajectory.mode == Mode.MODE_AGENTIC else SMALL["executor"].max_steps_other
+        if trajectory.status == TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED:
+            assert "<answer>" in render_transcript(trajectory) and trajectory.answer == trajectory.answer.strip()
+        else:
+            assert trajectory.status == TrajectoryStatus.TRAJECTORY_STATUS_BUDGET_EXHAUSTED, TrajectoryStatus.Name(trajectory.status)
+            assert trajectory.answer == "" and len(trajectory.turns) == steps
         assert trajectory.turns and trajectory.usage.output_tokens > 0 and trajectory.cost.total_usd > 0
         assert trajectory.HasField("reward") and trajectory.reward.correct == (trajectory.reward.value > 0)
     agentic = results[Mode.MODE_AGENTIC][1]

@@ -18,7 +18,7 @@ def distill_config(tiny_dir, teacher_dir, out, path):
                 "output": {"dir": str(out), "progress": False},
                 "default_teacher": str(teacher_dir),
                 "prompts": [{"query": "What is 2+2?"}],
-                "max_new_tokens": 4,
+                "rollout": {"max_tokens_per_turn": 8, "max_steps": 1},
             }
         )
     )

@@ -14,10 +14,12 @@ from gearshift.clients import channel
 from gearshift.embedded import embedded
 from gearshift.evaluation.harness import evaluate
 from gearshift.evaluation.report import build_report, fetch_run
-from gearshift.evaluation.runner import eval_mode_of
-from gearshift.orchestration.promotion import EvalResult
-from gearshift.orchestration.steps import digest
+from gearshift.evaluation.runner import RETRIED, eval_mode_of
+from gearshift.evaluation.suites import get_suite
+from gearshift.orchestration.promotion import EvalResult, ItemOutcome
+from gearshift.orchestration.steps import digest, published
 from gearshift.rewards.scoring import apo_rewards
+from gearshift.routing.registry import ROUTER_KIND
 from gearshift.settings import RewardSettings, Settings
 
 POLICY_CALLERS = ("planner", "router", "executor")
@@ -44,42 +46,67 @@ def mode_figures(trajectories: list[Trajectory], reward: RewardSettings) -> dict
     return figures
 
 
+def outcomes_of(trajectories: list[Trajectory], mode: str) -> dict[str, ItemOutcome]:
+    """Per item, the finished attempts of one evaluation mode: cost, correct, attempts."""
+    items: dict[str, list[Trajectory]] = {}
+    for t in trajectories:
+        if eval_mode_of(t) == mode and t.status not in RETRIED:
+            items.setdefault(t.labels.get("item_id", t.id), []).append(t)
+    return {item: ItemOutcome(sum(t.cost.total_usd for t in ts), sum(t.reward.correct for t in ts), len(ts)) for item, ts in items.items()}
+
+
 class GateEvaluator:
     """Evaluates checkpoints for the gate (the Evaluator protocol) on the settings' gate suite,
-    split and size, in `modes`; the gate decides on `gate_mode`. Each checkpoint's figures are
-    kept, so a round does not evaluate a checkpoint twice, and its run id names the evaluation
-    config, so a resumed evaluation never mixes budgets or item sets."""
+    split and size: in the gate modes (and `learned` where a router is published), plus any
+    modes the caller wants figures of. Each checkpoint's trajectories are kept, and its run id
+    names the evaluation config, so a resumed evaluation never mixes budgets or item sets, and
+    one that is complete in the store is not started again."""
 
-    def __init__(self, settings: Settings, modes: list[str] | None = None, gate_mode: str | None = None, concurrency: int = 1):
+    def __init__(self, settings: Settings, report_modes: list[str] | None = None, concurrency: int = 1):
         self.settings = settings
-        self.gate_mode = gate_mode or settings.orchestration.eval_mode
-        self.modes = modes or [self.gate_mode]
+        self.report_modes = list(report_modes or [])
         self.concurrency = concurrency
-        self.figures: dict[str, dict[str, dict]] = {}
+        self.trajectories: dict[str, list[Trajectory]] = {}
 
-    def run_id(self, checkpoint: Checkpoint) -> str:
+    async def gate_modes(self) -> list[str]:
+        modes = list(self.settings.orchestration.gate_modes)
+        if "learned" not in modes and await published(self.settings, ROUTER_KIND) is not None:
+            modes.append("learned")
+        return modes
+
+    def run_id(self, checkpoint: Checkpoint, modes: list[str]) -> str:
         o = self.settings.orchestration
-        config = (o.eval_suite, o.eval_split, o.eval_items, self.modes, self.settings.executor.model_dump())
+        config = (o.eval_suite, o.eval_split, o.eval_items, sorted(modes), self.settings.executor.model_dump())
         return f"gate-{checkpoint.id}-{digest(*config)}"
 
     async def run(self, checkpoint: Checkpoint) -> dict[str, dict]:
-        """Per-mode figures of the checkpoint (resumed when its run is partly stored)."""
-        if checkpoint.id not in self.figures:
-            o, run_id = self.settings.orchestration, self.run_id(checkpoint)
-            async with embedded(self.settings, POLICY_CALLERS, policy_model=checkpoint.uri) as platform:
-                await evaluate(platform.settings, o.eval_suite, self.modes, o.eval_items, split=o.eval_split, run_id=run_id,
-                               concurrency=self.concurrency, out_dir=self.settings.data_dir / "eval" / run_id,
-                               purpose=Purpose.PURPOSE_GATE)
-            async with channel(self.settings.store_addr, self.settings) as ch:
-                trajectories = await fetch_run(store_pb2_grpc.TrajectoryStoreStub(ch), run_id)
-            self.figures[checkpoint.id] = mode_figures(trajectories, self.settings.reward) | {"run_id": run_id}
-        return self.figures[checkpoint.id]
+        """Per-mode figures of the checkpoint in every mode evaluated (gate and report modes)."""
+        modes = list(dict.fromkeys([*await self.gate_modes(), *self.report_modes]))
+        if checkpoint.id not in self.trajectories:
+            self.trajectories[checkpoint.id] = await self._evaluated(checkpoint, modes)
+        return mode_figures(self.trajectories[checkpoint.id], self.settings.reward) | {"run_id": self.run_id(checkpoint, modes)}
 
-    def evaluate(self, checkpoint: Checkpoint, suite: str, split: str) -> EvalResult:
-        """The gate mode's accuracy and cost of pass, every mode's figures as extras."""
-        figures = self.figures.get(checkpoint.id) or asyncio.run(self.run(checkpoint))
-        gate = figures[self.gate_mode]
-        extra = {f"{mode}/{name}": value for mode, values in figures.items() if isinstance(values, dict)
-                 for name, value in values.items() if isinstance(value, int | float)}
-        cost = gate["cost_of_pass_usd"]
-        return EvalResult(gate["accuracy"], math.inf if cost is None else cost, extra)
+    async def _evaluated(self, checkpoint: Checkpoint, modes: list[str]) -> list[Trajectory]:
+        o, run_id = self.settings.orchestration, self.run_id(checkpoint, modes)
+        async with channel(self.settings.store_addr, self.settings) as ch:
+            stored = await fetch_run(store_pb2_grpc.TrajectoryStoreStub(ch), run_id)
+        planned = len(get_suite(o.eval_suite).items(o.eval_split, o.eval_items)) * len(modes)
+        if sum(t.status not in RETRIED for t in stored) >= planned:
+            return stored  # complete: no need to serve the checkpoint again
+        async with embedded(self.settings, POLICY_CALLERS, policy_model=checkpoint.uri) as platform:
+            await evaluate(platform.settings, o.eval_suite, modes, o.eval_items, split=o.eval_split, run_id=run_id,
+                           concurrency=self.concurrency, out_dir=self.settings.data_dir / "eval" / run_id,
+                           purpose=Purpose.PURPOSE_GATE)
+        async with channel(self.settings.store_addr, self.settings) as ch:
+            return await fetch_run(store_pb2_grpc.TrajectoryStoreStub(ch), run_id)
+
+    def evaluate(self, checkpoint: Checkpoint) -> dict[str, EvalResult]:
+        """One result per gate mode, with the per-item outcomes the gate's intervals need."""
+        return asyncio.run(self._results(checkpoint))
+
+    async def _results(self, checkpoint: Checkpoint) -> dict[str, EvalResult]:
+        figures = await self.run(checkpoint)
+        trajectories = self.trajectories[checkpoint.id]
+        extras = {mode: {k: v for k, v in values.items() if k in ("apo_reward", "mean_cost_usd", "format_valid")}
+                  for mode, values in figures.items() if isinstance(values, dict)}
+        return {mode: EvalResult.of(outcomes_of(trajectories, mode), extras.get(mode)) for mode in await self.gate_modes()}

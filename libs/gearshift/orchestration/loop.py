@@ -51,8 +51,8 @@ class LoopConfig(BaseModel):
     seed_items: int = Field(16, ge=1, description="Train items solved to seed the round")
     seed_modes: list[str] = Field(["instant", "reasoning"], description="Forced modes each seed item is solved in")
     eval_items: int = Field(10, ge=1, description="Held-out (test split) items each checkpoint is evaluated on")
-    eval_modes: list[str] = Field(["instant", "reasoning"], description="Evaluation modes; forced-instant success gives APO's p")
-    gate_mode: str = Field("instant", description="The evaluation mode whose accuracy and cost of pass the promotion gate compares")
+    eval_modes: list[str] = Field(["instant", "reasoning"], description="Evaluation modes reported besides the gate's; forced-instant success gives APO's p")
+    gate_modes: list[str] = Field(["auto"], description="Modes the promotion gate decides on (learned is added where a router is published)")
     max_tokens_per_turn: int = Field(48, ge=8, description="Tokens per policy turn (serving, rollouts and evaluation alike)")
     max_steps: int = Field(1, ge=1, description="Policy turns per episode in every mode")
     sft_steps: int = Field(16, ge=1, description="SFT optimizer steps")
@@ -80,10 +80,12 @@ def loop_settings(settings: Settings, config: LoopConfig) -> Settings:
         "max_tokens_per_turn": config.max_tokens_per_turn, "max_steps_other": config.max_steps, "max_steps_agentic": config.max_steps,
     })
     orchestration = settings.orchestration.model_copy(update={
-        "eval_suite": config.suite, "eval_split": HELD_OUT, "eval_items": config.eval_items, "eval_mode": config.gate_mode,
+        "eval_suite": config.suite, "eval_split": HELD_OUT, "eval_items": config.eval_items, "gate_modes": config.gate_modes,
     })
+    planner = settings.planner.model_copy(update={"max_tokens": max(16, config.max_tokens_per_turn)})
     policy = settings.policy_server.model_copy(update={"port": 0, "threads": config.threads})
-    return settings.model_copy(update={"executor": executor, "orchestration": orchestration, "policy_server": policy, "metrics_port": 0})
+    return settings.model_copy(update={"executor": executor, "planner": planner, "orchestration": orchestration,
+                                       "policy_server": policy, "metrics_port": 0})
 
 
 # ---------------------------------------------------------------- the round
@@ -159,7 +161,7 @@ async def run_round(settings: Settings, config: LoopConfig, console: Console | N
     runner = LocalRunner(settings.data_dir / "runs", env={"GEARSHIFT_DATA_DIR": str(settings.data_dir)})
     async with embedded(settings, policy_model=base.uri) as platform:
         stack, server = platform.settings, platform.policy
-        evaluator = GateEvaluator(stack, config.eval_modes, config.gate_mode)
+        evaluator = GateEvaluator(stack, config.eval_modes)
 
         with report.stage("seed", f"{suite.name} train split, {config.seed_items} items x {', '.join(config.seed_modes)} (forced)") as fig:
             seed_run = f"loop-seed-{steps.digest(suite.name, config.seed_items, config.seed_modes, config.max_tokens_per_turn, config.max_steps, base.id)}"
@@ -186,7 +188,7 @@ async def run_round(settings: Settings, config: LoopConfig, console: Console | N
                     **{k: sft["metrics"].get(k) for k in ("steps", "first_loss", "final_loss")}}
 
         with report.stage("apo", f"GRPO with adaptive sampling on {config.apo_prompts} train prompts, from the SFT checkpoint") as fig:
-            prompts = [{"query": item.question, "reference_answer": item.answer, "suite": suite.name,
+            prompts = [{"query": item.question, "reference_answer": item.answer, "suite": config.suite,
                         "labels": {k: v for k, v in item.labels(0).items() if k != "sample"}}
                        for item in suite.items("train", config.apo_prompts)]
             parent = await steps.get_checkpoint(stack, sft["checkpoint_id"])
@@ -200,10 +202,10 @@ async def run_round(settings: Settings, config: LoopConfig, console: Console | N
         with report.stage("evaluate", f"{suite.name} held-out split, {config.eval_items} items x {', '.join(config.eval_modes)}") as fig:
             fig["base"] = await evaluator.run(base)
             fig["candidate"] = await evaluator.run(candidate)
-            gate_mode = config.gate_mode
+            gate_mode = config.gate_modes[0]
             fig |= {f"{who}_{name}": fig[who][gate_mode][name] for who in ("base", "candidate") for name in ("accuracy", "apo_reward", "cost_of_pass_usd")}
 
-        with report.stage("gate", f"accuracy and cost of pass ({config.gate_mode}) vs the published {base.id}") as fig:
+        with report.stage("gate", f"accuracy and cost of pass ({', '.join(config.gate_modes)}) vs the published {base.id}: 95% intervals") as fig:
             outcome = await steps.gate(stack, candidate.id, evaluator)
             fig |= {"promoted": outcome.decision.promote, "reasons": outcome.decision.reasons,
                     "baseline": outcome.baseline.id if outcome.baseline else ""}

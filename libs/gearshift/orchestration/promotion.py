@@ -1,40 +1,75 @@
-"""The promotion gate: a candidate is published only when, on the held-out split, its accuracy
-and its cost of pass do not regress beyond the configured margins vs the published checkpoint.
+"""The promotion gate: a candidate is published only when, on the held-out split and in every
+gated mode (the model's own routing, and the learned router where one is published), the
+interval of its difference to the published checkpoint says it is not worse beyond the margins:
+
+- accuracy: the lower end of the 95 % interval of (candidate - published) is at least -margin;
+- cost of pass: the upper end of the interval of (candidate / published - 1) is at most +margin.
+
+The intervals come from a paired item-level bootstrap over the items both were evaluated on.
+A candidate that answers nothing correctly is refused, published checkpoint or not.
 
 Evaluation is behind a small interface (Evaluator) so the gate does not care how it is done:
-the evaluation harness (gearshift.evaluation) in the loop and the Celery tasks.
+the evaluation harness (gearshift.orchestration.evaluators) in the loop and the Celery tasks.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
+
 from gearshift.api.common.v1.common_pb2 import Checkpoint
+
+CONFIDENCE = 0.95
+BOOTSTRAP_SAMPLES = 2000
+
+
+@dataclass(frozen=True)
+class ItemOutcome:
+    """One item's attempts in one mode: what they cost and how many were right."""
+
+    cost_usd: float
+    correct: int
+    attempts: int
 
 
 @dataclass(frozen=True)
 class EvalResult:
-    """A checkpoint's figures on one suite split. cost_of_pass is +inf when nothing is correct."""
+    """A checkpoint's figures in one mode on one suite split, and the per-item outcomes they
+    came from. cost_of_pass is +inf when nothing is correct."""
 
     accuracy: float
     cost_of_pass: float
-    extra: dict | None = None
+    outcomes: dict[str, ItemOutcome] = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
 
-    def metrics(self, suite: str, split: str) -> dict[str, float]:
-        """As eval_metrics of the registry: plain names and suite/split-qualified names. The
-        registry holds finite numbers only: an infinite cost of pass (nothing correct) is left
-        out, and read back as infinite next to its accuracy (stored_result)."""
-        values = {"accuracy": self.accuracy} | (self.extra or {})
-        if math.isfinite(self.cost_of_pass):
-            values["cost_of_pass"] = self.cost_of_pass
-        return values | {f"{suite}/{split}/{name}": value for name, value in values.items()}
+    @classmethod
+    def of(cls, outcomes: dict[str, ItemOutcome], extra: dict | None = None) -> EvalResult:
+        correct, attempts = sum(o.correct for o in outcomes.values()), sum(o.attempts for o in outcomes.values())
+        cost = sum(o.cost_usd for o in outcomes.values())
+        return cls(correct / attempts if attempts else 0.0, cost / correct if correct else math.inf, outcomes, extra or {})
+
+    @property
+    def solves_anything(self) -> bool:
+        return self.accuracy > 0
+
+
+def metrics(results: dict[str, EvalResult], suite: str, split: str) -> dict[str, float]:
+    """The registry's eval_metrics of a gate evaluation: per mode, qualified by suite and split
+    ("facts/test/auto/accuracy"), finite numbers only (an infinite cost of pass is left out)."""
+    values = {}
+    for mode, result in results.items():
+        figures = {"accuracy": result.accuracy} | ({"cost_of_pass": result.cost_of_pass} if math.isfinite(result.cost_of_pass) else {})
+        values |= {f"{suite}/{split}/{mode}/{name}": value for name, value in (figures | result.extra).items()
+                   if isinstance(value, int | float) and math.isfinite(value)}
+    return values
 
 
 class Evaluator(Protocol):
-    def evaluate(self, checkpoint: Checkpoint, suite: str, split: str) -> EvalResult:
-        """Runs the checkpoint on a suite split."""
+    def evaluate(self, checkpoint: Checkpoint) -> dict[str, EvalResult]:
+        """Runs the checkpoint on the gate's suite split; one result per gated mode."""
 
 
 @dataclass(frozen=True)
@@ -47,43 +82,66 @@ class Margins:
 
 @dataclass(frozen=True)
 class Decision:
-    """The gate's verdict and why."""
+    """The gate's verdict and why, mode by mode."""
 
     promote: bool
     reasons: list[str]
-    candidate: EvalResult
-    baseline: EvalResult | None
+    candidate: dict[str, EvalResult]
+    baseline: dict[str, EvalResult] | None
 
 
-def decide(candidate: EvalResult, baseline: EvalResult | None, margins: Margins) -> Decision:
-    """Pure: compares a candidate with the published baseline (none: the first checkpoint passes
-    when it answers anything correctly)."""
-    if baseline is None:
-        ok = candidate.accuracy > 0 or math.isfinite(candidate.cost_of_pass)
-        reason = "no published checkpoint yet" if ok else "nothing correct on the held-out split"
-        return Decision(ok, [reason], candidate, None)
-    reasons = []
-    if candidate.accuracy < baseline.accuracy - margins.accuracy:
+@dataclass(frozen=True)
+class Interval:
+    low: float
+    high: float
+
+
+def paired_intervals(candidate: EvalResult, baseline: EvalResult, samples: int = BOOTSTRAP_SAMPLES,
+                     seed: int = 0) -> tuple[Interval, Interval]:
+    """95 % intervals of (accuracy difference, relative cost-of-pass change) from resampling
+    the items both were evaluated on. In a resample where only the candidate answers nothing
+    the change is +inf, where only the published one does, -1; where neither does, 0."""
+    items = sorted(set(candidate.outcomes) & set(baseline.outcomes))
+    if not items:
+        raise ValueError("the candidate and the published checkpoint share no evaluated item")
+    picks = np.random.default_rng(seed).integers(0, len(items), size=(samples, len(items)))
+
+    def resampled(result: EvalResult) -> np.ndarray:
+        """[3, samples]: each resample's total cost, correct attempts and attempts."""
+        table = np.array([[o.cost_usd, o.correct, o.attempts] for o in (result.outcomes[i] for i in items)], dtype=float)
+        return table[picks].sum(axis=1).T
+
+    (cost_c, right_c, tries_c), (cost_b, right_b, tries_b) = resampled(candidate), resampled(baseline)
+    accuracy = right_c / tries_c - right_b / tries_b
+    with np.errstate(divide="ignore", invalid="ignore"):
+        change = (cost_c / right_c) / (cost_b / right_b) - 1
+    change = np.where(right_c == 0, np.where(right_b == 0, 0.0, np.inf), np.where(right_b == 0, -1.0, change))
+    tail = (1 - CONFIDENCE) / 2 * 100
+    return (Interval(float(np.percentile(accuracy, tail)), float(np.percentile(accuracy, 100 - tail))),
+            Interval(float(np.percentile(change, tail)), float(np.percentile(change, 100 - tail))))
+
+
+def decide(candidate: dict[str, EvalResult], baseline: dict[str, EvalResult] | None, margins: Margins) -> Decision:
+    """Pure: the candidate passes when, in every gated mode, it answers something correctly and
+    (with a published checkpoint) its intervals stay within the margins."""
+    reasons, promote = [], True
+    for mode, result in candidate.items():
+        if not result.solves_anything:
+            other = baseline and baseline.get(mode)
+            reasons.append(f"{mode}: the candidate answers nothing correctly"
+                           + (" (nor does the published checkpoint)" if other is not None and not other.solves_anything else ""))
+            promote = False
+            continue
+        if baseline is None or mode not in baseline:
+            reasons.append(f"{mode}: accuracy {result.accuracy:.3f}, no published checkpoint to compare with")
+            continue
+        accuracy, cost = paired_intervals(result, baseline[mode])
+        ok = accuracy.low >= -margins.accuracy and cost.high <= margins.cost_of_pass
+        promote &= ok
         reasons.append(
-            f"accuracy {candidate.accuracy:.3f} < published {baseline.accuracy:.3f} - margin {margins.accuracy:.3f}"
+            f"{mode}: accuracy {result.accuracy:.3f} vs {baseline[mode].accuracy:.3f} (difference 95% CI "
+            f"{accuracy.low:+.3f} .. {accuracy.high:+.3f}, margin -{margins.accuracy:.3f}); cost of pass "
+            f"{result.cost_of_pass:.6g} vs {baseline[mode].cost_of_pass:.6g} (change CI {cost.low:+.1%} .. {cost.high:+.1%}, "
+            f"margin +{margins.cost_of_pass:.0%}){'' if ok else ': worse beyond the margin'}"
         )
-    allowed = baseline.cost_of_pass * (1 + margins.cost_of_pass)
-    if candidate.cost_of_pass > allowed:  # inf > finite, inf > inf is False: both unsolved is a tie
-        reasons.append(
-            f"cost of pass {candidate.cost_of_pass:.6g} > published {baseline.cost_of_pass:.6g} x (1 + {margins.cost_of_pass:.3f})"
-        )
-    if reasons:
-        return Decision(False, reasons, candidate, baseline)
-    return Decision(True, [
-        f"accuracy {candidate.accuracy:.3f} vs {baseline.accuracy:.3f}, cost of pass {candidate.cost_of_pass:.6g} vs {baseline.cost_of_pass:.6g}"
-    ], candidate, baseline)
-
-
-def stored_result(checkpoint: Checkpoint, suite: str, split: str) -> EvalResult | None:
-    """A result already in the registry for this suite split (the published one was evaluated
-    when it was promoted), so the baseline is not re-run on every round."""
-    metrics = checkpoint.eval_metrics
-    accuracy = metrics.get(f"{suite}/{split}/accuracy")
-    if accuracy is None:
-        return None
-    return EvalResult(accuracy, metrics.get(f"{suite}/{split}/cost_of_pass", math.inf))
+    return Decision(promote, reasons, candidate, baseline)

@@ -22,7 +22,7 @@ from gearshift.errors import FailedPrecondition, NotFound
 from gearshift.evaluation.runner import SUITE_VERIFIER
 from gearshift.evaluation.suites import suite_name
 from gearshift.orchestration import publishing
-from gearshift.orchestration.promotion import Decision, EvalResult, Evaluator, Margins, decide, stored_result
+from gearshift.orchestration.promotion import Decision, EvalResult, Evaluator, Margins, decide, metrics
 from gearshift.orchestration.runners import Heartbeat, Runner, RunSpec
 from gearshift.rewards.scoring import APO, score_group
 from gearshift.routing.registry import ROUTER_KIND
@@ -211,23 +211,22 @@ class GateOutcome:
 
 
 async def gate(settings: Settings, checkpoint_id: str, evaluator: Evaluator) -> GateOutcome:
-    """Evaluates the candidate (and the published checkpoint, unless its figures for this suite
-    split are already in the registry), records the figures, and decides."""
+    """Evaluates the candidate and the published checkpoint on the same items (the published
+    one's evaluation resumes from the store: nothing is solved twice), records both's figures
+    in the registry, and decides."""
     o = settings.orchestration
     candidate = await get_checkpoint(settings, checkpoint_id)
     if not candidate.id:
         raise NotFound(f"checkpoint {checkpoint_id} is not registered")
-    # Evaluators are synchronous (they may run an event loop of their own): off this loop.
     suite = suite_name(o.eval_suite)  # figures are filed under the suite's name, even for a .jsonl path
-    result = stored_result(candidate, suite, o.eval_split) or await asyncio.to_thread(evaluator.evaluate, candidate, o.eval_suite, o.eval_split)
-    await update_checkpoint(settings, candidate.id, 0, result.metrics(suite, o.eval_split))
+    # Evaluators are synchronous (they may run an event loop of their own): off this loop.
+    result = await asyncio.to_thread(evaluator.evaluate, candidate)
+    await update_checkpoint(settings, candidate.id, 0, metrics(result, suite, o.eval_split))
     baseline = await published(settings, candidate.kind or "policy")
     baseline_result = None
     if baseline is not None and baseline.id != candidate.id:
-        baseline_result = stored_result(baseline, suite, o.eval_split)
-        if baseline_result is None:
-            baseline_result = await asyncio.to_thread(evaluator.evaluate, baseline, o.eval_suite, o.eval_split)
-            await update_checkpoint(settings, baseline.id, 0, baseline_result.metrics(suite, o.eval_split))
+        baseline_result = await asyncio.to_thread(evaluator.evaluate, baseline)
+        await update_checkpoint(settings, baseline.id, 0, metrics(baseline_result, suite, o.eval_split))
     decision = decide(result, baseline_result, Margins(o.accuracy_margin, o.cost_of_pass_margin))
     return GateOutcome(decision, candidate, baseline if baseline_result else None)
 
@@ -245,6 +244,7 @@ async def publish(settings: Settings, checkpoint_id: str) -> dict:
     return {"published": checkpoint_id, "kind": checkpoint.kind} | report
 
 
-def eval_summary(result: EvalResult) -> dict:
-    """JSON-safe figures (inf as null)."""
-    return {"accuracy": result.accuracy, "cost_of_pass": result.cost_of_pass if math.isfinite(result.cost_of_pass) else None}
+def eval_summary(results: dict[str, EvalResult]) -> dict:
+    """JSON-safe figures per gated mode (inf as null)."""
+    return {mode: {"accuracy": r.accuracy, "cost_of_pass": r.cost_of_pass if math.isfinite(r.cost_of_pass) else None}
+            for mode, r in results.items()}

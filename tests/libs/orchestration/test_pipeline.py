@@ -55,7 +55,7 @@ def worker_env(settings: Settings, policy_url: str) -> dict[str, str]:
         "GEARSHIFT_LOG_LEVEL": "WARNING",
         "GEARSHIFT_POLICY_SERVER__THREADS": "1",
         "GEARSHIFT_ORCHESTRATION__EVAL_ITEMS": "2",
-        "GEARSHIFT_ORCHESTRATION__EVAL_MODE": "instant",
+        "GEARSHIFT_ORCHESTRATION__GATE_MODES": '["instant"]',
         "GEARSHIFT_EXECUTOR__MAX_TOKENS_PER_TURN": "16",
     }
 
@@ -92,20 +92,31 @@ async def test_one_round_end_to_end_then_redelivery_does_nothing_twice(tmp_path,
             )
             app = create_app(REDIS_URL)
             try:
-                started = app.send_task("gearshift.orchestration.tasks.start_round", kwargs={"job": "sft", "config": SFT})
+                # Served traffic has no split: training on it is said explicitly (the default is the train split).
+                served = {"correctness": "correct", "split": "", "purposes": ["serving"]}
+                started = app.send_task("gearshift.orchestration.tasks.start_round", kwargs={"job": "sft", "config": SFT, "data": served})
                 chain_id = (await result_of(app, started.id, 60))["chain"]
-                promoted = await result_of(app, chain_id)
+                gated = await result_of(app, chain_id)
 
-                assert promoted["promoted"] and promoted["target"] == "builtin" and promoted["baseline_id"] == "base-tiny"
-                checkpoint = await store.GetCheckpoint(store_pb2.GetCheckpointRequest(id=promoted["checkpoint_id"], include_lineage=True))
-                assert checkpoint.status == CheckpointStatus.CHECKPOINT_STATUS_PUBLISHED and checkpoint.parent_id == "base-tiny"
+                # A random tiny model answers nothing correctly, before or after SFT: the gate
+                # refuses it (two infinite costs of pass are no tie) and serving stays as it was.
+                assert not gated["promoted"] and gated["baseline_id"] == "base-tiny"
+                assert "instant: the candidate answers nothing correctly (nor does the published checkpoint)" in gated["reasons"]
+                checkpoint = await store.GetCheckpoint(store_pb2.GetCheckpointRequest(id=gated["checkpoint_id"], include_lineage=True))
+                assert checkpoint.status == CheckpointStatus.CHECKPOINT_STATUS_REJECTED and checkpoint.parent_id == "base-tiny"
                 assert sorted(checkpoint.trajectory_ids) == sorted(t.id for t in trajectories)
-                assert "basic_arithmetic/test/accuracy" in checkpoint.eval_metrics and checkpoint.eval_metrics["switch_seconds"] < 3
+                assert checkpoint.eval_metrics["basic_arithmetic/test/instant/accuracy"] == 0.0
                 for trajectory in trajectories:
                     stored = (await store.Get(store_pb2.GetRequest(id=trajectory.id))).trajectory
                     assert stored.reward.correct and stored.reward.kind == "apo"
-                assert str(server.engine.current.path) == checkpoint.uri  # serving switched
-                assert server.engine.tally.switches == 1
+                assert server.engine.tally.switches == 0
+
+                # An operator publishes it anyway: serving switches once.
+                published = await result_of(app, app.send_task("gearshift.orchestration.tasks.publish", args=[checkpoint.id]).id, 120)
+                assert published["target"] == "builtin" and published["switch_seconds"] > 0
+                checkpoint = await store.GetCheckpoint(store_pb2.GetCheckpointRequest(id=checkpoint.id))
+                assert checkpoint.status == CheckpointStatus.CHECKPOINT_STATUS_PUBLISHED
+                assert str(server.engine.current.path) == checkpoint.uri and server.engine.tally.switches == 1
 
                 with orchestration_db.connect() as connection:
                     runs = {row.kind: row for row in connection.execute(select(job_runs)).all()}

@@ -1,52 +1,69 @@
-"""The promotion gate: refused on a regressing candidate, accepted on an improving one, with
-the figures recorded in the real registry (store service on Postgres)."""
+"""The promotion gate: paired item-level intervals against the margins, refusal of a candidate
+that solves nothing, and the figures recorded in the real registry (store service on Postgres)."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
+
 from gearshift.api.common.v1.common_pb2 import Checkpoint, CheckpointStatus
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
 from gearshift.embedded import embedded
 from gearshift.orchestration import steps
-from gearshift.orchestration.promotion import EvalResult, Margins, decide
+from gearshift.orchestration.promotion import EvalResult, ItemOutcome, Margins, decide, paired_intervals
 
 MARGINS = Margins(accuracy=0.02, cost_of_pass=0.10)
-BASE = EvalResult(accuracy=0.50, cost_of_pass=0.0010)
 
 
-@pytest.mark.parametrize(
-    ("candidate", "promote"),
-    [
-        (EvalResult(0.60, 0.0008), True),  # better on both
-        (EvalResult(0.49, 0.00109), True),  # worse, but within both margins
-        (EvalResult(0.47, 0.0008), False),  # accuracy drops by more than 0.02
-        (EvalResult(0.60, 0.00111), False),  # cost of pass rises by more than 10 %
-        (EvalResult(0.0, math.inf), False),  # solves nothing
-    ],
-)
-def test_decide_against_hand_computed_margins(candidate, promote):
-    decision = decide(candidate, BASE, MARGINS)
-    assert decision.promote is promote
-    assert all(("accuracy" in r) or ("cost of pass" in r) for r in decision.reasons)
+def result(correct: list[int], cost: float = 0.001) -> EvalResult:
+    """One attempt per item, each costing `cost`: correct[i] says whether item i was right."""
+    return EvalResult.of({f"item-{i}": ItemOutcome(cost, right, 1) for i, right in enumerate(correct)})
 
 
-def test_first_checkpoint_and_two_unsolved():
-    assert decide(EvalResult(0.1, 0.5), None, MARGINS).promote
-    assert not decide(EvalResult(0.0, math.inf), None, MARGINS).promote
-    assert decide(EvalResult(0.0, math.inf), EvalResult(0.0, math.inf), MARGINS).promote  # a tie
+def test_intervals_by_hand():
+    same = result([1, 0] * 20)
+    accuracy, cost = paired_intervals(same, same)
+    assert (accuracy.low, accuracy.high, cost.low, cost.high) == (0.0, 0.0, 0.0, 0.0)  # identical: no difference in any resample
+    cheaper = result([1, 0] * 20, cost=0.0005)
+    accuracy, cost = paired_intervals(cheaper, same)
+    assert accuracy.low == accuracy.high == 0.0 and cost.low == cost.high == -0.5  # half the cost on every resample
+
+
+def test_decide_promotes_only_what_the_interval_clears():
+    base = result([1, 0] * 20)
+    assert decide({"auto": result([1, 1] * 20)}, {"auto": base}, MARGINS).promote  # right on every item: clearly better
+    assert decide({"auto": result([1, 0] * 20, cost=0.00105)}, {"auto": base}, MARGINS).promote  # +5 % cost, inside the margin
+    dearer = decide({"auto": result([1, 0] * 20, cost=0.0012)}, {"auto": base}, MARGINS)
+    assert not dearer.promote and "worse beyond the margin" in dearer.reasons[0]
+    # One item better, one worse out of 40: the point estimate ties, the interval reaches below -0.02.
+    noisy = [1, 0] * 20
+    noisy[1], noisy[2] = 1, 0
+    assert not decide({"auto": result(noisy)}, {"auto": base}, MARGINS).promote
+
+
+def test_a_candidate_that_solves_nothing_is_refused_whatever_the_baseline():
+    nothing = result([0] * 10)
+    assert not decide({"auto": nothing}, None, MARGINS).promote
+    both = decide({"auto": nothing}, {"auto": result([0] * 10)}, MARGINS)
+    assert not both.promote and "nor does the published checkpoint" in both.reasons[0]  # two infinities are no tie
+    assert decide({"auto": result([1] + [0] * 9)}, None, MARGINS).promote  # the first checkpoint that solves anything
+
+
+def test_every_gated_mode_must_pass():
+    base = {"auto": result([1, 0] * 20), "learned": result([1, 0] * 20)}
+    candidate = {"auto": result([1, 1] * 20), "learned": result([0, 0] * 20)}
+    decision = decide(candidate, base, MARGINS)
+    assert not decision.promote and [r.split(":")[0] for r in decision.reasons] == ["auto", "learned"]
 
 
 class TableEvaluator:
-    """Figures per checkpoint id: the gate's logic isolated from how evaluation runs."""
+    """Results per checkpoint id: the gate's logic isolated from how evaluation runs."""
 
     def __init__(self, table):
         self.table, self.calls = table, []
 
-    def evaluate(self, checkpoint, suite, split):
-        self.calls.append((checkpoint.id, suite, split))
+    def evaluate(self, checkpoint):
+        self.calls.append(checkpoint.id)
         return self.table[checkpoint.id]
 
 
@@ -63,16 +80,16 @@ async def test_gate_refuses_a_regression_and_accepts_an_improvement(tmp_path, or
                 await store.RegisterCheckpoint(store_pb2.RegisterCheckpointRequest(
                     checkpoint=Checkpoint(id=ident, kind="policy", uri=f"/ckpt/{ident}", parent_id=parent, job="sft")))
             await store.UpdateCheckpoint(store_pb2.UpdateCheckpointRequest(id="base", status=CheckpointStatus.CHECKPOINT_STATUS_PUBLISHED))
-        evaluator = TableEvaluator({"base": BASE, "worse": EvalResult(0.40, 0.0009), "better": EvalResult(0.55, 0.0009)})
+        evaluator = TableEvaluator({"base": {"auto": result([1, 0] * 20)}, "worse": {"auto": result([0, 0, 1, 0] * 10)},
+                                    "better": {"auto": result([1, 1] * 20)}})
 
         refused = await steps.gate(stack, "worse", evaluator)
         assert not refused.decision.promote and refused.baseline.id == "base"
-        assert "accuracy 0.400 < published 0.500" in refused.decision.reasons[0]
+        assert "accuracy 0.250 vs 0.500" in refused.decision.reasons[0]
         accepted = await steps.gate(stack, "better", evaluator)
         assert accepted.decision.promote
 
-        # The published baseline was evaluated once; its figures now live in the registry.
-        assert evaluator.calls == [("worse", "s", "test"), ("base", "s", "test"), ("better", "s", "test")]
+        assert evaluator.calls == ["worse", "base", "better", "base"]  # the published one on the same items each time
         base = await steps.get_checkpoint(stack, "base")
-        assert base.eval_metrics["s/test/accuracy"] == 0.5 and base.eval_metrics["s/test/cost_of_pass"] == 0.001
-        assert (await steps.get_checkpoint(stack, "worse")).eval_metrics["accuracy"] == 0.4
+        assert base.eval_metrics["s/test/auto/accuracy"] == 0.5 and base.eval_metrics["s/test/auto/cost_of_pass"] == pytest.approx(0.002)
+        assert (await steps.get_checkpoint(stack, "worse")).eval_metrics["s/test/auto/accuracy"] == 0.25
