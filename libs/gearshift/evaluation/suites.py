@@ -139,9 +139,10 @@ class LargeMultiplication(Family):
 
 
 class Facts(Family):
-    """Short factual questions from a table shipped with the package (facts.jsonl): capitals and
-    everyday facts (difficulty 1), well-known names (2), dates and numbers (3). Most rows name the
-    document of the sandbox's bundled corpus that answers them, so a web_search really helps.
+    """Short factual questions from a table shipped with the package (facts.jsonl, 400 rows):
+    capitals and everyday facts (difficulty 1, 45 %), well-known names (2, 30 %), dates and numbers
+    (3, 25 %); with the default seed 78 of them are test items. About a quarter of the rows name the
+    document of the sandbox's bundled corpus that answers them, so a web_search really helps there.
 
     The table is finite: the seed only shuffles its order. Graded by normalised phrase match:
     the reference (or one of its aliases) must appear as whole words in the normalised answer,

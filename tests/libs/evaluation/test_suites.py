@@ -83,6 +83,26 @@ def test_facts_corpus_ids_name_documents_of_the_sandbox_corpus():
     assert {row["corpus_id"] for row in Facts().rows() if row["corpus_id"]} <= documents
 
 
+# Words that make a phrase grader refuse an answer that contains them (a negation, a hedge, "and" between
+# candidates), so no reference may contain one; nor more than one comma ("A, B, C" reads as a list).
+REFUSING_WORDS = {"not", "no", "never", "nor", "neither", "cannot", "or", "either", "maybe", "perhaps", "possibly", "probably", "and"}
+
+
+def test_facts_table_holds_a_held_out_measurement_and_every_reference_grades_as_itself():
+    table, suite = Facts().rows(), get_suite("facts")
+    assert len(suite.items("test")) >= 60
+    assert all(set(row) == {"question", "answer", "aliases", "difficulty", "corpus_id"} for row in table)
+    questions = [" ".join(row["question"].lower().split()) for row in table]
+    assert len(set(questions)) == len(questions) and all(question.endswith("?") for question in questions)
+    references = {row["question"]: [row["answer"], *row["aliases"]] for row in table}
+    for reference in (reference for row_references in references.values() for reference in row_references):
+        words = set("".join(c if c.isalnum() else " " for c in reference.lower().replace("'", "")).split())
+        assert words and not words & REFUSING_WORDS and reference.count(",") <= 1, reference
+    for item in (item for split in SPLITS for item in suite.items(split)):
+        for reference in references[item.question]:
+            assert suite.grade(item, reference) and suite.grade(item, f"The answer is {reference}."), (item.question, reference)
+
+
 def test_facts_grader_wants_the_whole_reference_in_a_short_answer():
     suite = get_suite("facts")
     for item in suite.items("train"):
