@@ -56,7 +56,7 @@ def median_after_warmup(values: list[float]) -> float:
 
 
 def model_dir() -> Path:
-    return weights.cache_smollm2(Settings().data_dir / "models")
+    return weights.cache_smollm2(Settings().models_dir)
 
 
 # SFT

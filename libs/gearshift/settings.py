@@ -248,7 +248,11 @@ class _Settings(BaseSettings):
     grace_seconds: float = Field(5.0, description="Drain time on SIGTERM")
     log_level: str = Field("INFO", description="Python log level")
 
-    data_dir: Path = Field(Path.home() / ".gearshift", description="Embedded state (SQLite store, caches)")
+    data_dir: Path = Field(Path.home() / ".gearshift", description="Embedded state (SQLite store, runs, evaluation reports)")
+    models_dir: Path = Field(
+        Path.home() / ".cache" / "gearshift" / "models",
+        description="Expanded and merged model weights, cached once per machine and shared by every data_dir",
+    )
     database_url: str | None = Field(None, description="Store database (default: SQLite in data_dir)")
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Celery broker and result backend")
 

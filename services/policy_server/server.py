@@ -42,7 +42,7 @@ async def running(settings: Settings, engine: PolicyEngine | None = None) -> Asy
     """Serves in the current event loop until the block exits (port 0 picks a free port)."""
     policy = settings.policy_server
     owned = engine is None
-    engine = engine or await PolicyEngine.start(policy, settings.data_dir / "models")
+    engine = engine or await PolicyEngine.start(policy, settings.models_dir)
     sock = _bind(policy.host, policy.port)
     config = uvicorn.Config(create_app(engine), log_level=settings.log_level.lower(), access_log=False, lifespan="off")
     server = uvicorn.Server(config)
@@ -65,7 +65,7 @@ async def running(settings: Settings, engine: PolicyEngine | None = None) -> Asy
 async def serve(settings: Settings) -> None:
     """Loads the model and serves until SIGTERM/SIGINT (uvicorn drains open requests)."""
     policy = settings.policy_server
-    engine = await PolicyEngine.start(policy, settings.data_dir / "models")
+    engine = await PolicyEngine.start(policy, settings.models_dir)
     log.info("serving %s as %r on http://%s:%d/v1", engine.current.path, engine.served_name, policy.host, policy.port)
     config = uvicorn.Config(
         create_app(engine), host=policy.host, port=policy.port, log_level=settings.log_level.lower(),

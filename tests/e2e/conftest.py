@@ -15,7 +15,7 @@ from gearshift.services.policy_server.server import running
 from gearshift.settings import PolicyServerSettings, Settings
 
 # The model cache is shared across runs (expanding the GGUF takes ~25 s); the rest is temporary.
-MODELS_DIR = Settings().data_dir / "models"
+MODELS_DIR = Settings().models_dir
 # .ci/run installs vLLM's CPU build into its own virtual environment here (scripts/install-vllm.sh).
 VLLM_PYTHON = Path(os.environ.get("GEARSHIFT_VLLM_PYTHON", Path.home() / ".cache/gearshift/vllm-venv/bin/python"))
 VLLM_START_SECONDS = 240

@@ -123,7 +123,7 @@ async def train_async(config: APOConfig, on_step: StepCallback | None = None) ->
     settings = Settings()
     reference = None
     if config.kl_coef:
-        reference = checkpoints.load_frozen(config.reference or config.model.base, settings.data_dir / "models")
+        reference = checkpoints.load_frozen(config.reference or config.model.base, settings.models_dir)
     run_id = f"apo-{run.checkpoint_id}"
     rollout_ids: list[str] = []
     async with rollout_services(run, config.rollout, config.store_addr, config.optim.threads) as (stack, remote):

@@ -104,7 +104,7 @@ async def train_async(config: DistillConfig, on_step: StepCallback | None = None
     """Runs the distillation; returns the run's result."""
     prompts, trajectory_ids = gather_prompts(config)
     run = Run.start("distill", config, on_step)
-    models_dir = Settings().data_dir / "models"
+    models_dir = Settings().models_dir
     teachers = {source: checkpoints.load_frozen(source, models_dir) for source in {teacher_of(p, config) for p in prompts}}
     pad_id = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else run.tokenizer.eos_token_id
     run_id, rollout_ids = f"distill-{run.checkpoint_id}", []

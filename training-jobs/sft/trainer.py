@@ -54,9 +54,9 @@ def train(config: SFTConfig, on_step: StepCallback | None = None) -> dict:
 
 
 def train_on(config: SFTConfig, trajectories: list[Trajectory], on_step: StepCallback | None = None) -> dict:
-    """Trains on the given trajectories (the correct ones); returns the run's result."""
+    """Trains on the given trajectories (the correct, well-formed ones); returns the run's result."""
     run = Run.start("sft", config, on_step)
-    kept = [t for t in trajectories if t.reward.correct]
+    kept = [t for t in trajectories if t.reward.correct and (t.reward.format_valid or not config.require_format_valid)]
     routing = tokenization.route_targets(kept)
     examples = [tokenization.encode_trajectory(run.tokenizer, t, config.max_length, t.id in routing) for t in kept]
     usable = [(t, e) for t, e in zip(kept, examples) if e.target_count]

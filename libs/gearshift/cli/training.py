@@ -31,3 +31,69 @@ def loop(quick: bool, config_path: str | None, out: str | None) -> None:
     from gearshift.orchestration.loop import main as loop_main
 
     loop_main(get_settings(), quick, config_path, out)
+
+
+@main.command()
+@click.option("--suite", required=True, help="A registered suite or a .jsonl file")
+@click.option("--split", type=click.Choice(["train", "dev"]), default="train", show_default=True, help="Never the held-out test split")
+@click.option("--teachers", "teachers_file", required=True, type=click.Path(exists=True, dir_okay=False), help="YAML: the teachers and what they teach")
+@click.option("--modes", default="instant,reasoning,agentic", show_default=True, help="Comma-separated forced modes")
+@click.option("--n", "n", type=int, default=None, help="Items of the split (default: all of a finite suite)")
+@click.option("--run-id", default=None, help="Resume or name the runs (default: teach-SUITE); each teacher and mode is RUN_ID-TEACHER-MODE")
+@click.option("--concurrency", type=int, default=4, show_default=True, help="Episodes in flight at once per teacher")
+@click.option("--inprocess", is_flag=True, help="Start the store, sandbox and reward service in this process")
+def teach(suite: str, split: str, teachers_file: str, modes: str, n: int | None, run_id: str | None, concurrency: int, inprocess: bool) -> None:
+    """Teachers solve a suite's training items through the executor; their trajectories are stored as training data."""
+    import contextlib
+
+    from rich.console import Console
+
+    from gearshift.cli.common import run_or_fail
+    from gearshift.embedded import embedded
+    from gearshift.evaluation.runner import parse_modes
+    from gearshift.evaluation.suites import suite_name
+    from gearshift.teaching.teach import TeachersConfig, teach as run_teachers
+
+    settings, out = get_settings(), Console()
+    with one_line_errors():
+        config = TeachersConfig.from_file(teachers_file)
+        chosen = [m for m in parse_modes(modes) if m not in ("auto", "learned")]
+    run_id = run_id or f"teach-{suite_name(suite)}"
+
+    async def go():
+        async with contextlib.AsyncExitStack() as stack:
+            target = settings
+            if inprocess:
+                target = (await stack.enter_async_context(embedded(settings, ("store", "sandbox", "reward")))).settings
+            return await run_teachers(target, suite, split, config, chosen, n, run_id, concurrency, out)
+
+    done = run_or_fail(go())
+    for teacher, by_mode in done.items():
+        for mode, evaluation in by_mode.items():
+            figures = evaluation.report.modes[mode]
+            out.print(f"{teacher:<20} {mode:<9} {figures.correct}/{figures.trajectories} correct  run {evaluation.summary.run_id}")
+
+
+@main.group("default-policy")
+def default_policy() -> None:
+    """The embedded default policy: SmolLM2-135M with a LoRA adapter the platform trains itself."""
+
+
+@default_policy.command("build")
+@click.option("--work-dir", type=click.Path(file_okay=False), default=None, help="Where teaching data, runs and the store go (default: DATA_DIR/default-policy)")
+@click.option("--ship-to", type=click.Path(file_okay=False), default=None, help="Where the adapter goes (default: the package's gearshift/default_policy)")
+def default_policy_build(work_dir: str | None, ship_to: str | None) -> None:
+    """Teach, train (route-then-align SFT, LoRA), register and ship the default policy, from a fixed seed."""
+    import json
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from gearshift import weights
+    from gearshift.teaching.default_policy import Recipe, build
+
+    settings = get_settings()
+    with one_line_errors():
+        card = build(settings, Recipe(), Path(work_dir) if work_dir else settings.data_dir / "default-policy",
+                     Path(ship_to) if ship_to else weights.DEFAULT_ADAPTER, Console())
+    click.echo(json.dumps(card, indent=2, default=str))

@@ -16,7 +16,7 @@ from gearshift.api.store.v1 import store_pb2_grpc
 from gearshift.clients import channel
 from gearshift.evaluation.report import RunReport, build_report, fetch_run, write_report
 from gearshift.evaluation.runner import EvalRunner, RunSummary
-from gearshift.evaluation.suites import get_suite
+from gearshift.evaluation.suites import SuiteItem, get_suite
 from gearshift.settings import Settings
 
 
@@ -48,15 +48,16 @@ async def evaluate(
     executor=None,
     purpose: int = Purpose.PURPOSE_EVALUATION,
     sampling: Sampling | None = None,
+    items: list[SuiteItem] | None = None,
 ) -> Evaluation:
     """Runs (or resumes) a suite against the stack `settings` points at, then reports it.
     Trajectories are stored with `purpose` (evaluation unless the run makes training data or
-    serves the promotion gate).
+    serves the promotion gate). `items` narrows the split's first n items to a chosen few.
 
     `executor` replaces the executor stub (tests count its Solve calls through a wrapper)."""
     suite = get_suite(suite_name)
     run_id = run_id or default_run_id(suite.name)
-    items = suite.items(split, n)
+    items = suite.items(split, n) if items is None else items
     if not items:
         raise ValueError(f"suite {suite.name!r} has no {split} items")
     async with channel(settings.executor_addr, settings) as executor_channel, channel(settings.store_addr, settings) as store_channel:

@@ -42,6 +42,7 @@ class SuiteItem:
     domain: str
     difficulty: str
     grade: Callable[[str], bool] = field(repr=False, compare=False)
+    worked: str = field(default="", repr=False, compare=False)  # a worked solution, where the family has one
 
     def labels(self, sample: int) -> dict[str, str]:
         """The trajectory labels of the tagging contract."""
@@ -65,6 +66,10 @@ class Family:
         """(question, answer, difficulty, grader) of item `index`."""
         raise NotImplementedError
 
+    def worked(self, seed: int, index: int) -> str:
+        """A worked solution of item `index` ("" when the family has none)."""
+        return ""
+
     def items(self, seed: int) -> Iterator[SuiteItem]:
         """Every item of the family in index order, duplicates of earlier questions skipped."""
         seen: set[str] = set()
@@ -74,7 +79,7 @@ class Family:
             if question not in seen:
                 seen.add(question)
                 item_id = f"{self.name}-s{seed}-{index:06d}"
-                yield SuiteItem(item_id, question, answer, split_of(item_id), self.domain, difficulty, grade)
+                yield SuiteItem(item_id, question, answer, split_of(item_id), self.domain, difficulty, grade, self.worked(seed, index))
             index += 1
 
 
@@ -114,6 +119,12 @@ class GymFamily(Family):
             return dataset.score_answer(answer.strip(), entry) == 1.0
 
         return entry["question"], str(entry["answer"]), str(difficulty), grade
+
+    def worked(self, seed: int, index: int) -> str:
+        level = index % 3 + 1 if self.levels else 0
+        position = index // 3 if self.levels else index
+        entry = self._dataset(seed, level, position // self.BLOCK)[position % self.BLOCK]
+        return entry["metadata"].get("answer_cot", "")
 
 
 class LargeMultiplication(Family):
@@ -287,8 +298,9 @@ def find_item(suite: str, item_id: str) -> SuiteItem:
     match = _GENERATED_ID.match(item_id)
     if match and match["family"] in FAMILIES:
         family = FAMILIES[match["family"]]
-        question, answer, difficulty, grade = family.item(int(match["seed"]), int(match["index"]))
-        return SuiteItem(item_id, question, answer, split_of(item_id), family.domain, difficulty, grade)
+        seed, index = int(match["seed"]), int(match["index"])
+        question, answer, difficulty, grade = family.item(seed, index)
+        return SuiteItem(item_id, question, answer, split_of(item_id), family.domain, difficulty, grade, family.worked(seed, index))
     for item in (item for split in SPLITS for item in get_suite(suite).items(split)):
         if item.id == item_id:
             return item

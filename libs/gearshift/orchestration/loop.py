@@ -121,7 +121,7 @@ async def base_checkpoint(settings: Settings, config: LoopConfig) -> Checkpoint:
     current = await steps.published(settings)
     if current is not None:
         return current
-    uri = str(weights.resolve(config.base_model, settings.data_dir / "models").resolve())
+    uri = str(weights.resolve(config.base_model, settings.models_dir).resolve())
     checkpoint = Checkpoint(id=f"base-{steps.digest(uri)}", kind="policy", uri=uri, job="base",
                             status=CheckpointStatus.CHECKPOINT_STATUS_PUBLISHED)
     async with channel(settings.store_addr, settings) as ch:

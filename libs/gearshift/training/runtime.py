@@ -61,7 +61,7 @@ class Run:
         """Loads the model and optimizer, and resumes from saved state when there is some."""
         torch.manual_seed(config.optim.seed)
         torch.set_num_threads(config.optim.threads)
-        policy = checkpoints.load_policy(config.model, Settings().data_dir / "models")
+        policy = checkpoints.load_policy(config.model, Settings().models_dir)
         policy.model.train()
         optimizer, scheduler = build_optimizer(policy.model, config.optim)
         output = config.output.dir

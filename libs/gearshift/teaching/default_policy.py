@@ -1,0 +1,117 @@
+"""The embedded default policy, trained by the platform itself: teachers solve training items of
+the families it should master (gearshift teach), route-then-align SFT fits a small LoRA adapter
+on SmolLM2-135M to the correct, well-formed teacher trajectories, and the adapter is registered
+with its lineage and shipped in gearshift/default_policy/ with its model card, so a fresh
+install serves it (model "default") without training.
+
+    gearshift default-policy build          # from the recipe below, seeded: same data, same adapter
+
+The teachers run here on the CPU: the rule-based solvers for the generated families, and
+SmolLM2 itself sampled several times per fact (kept where correct and well-formed). chain_sum is
+deliberately left out: a family the default policy never saw, to measure it on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+from rich.console import Console
+
+from gearshift import code_version, weights
+from gearshift.embedded import embedded
+from gearshift.orchestration import steps
+from gearshift.orchestration.runners import LocalRunner
+from gearshift.settings import ExecutorSettings, Settings
+from gearshift.teaching.teach import TeachersConfig, teach
+
+TEACHERS = {
+    "teachers": [
+        {"name": "solvers", "kind": "solvers", "domains": ["arithmetic", "word_problems"]},
+        {"name": "smollm2-sampled", "kind": "model", "model": "smollm2", "temperature": 0.7, "samples": 4, "domains": ["facts"]},
+    ]
+}
+
+
+class Family(BaseModel):
+    suite: str
+    items: int | None = Field(None, description="Train items taught (None: all)")
+    modes: list[str] = Field(..., description="The modes its teacher solves it in; the cheapest correct one is the learned route")
+
+
+class Recipe(BaseModel):
+    """Everything that decides the default policy; its digest names the work directory."""
+
+    families: list[Family] = [
+        Family(suite="large_multiplication", items=120, modes=["agentic"]),
+        Family(suite="gsm_symbolic", items=120, modes=["reasoning"]),
+        Family(suite="basic_arithmetic", items=90, modes=["reasoning"]),
+        Family(suite="facts", items=None, modes=["instant"]),
+    ]
+    teachers: dict = TEACHERS
+    max_tokens_per_turn: int = 128
+    sft: dict = {
+        "model": {"base": "smollm2", "lora": True, "lora_rank": 8, "lora_alpha": 16},
+        "optim": {"learning_rate": 3e-4, "max_steps": 150, "warmup_steps": 10, "schedule": "linear", "seed": 0, "threads": 2},
+        "batch_size": 8,
+        "max_length": 768,
+        "balance_difficulty": False,
+        "output": {"progress": False, "save_every": 25},
+    }
+
+
+def build(settings: Settings, recipe: Recipe, work_dir: Path, ship_to: Path = weights.DEFAULT_ADAPTER, console: Console | None = None) -> dict:
+    """Teaches, trains, registers and ships; resumable (a rerun finds its stored episodes and
+    its finished training run). Returns what the model card records."""
+    return asyncio.run(_build(settings, recipe, work_dir, ship_to, console or Console(quiet=True)))
+
+
+async def _build(settings: Settings, recipe: Recipe, work_dir: Path, ship_to: Path, console: Console) -> dict:
+    started = time.perf_counter()
+    work = settings.model_copy(update={
+        "data_dir": work_dir, "database_url": None, "metrics_port": 0,
+        "executor": ExecutorSettings(max_tokens_per_turn=recipe.max_tokens_per_turn),
+    })
+    teachers = TeachersConfig.model_validate(recipe.teachers)
+    runner = LocalRunner(work_dir / "runs", env={"GEARSHIFT_DATA_DIR": str(work_dir)})
+    card: dict = {"recipe": json.loads(recipe.model_dump_json()), "code_version": code_version(), "teachers": {}}
+    async with embedded(work, ("store", "sandbox", "reward")) as platform:
+        for family in recipe.families:
+            console.rule(f"teach {family.suite} ({', '.join(family.modes)})")
+            done = await teach(platform.settings, family.suite, "train", teachers, family.modes, family.items,
+                               f"default-{family.suite}", console=console)
+            card["teachers"][family.suite] = {
+                f"{teacher}/{mode}": {"episodes": e.report.modes[mode].trajectories, "correct": e.report.modes[mode].correct}
+                for teacher, by_mode in done.items() for mode, e in by_mode.items()
+            }
+        teach_seconds = time.perf_counter() - started
+        console.rule("route-then-align SFT (LoRA)")
+        data = {"correctness": "correct", "split": "train", "purposes": ["training"]}
+        snapshot = await steps.snapshot(platform.settings, data)
+        spec = steps.train_config(platform.settings, "sft", recipe.sft, f"default-policy:{steps.digest(recipe.model_dump())}", data, None)
+        external_id = runner.start(spec)
+        result = await asyncio.to_thread(steps.train, runner, spec, external_id, lambda _tail: None, 7 * 86_400)
+    card |= {
+        "checkpoint_id": result["checkpoint_id"], "snapshot": snapshot["snapshot"], "trajectories": snapshot["count"],
+        "sft": {k: result["metrics"].get(k) for k in ("steps", "first_loss", "final_loss", "trajectories")},
+        "teach_seconds": round(teach_seconds), "total_seconds": round(time.perf_counter() - started),
+    }
+    ship(Path(result["output_dir"]) / "adapter", ship_to, card)
+    return card
+
+
+def ship(adapter: Path, target: Path, card: dict) -> None:
+    """Copies the adapter (in half precision: a few MB) with its base named as a model source,
+    and writes the model card."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    target.mkdir(parents=True, exist_ok=True)
+    tensors = {name: tensor.to(torch.float16) for name, tensor in load_file(adapter / weights.ADAPTER_WEIGHTS).items()}
+    save_file(tensors, target / weights.ADAPTER_WEIGHTS)
+    config = json.loads((adapter / weights.ADAPTER_CONFIG).read_text()) | {"base_model_name_or_path": weights.SMOLLM2}
+    (target / weights.ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (target / "training.json").write_text(json.dumps(card, indent=2, sort_keys=True, default=str) + "\n")

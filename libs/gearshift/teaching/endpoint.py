@@ -1,0 +1,84 @@
+"""An OpenAI-compatible endpoint whose "model" is a Python function of the request body.
+
+Two users: the teachers that write training data by rule (gearshift.teaching.solvers), and the
+ScriptedPolicy test stand-in (gearshift.testing.scripted_policy), which isolates the platform's
+own logic from model time. Neither ever serves evaluation or users."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+
+Responder = Callable[[dict], str]  # request body -> the text the "model" writes
+
+
+def _cut(text: str, stop: list[str]) -> str:
+    """Applies stop words as an OpenAI server does: the text ends before the first one."""
+    hits = [text.find(word) for word in stop if word and word in text]
+    return text[: min(hits)] if hits else text
+
+
+def _usage(body: dict, text: str) -> dict:
+    prompt = body.get("prompt") or json.dumps(body.get("messages", []))
+    usage = {"prompt_tokens": max(1, len(str(prompt)) // 4), "completion_tokens": max(1, len(text) // 4)}
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    return usage
+
+
+def reply(respond: Responder, model: str, path: str, body: dict) -> tuple[str, bytes]:
+    """(content type, body) of the answer to one request."""
+    if path.endswith("/models"):
+        return "application/json", json.dumps({"object": "list", "data": [{"id": model, "object": "model"}]}).encode()
+    if path.endswith("/health"):
+        return "application/json", b'{"status": "ok"}'
+    chat = path.endswith("/chat/completions")
+    stop = body.get("stop") or []
+    text = _cut(respond(body), [stop] if isinstance(stop, str) else stop)
+    usage = _usage(body, text)
+    if not body.get("stream"):
+        choice = {"index": 0, "finish_reason": "stop"}
+        choice |= {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
+        return "application/json", json.dumps({"id": "scripted", "model": model, "choices": [choice], "usage": usage}).encode()
+    piece = {"delta": {"content": text}} if chat else {"text": text}
+    done = {"delta": {}} if chat else {"text": ""}
+    events = [
+        {"choices": [{"index": 0, **piece, "finish_reason": None}]},
+        {"choices": [{"index": 0, **done, "finish_reason": "stop"}]},
+        {"choices": [], "usage": usage},
+    ]
+    return "text/event-stream", "".join(f"data: {json.dumps(e)}\n\n" for e in events).encode() + b"data: [DONE]\n\n"
+
+
+async def _serve_connection(respond: Responder, model: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A minimal HTTP/1.1 keep-alive loop: enough for httpx, and nearly free, so the stand-in
+    adds as little as possible to what a benchmark measures."""
+    try:
+        while True:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+            _, path, _ = head[0].split(" ", 2)
+            headers = dict(line.lower().split(":", 1) for line in head[1:] if ":" in line)
+            raw = await reader.readexactly(int(headers.get("content-length", "0").strip()))
+            content_type, payload = reply(respond, model, path, json.loads(raw) if raw else {})
+            writer.write(
+                f"HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload
+            )
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
+        pass  # the client hung up, or the server is shutting down
+    finally:
+        writer.close()
+
+
+@contextlib.asynccontextmanager
+async def serve_function(respond: Responder, model: str = "scripted") -> AsyncIterator[str]:
+    """Serves `respond` as a model on a free loopback port; yields its base URL (…/v1)."""
+    server = await asyncio.start_server(
+        lambda reader, writer: _serve_connection(respond, model, reader, writer), "127.0.0.1", 0
+    )
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.close()

@@ -1,0 +1,41 @@
+"""Model sources: a LoRA adapter directory is folded into its base once and then served like any
+checkpoint; the cache is per machine (models_dir), not per data directory."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoModelForCausalLM
+
+from gearshift import weights
+from gearshift.settings import Settings
+
+
+def test_an_adapter_is_folded_into_its_base_once(tmp_path):
+    models = tmp_path / "models"
+    base = weights.resolve(weights.TINY, Settings().models_dir)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base), LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5)  # a trained adapter changes the outputs; a fresh one (B = 0) would not
+    adapter = tmp_path / "adapter"
+    model.save_pretrained(adapter)
+    config = json.loads((adapter / weights.ADAPTER_CONFIG).read_text())
+    (adapter / weights.ADAPTER_CONFIG).write_text(json.dumps(config | {"base_model_name_or_path": str(base)}))
+
+    merged = weights.resolve(str(adapter), models)
+    assert (merged / "config.json").exists() and merged.parent == models
+    assert weights.resolve(str(adapter), models) == merged  # cached: the second call folds nothing
+    ids = torch.tensor([[1, 5, 9, 42, 7]])
+    with torch.no_grad():
+        expected = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), adapter)(ids).logits
+        served = weights.load(str(adapter), models).model(ids).logits
+        plain = AutoModelForCausalLM.from_pretrained(base)(ids).logits
+    assert torch.allclose(served, expected, atol=1e-4) and not torch.allclose(served, plain, atol=1e-2)
+
+
+def test_models_are_cached_per_machine_not_per_data_directory(tmp_path):
+    assert Settings(data_dir=tmp_path / "a").models_dir == Settings(data_dir=tmp_path / "b").models_dir
