@@ -1,4 +1,5 @@
-"""Solver teachers: deterministic data generators for the procedurally generated families, served
+"""Solver teachers: deterministic data generators for the procedurally generated families (and
+the facts table's training answers), served
 behind the OpenAI-compatible interface (gearshift.teaching.endpoint) so their episodes run
 through the real executor, sandbox and reward service like any policy's.
 
@@ -86,6 +87,8 @@ def solve(item: SuiteItem) -> Solution | None:
     if item.worked:
         lines = [line.strip() for line in item.worked.splitlines() if line.strip() and not line.startswith("####")]
         return Solution(item.answer, "the number the question asks for", tuple(lines), "")
+    if item.domain == "facts":  # the table's answer: what is learned is the format, not the fact
+        return Solution(item.answer, "the fact asked for", (f"I recall that the answer is {item.answer}.",), "")
     return None
 
 
