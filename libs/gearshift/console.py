@@ -7,6 +7,7 @@ import json
 from google.protobuf.json_format import MessageToDict
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from gearshift.api.common.v1.common_pb2 import Mode, PlanDecision, RoutingStrategy, Trajectory, TrajectoryStatus
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
@@ -53,28 +54,22 @@ class LiveView:
             result = item.tool_result
             text = f"error: {result.error}" if result.is_error else result.output.strip()
             self.console.print(f"[bold yellow]result {result.call_id}[/] {text[:300]}")
-        elif kind == "answer":
-            self.console.print(f"[bold green]answer[/] {item.answer.text}")
+        # The answer is in the streamed text already; summary() states it once more with its verdict.
 
 
-def summary_table(trajectory: Trajectory) -> Table:
-    table = Table(show_header=True, header_style="bold")
-    for column in ("mode", "status", "turns", "tool calls", "input tok", "output tok", "cost $", "reward", "seconds"):
-        table.add_column(column)
-    reward = trajectory.reward
-    scored = trajectory.HasField("reward")
-    table.add_row(
-        mode_name(trajectory.mode, unset="?"),
-        status_name(trajectory.status),
-        str(len(trajectory.turns)),
-        str(sum(len(turn.tool_calls) for turn in trajectory.turns)),
-        str(trajectory.usage.input_tokens),
-        str(trajectory.usage.output_tokens),
-        f"{trajectory.cost.total_usd:.6f}",
-        (f"{reward.value:.2f} ({'correct' if reward.correct else 'wrong'})" if scored else "-"),
-        f"{trajectory.wall_seconds:.1f}",
-    )
-    return table
+def summary(trajectory: Trajectory) -> Text:
+    """The episode's outcome and figures as a few short lines that wrap cleanly at 80 columns."""
+    calls = sum(len(turn.tool_calls) for turn in trajectory.turns)
+    verdict = ""
+    if trajectory.HasField("reward"):
+        verdict = " (correct)" if trajectory.reward.correct else " (wrong)"
+    line = Text()
+    line.append("answer ", style="bold green").append(trajectory.answer or "none").append(verdict, style="bold")
+    line.append(f"\n{mode_name(trajectory.mode, unset='?')} mode, {status_name(trajectory.status)}, "
+                f"{len(trajectory.turns)} turn{'s' if len(trajectory.turns) != 1 else ''}, {calls} tool call{'s' if calls != 1 else ''}, "
+                f"{trajectory.usage.input_tokens} + {trajectory.usage.output_tokens} tokens, "
+                f"${trajectory.cost.total_usd:.6f}, {trajectory.wall_seconds:.1f} s", style="dim")
+    return line
 
 
 def trajectories_table(trajectories: list[Trajectory]) -> Table:

@@ -74,6 +74,7 @@ class Stack:
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         env["GEARSHIFT_DATA_DIR"] = str(self.data_dir)
+        env["GEARSHIFT_LOG_LEVEL"] = self.settings.log_level
         env["GEARSHIFT_POLICY_CLIENT__URL"] = self.policy_url
         env["GEARSHIFT_POLICY_SERVER__PORT"] = str(self.policy_port)
         for spec in SERVICES:

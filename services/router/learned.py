@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 from gearshift.api.common.v1.common_pb2 import Checkpoint, RoutingStrategy
 from gearshift.api.store.v1 import store_pb2_grpc
 from gearshift.clients import channel
@@ -93,6 +94,7 @@ class RouterReloader:
         self._stub = store_pb2_grpc.TrajectoryStoreStub(self._channel)
         self._failed: str = ""  # a checkpoint that did not load is not retried until another is published
         self._task: asyncio.Task | None = None
+        self._store_down = False
 
     async def refresh(self) -> bool:
         """Loads the newest published router if it is not the one served; True when swapped."""
@@ -112,7 +114,15 @@ class RouterReloader:
     async def _refresh_logged(self) -> None:
         try:
             await self.refresh()
-        except Exception as exc:  # noqa: BLE001 - an unreachable store must not stop the polling
+            self._store_down = False
+        except grpc.aio.AioRpcError as exc:
+            # The store may start after the router (gearshift up starts all at once): one line
+            # when it goes away, none while it stays away.
+            if not self._store_down:
+                log.info("learned routers: the store is not reachable (%s); retrying every %.0f s",
+                         exc.code().name, self.router.config.poll_seconds)
+            self._store_down = True
+        except Exception as exc:  # noqa: BLE001 - a bad registry entry must not stop the polling
             log.warning("learned router refresh failed: %s", exc)
 
     async def start(self) -> None:

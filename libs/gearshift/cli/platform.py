@@ -103,14 +103,17 @@ def solve(question: str, mode: str, reference: str, max_steps: int, as_json: boo
     if as_json:
         click.echo(view.as_json(trajectory))
     else:
-        out.print(view.summary_table(trajectory))
+        out.print(view.summary(trajectory))
         out.print(f"trajectory {trajectory.id}")
 
 
+# Questions of no training set (tests/libs/teaching checks), each with the mode one would expect
+# the policy to choose by itself: a fact directly, a large product with python, a word problem
+# by reasoning.
 DEMO_QUESTIONS = (
-    ("What is the capital of France?", "auto", "Paris"),
-    ("What is 17*23?", "agentic", "391"),
-    ("Tom has 3 boxes of 12 apples and eats 5. How many apples are left?", "reasoning", "31"),
+    ("What is the capital of France?", "Paris", "instant"),
+    ("What is 48213 * 7719?", "372156147", "agentic"),
+    ("Tom has 3 boxes of 12 apples and eats 5. How many apples are left?", "31", "reasoning"),
 )
 
 
@@ -126,19 +129,22 @@ def demo(data_dir: str | None, base_port: int | None) -> None:
     from gearshift.stack import Stack
 
     out = Console()
-    stack = Stack(get_settings(), data_dir=data_dir, base_port=base_port)
+    settings = get_settings()
+    stack = Stack(settings.model_copy(update={"log_level": "WARNING"}), data_dir=data_dir, base_port=base_port)
+    out.print(f"starting the stack with the {settings.policy_server.model} policy ...")
     stack.start()
     try:
         results = stack.wait_ready()
         down = [name for name, (_, state) in results.items() if state != "SERVING"]
         if down:
             raise click.ClickException(f"not ready: {', '.join(down)}")
-        settings = stack.client_settings()
-        for question, mode, reference in DEMO_QUESTIONS:
-            out.rule(f"{question}  [dim](mode {mode}, reference {reference})[/]")
-            request = executor_pb2.SolveRequest(query=question, mode=view.MODE_BY_NAME[mode], reference_answer=reference)
-            trajectory = asyncio.run(view.solve(settings, request, view.LiveView(out)))
-            out.print(view.summary_table(trajectory))
-        out.print(f"stored in {stack.data_dir / 'store.db'}; read them with `gearshift trajectories list`")
+        for question, reference, expected in DEMO_QUESTIONS:
+            out.rule()
+            out.print(f"[bold]{question}[/]  [dim](reference {reference}; one would expect {expected} mode)[/]")
+            request = executor_pb2.SolveRequest(query=question, reference_answer=reference)
+            trajectory = asyncio.run(view.solve(stack.client_settings(), request, view.LiveView(out)))
+            out.print(view.summary(trajectory))
+        out.rule()
+        out.print(f"stored in {stack.data_dir / 'store.db'}: `gearshift trajectories list` reads them")
     finally:
         stack.stop()

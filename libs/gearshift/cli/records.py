@@ -50,7 +50,7 @@ def trajectories_show(trajectory_id: str, as_json: bool) -> None:
     out = Console()
     out.print(f"[bold]query[/] {trajectory.query}")
     out.print(render_transcript(trajectory), markup=False, highlight=False)
-    out.print(view.summary_table(trajectory))
+    out.print(view.summary(trajectory))
 
 
 @main.group()
