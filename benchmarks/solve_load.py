@@ -2,7 +2,7 @@
 services running one process each (as `gearshift up` runs them), the store on Postgres (a
 scratch database, dropped afterwards), everything on loopback. Prints JSON: completed
 episodes/s, latency p50/p99, errors by kind, and each service's resident memory (its process
-tree) after a warm-up and at the end, with the largest sample taken every few seconds between.
+tree) after a warm-up at full load, every few seconds, and at the end.
 
 Two policies:
 
@@ -15,7 +15,8 @@ Two policies:
     .venv/bin/python benchmarks/solve_load.py                                  # 200 streams, 60 s
     .venv/bin/python benchmarks/solve_load.py --model --streams 8 --seconds 300
 
-Bounded: no new episode starts after --seconds, and those still running get --drain-seconds.
+Bounded: no new episode starts after --warmup-seconds + --seconds, and those still running get
+--drain-seconds.
 Goals (issue 13): no errors; each service's memory flat from start to end.
 """
 
@@ -133,8 +134,10 @@ class Tally:
         self.statuses: Counter[str] = Counter()
 
 
-async def one_episode(stub, mode: int, tally: Tally) -> None:
+async def one_episode(stub, mode: int, tally: Tally | None) -> None:
+    """One Solve stream to its end; counted in tally (None: a warm-up episode, not counted)."""
     request = executor_pb2.SolveRequest(query="What is the capital of France?", mode=mode, reference_answer="Paris", run_id="load")
+    tally = tally or Tally()
     started = time.perf_counter()
     final = None
     try:
@@ -154,40 +157,43 @@ async def one_episode(stub, mode: int, tally: Tally) -> None:
     tally.latencies.append(time.perf_counter() - started)
 
 
-async def run_load(settings: Settings, stack: Stack, streams: int, seconds: float, drain: float, modes: list[int]) -> dict:
-    tally, rss_peak = Tally(), {}
+async def run_load(settings: Settings, stack: Stack, args: argparse.Namespace, modes: list[int]) -> dict:
+    """Full load from the start; the first --warmup-seconds fill every buffer and pool and are
+    not counted, so that the memory taken after them is the working set at this load."""
+    tally, series = Tally(), {}
     rotation = itertools.cycle(modes)
     async with contextlib.AsyncExitStack() as exits:
         channels = [await exits.enter_async_context(channel(settings.executor_addr, settings))
-                    for _ in range(max(1, streams // STREAMS_PER_CHANNEL))]
+                    for _ in range(max(1, args.streams // STREAMS_PER_CHANNEL))]
         stubs = [executor_pb2_grpc.ExecutorStub(ch) for ch in channels]
-        for mode in modes:  # warm-up: connections, imports, first queries
-            await one_episode(stubs[0], mode, Tally())
-        rss_start = rss_mib(stack)
-        started = time.perf_counter()
-        deadline = started + seconds
+        begun = time.perf_counter()
+        measured_from = begun + args.warmup_seconds
+        deadline = measured_from + args.seconds
 
         async def worker(index: int) -> None:
-            while time.perf_counter() < deadline:
-                await one_episode(stubs[index % len(stubs)], next(rotation), tally)
+            while (now := time.perf_counter()) < deadline:
+                await one_episode(stubs[index % len(stubs)], next(rotation), tally if now >= measured_from else None)
 
         async def sample_memory() -> None:
             while True:
                 for name, size in rss_mib(stack).items():
-                    rss_peak[name] = max(rss_peak.get(name, 0.0), size)
+                    series.setdefault(name, []).append(size)
                 await asyncio.sleep(RSS_SAMPLE_SECONDS)
 
+        workers = [asyncio.create_task(worker(i)) for i in range(args.streams)]
+        await asyncio.sleep(args.warmup_seconds)
+        rss_start = rss_mib(stack)
         sampler = asyncio.create_task(sample_memory())
-        workers = [asyncio.create_task(worker(i)) for i in range(streams)]
-        _, late = await asyncio.wait(workers, timeout=seconds + drain)
+        _, late = await asyncio.wait(workers, timeout=args.seconds + args.drain_seconds)
         for task in late:
             task.cancel()
-        elapsed = time.perf_counter() - started
+        elapsed = time.perf_counter() - measured_from
         sampler.cancel()
         rss_end = rss_mib(stack)
     latencies = sorted(tally.latencies)
     return {
-        "streams": streams,
+        "streams": args.streams,
+        "warmup_seconds": args.warmup_seconds,
         "seconds": round(elapsed, 1),
         "completed_episodes": len(latencies),
         "episodes_per_second": round(len(latencies) / elapsed, 2),
@@ -197,7 +203,10 @@ async def run_load(settings: Settings, stack: Stack, streams: int, seconds: floa
         "errors": sum(tally.errors.values()),
         "error_kinds": dict(tally.errors),
         "statuses": dict(tally.statuses),
-        "rss_mib": {name: {"start": rss_start[name], "peak": rss_peak.get(name), "end": rss_end[name]} for name in rss_start},
+        "rss_mib": {
+            name: {"start": rss_start[name], "end": rss_end[name], f"every_{RSS_SAMPLE_SECONDS:.0f}s": series.get(name, [])}
+            for name in rss_start
+        },
     }
 
 
@@ -206,6 +215,7 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=200, help="concurrent Solve streams")
     parser.add_argument("--seconds", type=float, default=60.0, help="how long new episodes are started")
     parser.add_argument("--drain-seconds", type=float, default=120.0, help="then how long running ones may finish")
+    parser.add_argument("--warmup-seconds", type=float, default=10.0, help="full load before the measured time (not counted)")
     parser.add_argument("--model", action="store_true", help="the real SmolLM2 on the built-in policy server")
     parser.add_argument("--serve-stand-in", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -229,7 +239,7 @@ def main() -> None:
         health = stack.wait_ready()
         if any(state != "SERVING" for _, state in health.values()):
             raise RuntimeError(f"the stack did not come up: {health}")
-        figures = asyncio.run(run_load(stack.client_settings(), stack, args.streams, args.seconds, args.drain_seconds, modes))
+        figures = asyncio.run(run_load(stack.client_settings(), stack, args, modes))
     figures["policy"] = "SmolLM2-135M on the built-in server" if args.model else "ScriptedPolicy stand-in"
     figures["load_average_1min"] = round(os.getloadavg()[0], 2)
     print(json.dumps(figures, indent=2))
