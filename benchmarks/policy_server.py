@@ -7,7 +7,8 @@ safetensors directory, measured in one run and printed as JSON:
   system prompt; every turn continues the one growing assistant message with
   continue_final_message, stops at </tool_call> or </answer>, and gets a tool response from the
   sandbox's sample corpus appended: search snippets, then two pages);
-- switch: POST /v1/load to a copy of the checkpoint while a stream is in flight.
+- switch: POST /v1/load to a copy of the checkpoint while a stream is in flight;
+- with --gguf, also expanding the GGUF to safetensors once (a child process, a fresh directory).
 
 Three servers, each its own process, started side by side and measured in turn, rotating the
 order every round (the machine is shared: quote medians and ratios):
@@ -17,7 +18,7 @@ order every round (the machine is shared: quote medians and ratios):
   (max_batch_size 1) and no prefix cache;
 - vllm: vLLM's CPU build (--enforce-eager, float32, as the end-to-end tests run it).
 
-    .venv/bin/python benchmarks/policy_server.py [--rounds 3] [--tokens 64] [--threads 2] [--no-vllm]
+    .venv/bin/python benchmarks/policy_server.py [--rounds 3] [--tokens 64] [--threads 2] [--no-vllm] [--gguf]
 
 Goals (issue 13): builtin at 8 concurrent requests at least vllm's tokens/s; builtin single
 stream no slower than builtin-unbatched; the episode at least 1.5x faster with the prefix cache
@@ -64,6 +65,7 @@ EPISODE_QUERIES = [
 ]
 TURN_TOKENS = 64  # max_tokens of one episode turn
 TURN_STOPS = ["</tool_call>", "</answer>"]
+EXPAND = "import sys; from pathlib import Path; from gearshift.weights import cache_smollm2; cache_smollm2(Path(sys.argv[1]))"
 
 
 @dataclass
@@ -213,6 +215,12 @@ async def switch_in_flight(url: str, copy: Path) -> dict:
     return report | {"in_flight_text_unchanged": "".join(pieces) == reference}
 
 
+def expand_gguf(models_dir: Path) -> dict:
+    started_at = time.perf_counter()
+    subprocess.run([sys.executable, "-c", EXPAND, str(models_dir)], check=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    return {"gguf_to_cache_seconds": round(time.perf_counter() - started_at, 2)}
+
+
 # The run
 
 
@@ -269,10 +277,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="tokens per streamed completion")
     parser.add_argument("--threads", type=int, default=2, help="threads per server (torch / vLLM OpenMP)")
     parser.add_argument("--no-vllm", action="store_true", help="measure the built-in server only")
+    parser.add_argument("--gguf", action="store_true", help="also time expanding the GGUF to safetensors")
     args = parser.parse_args()
     checkpoint = weights.cache_smollm2(Settings().data_dir / "models")
     with tempfile.TemporaryDirectory(prefix="gearshift-bench-") as scratch:
         scratch = Path(scratch)
+        expansion = expand_gguf(scratch / "models") if args.gguf else {}
         servers = [
             builtin("builtin", checkpoint, scratch, BASE_PORT, args.threads),
             builtin("builtin-unbatched", checkpoint, scratch, BASE_PORT + 1, args.threads, max_batch_size=1, prefix_cache_mib=0),
@@ -280,7 +290,7 @@ def main() -> None:
         if not args.no_vllm:
             servers.append(vllm(checkpoint, BASE_PORT + 2, args.threads))
         with started(servers, scratch):
-            figures = asyncio.run(measure(servers, args.rounds, args.tokens))
+            figures = expansion | asyncio.run(measure(servers, args.rounds, args.tokens))
             copy = shutil.copytree(checkpoint, scratch / "checkpoint-copy")
             figures["switch"] = asyncio.run(switch_in_flight(servers[0].url, copy))
             figures["peak_rss_mib"] = {server.name: server.peak_rss_mib() for server in servers}

@@ -101,9 +101,12 @@ class BatchCache:
         """A transformers Cache writing into these buffers (call advance after the forward)."""
         return Cache(layers=[BufferLayer(keys, values, self.width) for keys, values in self.buffers])
 
-    def decode_mask(self) -> torch.Tensor:
+    def decode_mask(self) -> torch.Tensor | None:
         """The attention mask of one decode step, [rows, 1, 1, width + 1]: a row sees its own
-        tokens and the new one, never another row's padding."""
+        tokens and the new one, never another row's padding. None when no row is padded (a
+        single row, say): attention without a mask takes the faster kernel."""
+        if min(self.lengths) == self.width:
+            return None
         columns = torch.arange(self.width + 1)
         first = self.width - torch.tensor(self.lengths)
         return (columns[None, :] >= first[:, None])[:, None, None, :]

@@ -160,13 +160,26 @@ class Scheduler:
         torch.set_num_threads(max(1, self.settings.threads))  # per thread: OpenMP's setting is thread-local
         with torch.inference_mode():
             while self._next_work():
-                self._drop_cancelled()
-                self._admit()
-                for key, batch in list(self._batches.items()):
-                    if batch.rows:
-                        self._decode(batch)
-                    if not batch.rows:
-                        del self._batches[key]  # old weights are freed with their last row
+                try:
+                    self._step()
+                except Exception as exc:  # a bug, not a request's fault: fail what runs, keep serving
+                    log.exception("scheduler step failed")
+                    self._fail_running(exc)
+
+    def _step(self) -> None:
+        self._drop_cancelled()
+        self._admit()
+        for key, batch in list(self._batches.items()):
+            if batch.rows:
+                self._decode(batch)
+            if not batch.rows:
+                del self._batches[key]  # old weights are freed with their last row
+
+    def _fail_running(self, exc: Exception) -> None:
+        failed = self._admitting + [row for batch in self._batches.values() for row in batch.rows]
+        self._admitting, self._batches = [], {}
+        for sequence in failed:
+            sequence.deliver(exc)
 
     def _next_work(self) -> bool:
         with self._wake:
