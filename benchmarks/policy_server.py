@@ -235,6 +235,10 @@ class Samples:
         return {key: round(statistics.median(values), 3) for key, values in self.values.items()}
 
 
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')} load {os.getloadavg()[0]:.1f}] {message}", file=sys.stderr, flush=True)
+
+
 def rotated(servers: list[Server], by: int) -> list[Server]:
     by %= len(servers)
     return servers[by:] + servers[:by]
@@ -250,10 +254,12 @@ async def measure(servers: list[Server], rounds: int, tokens: int) -> dict:
                 figures = await throughput(server.url, concurrency, tokens, round_index)
                 samples.add(f"{server.name}/c{concurrency}/tokens_per_second", figures["tokens_per_second"])
                 samples.add(f"{server.name}/c{concurrency}/ttft_seconds", figures["ttft_seconds"])
+                progress(f"round {round_index} {server.name} c{concurrency}: {figures['tokens_per_second']:.1f} tok/s")
         for server in rotated(servers, round_index):
             run = await episode(server.url, EPISODE_QUERIES[round_index % len(EPISODE_QUERIES)])
             samples.add(f"{server.name}/episode_seconds", run["seconds"])
             episodes.setdefault(server.name, []).append(run["turns"])
+            progress(f"round {round_index} {server.name} episode: {run['seconds']:.1f} s")
     return {"medians": samples.medians(), "samples": samples.values, "episode_turns": episodes}
 
 
