@@ -115,6 +115,16 @@ class PolicyServerSettings(BaseModel):
     max_prompt_chars: int = Field(200_000, description="Longest accepted prompt (all messages together)")
     api_key: SecretStr | None = Field(None, description="Bearer token required on /v1 (none: open)")
     admin_token: SecretStr | None = Field(None, description="Bearer token required by POST /v1/load (none: open)")
+    max_batch_size: int = Field(16, ge=1, description="Most generations decoded together in one step (1: one at a time)")
+    max_batch_tokens: int = Field(
+        32_768,
+        ge=1,
+        description="KV-cache token slots the running batch may reserve: rows x the longest row's prompt + max_tokens, "
+        "padding included (one request alone is always admitted)",
+    )
+    max_queue: int = Field(256, ge=0, description="Requests waiting for a batch slot; beyond this, 429 with Retry-After")
+    retry_after_seconds: int = Field(1, ge=0, description="Retry-After of a 429 when the queue is full")
+    prefix_cache_mib: int = Field(512, ge=0, description="KV cache of finished prompts kept for reuse (LRU), in MiB; 0: off")
 
 
 class StoreSettings(BaseModel):

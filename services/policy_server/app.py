@@ -16,7 +16,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from gearshift.errors import GearshiftError, InvalidArgument, NotFound, ResourceExhausted, Unauthenticated, Unavailable
-from gearshift.services.policy_server.core import Job, PolicyEngine
+from gearshift.services.policy_server.core import Generation, PolicyEngine
 from gearshift.services.policy_server.generation import GenerationResult
 from gearshift.services.policy_server.parsing import OutputSplitter, Piece, split_output
 from gearshift.services.policy_server.schemas import ChatCompletionRequest, CompletionRequest, LoadRequest
@@ -31,9 +31,9 @@ HTTP_STATUS = {InvalidArgument: 400, Unauthenticated: 401, NotFound: 404, Resour
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
 
 
-def error_response(status: int, message: str) -> JSONResponse:
+def error_response(status: int, message: str, headers: dict | None = None) -> JSONResponse:
     kind = ERROR_TYPES.get(status, "server_error")
-    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}}, status)
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}}, status, headers)
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -49,7 +49,11 @@ def _validation_message(exc: RequestValidationError) -> str:
 def _usage(results: list[GenerationResult]) -> dict:
     prompt = sum(r.prompt_tokens for r in results)
     completion = sum(r.completion_tokens for r in results)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    cached = sum(r.cached_tokens for r in results)  # as OpenAI and vLLM report prefix-cache hits
+    return {
+        "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
 
 
 def _sse(payload: dict | str) -> str:
@@ -78,6 +82,16 @@ class EngineCollector:
         )
         yield CounterMetricFamily("gearshift_policy_switches", "Checkpoint switches", value=tally.switches)
         yield GaugeMetricFamily("gearshift_policy_in_flight", "Generations running or queued", value=self.engine.in_flight)
+        scheduler = self.engine.scheduler
+        yield GaugeMetricFamily("gearshift_policy_running", "Generations in the running batch", value=scheduler.running)
+        yield GaugeMetricFamily("gearshift_policy_waiting", "Generations waiting for a batch slot", value=scheduler.waiting)
+        yield CounterMetricFamily("gearshift_policy_decode_steps", "Batched decode steps", value=scheduler.stats.steps)
+        yield CounterMetricFamily("gearshift_policy_rejected", "Requests answered 429 (queue full)", value=scheduler.stats.rejected)
+        prefixes = scheduler.prefix_cache
+        yield CounterMetricFamily(
+            "gearshift_policy_prefix_cache_hit_tokens", "Prompt tokens reused from the prefix cache", value=prefixes.stats.hit_tokens
+        )
+        yield GaugeMetricFamily("gearshift_policy_prefix_cache_bytes", "Bytes held by the prefix cache", value=prefixes.nbytes)
 
 
 def create_app(engine: PolicyEngine) -> FastAPI:
@@ -99,7 +113,9 @@ def create_app(engine: PolicyEngine) -> FastAPI:
 
     @app.exception_handler(GearshiftError)
     async def domain_error(request: Request, exc: GearshiftError) -> JSONResponse:
-        return error_response(HTTP_STATUS.get(type(exc), 500), str(exc))
+        status = next((code for kind, code in HTTP_STATUS.items() if isinstance(exc, kind)), 500)
+        retry_after = getattr(exc, "retry_after_seconds", None)
+        return error_response(status, str(exc), {"Retry-After": str(retry_after)} if retry_after is not None else None)
 
     @app.exception_handler(ClientGone)
     async def client_gone(request: Request, exc: ClientGone) -> Response:
@@ -130,16 +146,16 @@ def create_app(engine: PolicyEngine) -> FastAPI:
 
     @app.post("/v1/completions", dependencies=[Depends(require_key)])
     async def completions(body: CompletionRequest, request: Request):
-        jobs = engine.completion_jobs(body)
+        generations = engine.submit(engine.completion_jobs(body))  # decoded together, in one batch
         meta = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": engine.served_name}
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _stream(_completion_events(engine, jobs[0], meta, include_usage))
+            return _stream(_completion_events(generations[0], meta, include_usage))
 
-        async def generate_each() -> list[GenerationResult]:
-            return [await engine.generate_all(job) for job in jobs]
+        async def results_of_all() -> list[GenerationResult]:
+            return list(await asyncio.gather(*(generation.result() for generation in generations)))
 
-        results = await _unless_disconnected(request, generate_each())
+        results = await _unless_disconnected(request, results_of_all())
         choices = [
             {"index": i, "text": r.text, "finish_reason": r.finish_reason, "logprobs": None} for i, r in enumerate(results)
         ]
@@ -148,11 +164,12 @@ def create_app(engine: PolicyEngine) -> FastAPI:
     @app.post("/v1/chat/completions", dependencies=[Depends(require_key)])
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         job, parse_tools = engine.chat_job(body)
+        generation = engine.submit([job])[0]  # a full queue answers 429 here, before any stream starts
         meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": engine.served_name}
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _stream(_chat_events(engine, job, parse_tools, meta, include_usage, raw=body.continue_final_message))
-        result = await _unless_disconnected(request, engine.generate_all(job))
+            return _stream(_chat_events(generation, parse_tools, meta, include_usage, raw=body.continue_final_message))
+        result = await _unless_disconnected(request, generation.result())
         output = split_output(result.text, parse_tools, parse_reasoning=not body.continue_final_message)
         message = {"role": "assistant", "content": output.content, "reasoning_content": output.reasoning_content}
         if output.tool_calls:
@@ -211,9 +228,9 @@ async def _guarded(events: AsyncIterator[str]) -> AsyncIterator[str]:
     yield _sse("[DONE]")
 
 
-async def _completion_events(engine: PolicyEngine, job: Job, meta: dict, include_usage: bool) -> AsyncIterator[str]:
+async def _completion_events(generation: Generation, meta: dict, include_usage: bool) -> AsyncIterator[str]:
     async def events() -> AsyncIterator[str]:
-        async for item in engine.run(job):
+        async for item in generation.items():
             if isinstance(item, GenerationResult):
                 yield _sse({**meta, "choices": [{"index": 0, "text": "", "finish_reason": item.finish_reason}]})
                 if include_usage:
@@ -232,7 +249,7 @@ def _delta(piece: Piece, call_index: int) -> dict:
 
 
 async def _chat_events(
-    engine: PolicyEngine, job: Job, parse_tools: bool, meta: dict, include_usage: bool, raw: bool = False
+    generation: Generation, parse_tools: bool, meta: dict, include_usage: bool, raw: bool = False
 ) -> AsyncIterator[str]:
     meta = {**meta, "object": "chat.completion.chunk"}
 
@@ -243,7 +260,7 @@ async def _chat_events(
         splitter = OutputSplitter(parse_tools, parse_reasoning=not raw)
         calls = 0
         yield chunk({"role": "assistant", "content": ""})
-        async for item in engine.run(job):
+        async for item in generation.items():
             final = isinstance(item, GenerationResult)
             for piece in splitter.finish() if final else splitter.feed(item):
                 yield chunk(_delta(piece, calls))

@@ -1,31 +1,28 @@
 """The policy engine: holds the current model, turns validated requests into generation jobs,
-runs them one at a time on a single generation thread, and switches checkpoints hot.
+hands them to the batching scheduler, and switches checkpoints hot.
 
-No HTTP here (app.py translates). Concurrency: requests are accepted concurrently and queue for
-the one generation thread, so two generations never share a model call or a KV cache; on two
-cores a second thread would only slow both. A hot switch loads the new weights on another
-thread, then replaces the model reference in one assignment: every job captured its model when
-it was accepted, so in-flight (and already queued) generations finish on the old weights, and
-the old model is freed when the last of them ends.
+No HTTP here (app.py translates). Requests are accepted concurrently; the scheduler
+(scheduler.py) decodes them together on its one thread. A hot switch loads the new weights on
+another thread, then replaces the model reference in one assignment: every job captured its
+model when it was accepted, so in-flight (and already queued) generations finish on the old
+weights, and the old model is freed when the last of them ends.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import threading
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from gearshift import weights
 from gearshift.errors import InvalidArgument
-from gearshift.services.policy_server.generation import GenerationResult, SamplingParams, generate
+from gearshift.services.policy_server.generation import GenerationResult, SamplingParams
 from gearshift.services.policy_server.prompts import render_chat
+from gearshift.services.policy_server.scheduler import Scheduler, Sequence
 from gearshift.services.policy_server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from gearshift.settings import PolicyServerSettings
 
@@ -65,6 +62,58 @@ class Tally:
     switches: int = 0
 
 
+class Generation:
+    """A submitted job as its request sees it: the pieces of text as they come, then the
+    GenerationResult. Leaving early (a client that went away) cancels it at the next step."""
+
+    def __init__(self, job: Job, on_result, scheduler: Scheduler):
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._on_result = on_result
+        self._scheduler = scheduler
+        self._started = time.perf_counter()
+        self._done = False
+        self.sequence = Sequence(job.loaded, job.prompt_ids, job.params, self._deliver)
+
+    def _deliver(self, item: object) -> None:  # called on the scheduler thread
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the event loop is gone: nobody is listening any more
+            self.sequence.cancelled = True
+
+    async def items(self) -> AsyncIterator[str | GenerationResult]:
+        try:
+            while True:
+                item = await self._queue.get()
+                if isinstance(item, Exception):
+                    self._done = True
+                    raise item
+                if isinstance(item, GenerationResult):
+                    self._done = True
+                    self._on_result(item, time.perf_counter() - self._started)  # before the consumer may close us
+                    yield item
+                    return
+                yield item
+        finally:
+            self.cancel()
+
+    async def result(self) -> GenerationResult:
+        """Runs to the end and returns the result (for non-streamed replies)."""
+        items = self.items()
+        try:
+            async for item in items:
+                if isinstance(item, GenerationResult):
+                    return item
+        finally:
+            await items.aclose()
+        raise RuntimeError("generation ended without a result")
+
+    def cancel(self) -> None:
+        if not self._done:
+            self._done = True
+            self._scheduler.cancel(self.sequence)
+
+
 class PolicyEngine:
     """The one model of this process and the thread that generates with it."""
 
@@ -73,12 +122,9 @@ class PolicyEngine:
         self.models_dir = models_dir
         self.served_name = settings.served_model_name
         self._current = loaded
-        self._in_flight = 0
         self.tally = Tally()
         self._switching = asyncio.Lock()
-        self._worker = ThreadPoolExecutor(
-            1, thread_name_prefix="policy-generate", initializer=self._pin_threads, initargs=(settings.threads,)
-        )
+        self.scheduler = Scheduler(settings, lambda: self._current)
 
     @classmethod
     async def start(cls, settings: PolicyServerSettings, models_dir: Path) -> PolicyEngine:
@@ -89,7 +135,7 @@ class PolicyEngine:
 
     @staticmethod
     def _pin_threads(threads: int) -> None:
-        torch.set_num_threads(max(1, threads))
+        torch.set_num_threads(max(1, threads))  # loading; the scheduler thread pins its own
 
     @property
     def current(self) -> weights.LoadedModel:
@@ -97,10 +143,11 @@ class PolicyEngine:
 
     @property
     def in_flight(self) -> int:
-        return self._in_flight
+        """Generations queued or running."""
+        return self.scheduler.in_flight()
 
     def close(self) -> None:
-        self._worker.shutdown(wait=False, cancel_futures=True)
+        self.scheduler.close()
 
     # Requests -> jobs
 
@@ -170,44 +217,16 @@ class PolicyEngine:
 
     # Running
 
+    def submit(self, jobs: list[Job]) -> list[Generation]:
+        """Queues the jobs for the scheduler (all or none: QueueFull, a 429, when the queue is full)."""
+        generations = [Generation(job, self._count, self.scheduler) for job in jobs]
+        self.scheduler.submit([generation.sequence for generation in generations])
+        return generations
+
     async def run(self, job: Job) -> AsyncIterator[str | GenerationResult]:
-        """Yields pieces of text as they are generated, then the GenerationResult.
-
-        Closing the iterator early (a client that went away) stops the generation at the next token.
-        """
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
-        cancelled = threading.Event()
-
-        def deliver(item: object) -> None:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, item)
-            except RuntimeError:  # the event loop is gone: nobody is listening any more
-                cancelled.set()
-
-        def work() -> None:
-            try:
-                result: object = generate(job.loaded, job.prompt_ids, job.params, deliver, cancelled.is_set)
-            except Exception as exc:  # handed to the awaiting request, which reports it
-                result = exc
-            deliver(result)
-
-        self._in_flight += 1
-        started = time.perf_counter()
-        try:
-            self._worker.submit(work)
-            while True:
-                item = await queue.get()
-                if isinstance(item, Exception):
-                    raise item
-                if isinstance(item, GenerationResult):
-                    self._count(item, time.perf_counter() - started)  # before the consumer may close us
-                    yield item
-                    return
-                yield item
-        finally:
-            cancelled.set()
-            self._in_flight -= 1
+        """Yields pieces of text as they are generated, then the GenerationResult."""
+        async for item in self.submit([job])[0].items():
+            yield item
 
     def _count(self, result: GenerationResult, seconds: float) -> None:
         self.tally.generations += 1
@@ -217,11 +236,7 @@ class PolicyEngine:
 
     async def generate_all(self, job: Job) -> GenerationResult:
         """Runs a job to the end and returns its result (for non-streamed replies)."""
-        async with contextlib.aclosing(self.run(job)) as items:
-            async for item in items:
-                if isinstance(item, GenerationResult):
-                    return item
-        raise RuntimeError("generation ended without a result")
+        return await self.submit([job])[0].result()
 
     # Hot switch
 
@@ -231,7 +246,7 @@ class PolicyEngine:
             started = time.perf_counter()
             loaded = await asyncio.to_thread(weights.load, source, self.models_dir)
             swap_started = time.perf_counter()
-            in_flight = self._in_flight
+            in_flight = self.scheduler.in_flight(self._current)
             self._current = loaded
             self.tally.switches += 1
             if served_name:

@@ -1,15 +1,13 @@
-"""One generation on one model: a plain decoding loop over the KV cache, so that text can be
-streamed token by token, stop words cut the text exactly, and a cancelled request stops at the
-next token. Synchronous; the engine runs it on its generation thread."""
+"""One generation's token choice and text: sampling parameters, picking the next token, and the
+text that token by token is streamed, cut at stop words and held back while it may still turn
+out to be the start of one. No model calls here: the scheduler decodes many generations at once
+and hands each of them its logits."""
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from gearshift.weights import LoadedModel
 
 REPLACEMENT_CHAR = "\ufffd"  # what decode() yields for half of a multi-byte character
 
@@ -28,12 +26,13 @@ class SamplingParams:
 
 @dataclass
 class GenerationResult:
-    """The finished generation: finish_reason is "stop", "length" or "cancelled"."""
+    """The finished generation: finish_reason is "stop" or "length"."""
 
     text: str
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 def pick_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
@@ -54,60 +53,46 @@ def _first_stop(text: str, stops: list[str], start: int) -> int | None:
     return min(found) if found else None
 
 
-def _forward_for(model: torch.nn.Module) -> Callable:
-    """model(ids, cache) -> (logits, cache) across transformers versions: 5.x renamed
-    past_key_values to cache; only the last position's logits are computed where supported."""
-    parameters = inspect.signature(model.forward).parameters
-    name = "cache" if "cache" in parameters else "past_key_values"
-    extra = {"logits_to_keep": 1} if "logits_to_keep" in parameters else {}
+class OutputText:
+    """The text of one generation as its tokens arrive.
 
-    def forward(input_ids: torch.Tensor, cache: object) -> tuple[torch.Tensor, object]:
-        output = model(input_ids=input_ids, use_cache=True, **{name: cache}, **extra)
-        return output.logits, getattr(output, name)
+    add(token) returns the piece of text that is now safe to send: text that might be the start
+    of a stop word, or half of a multi-byte character, is held back until it is not."""
 
-    return forward
+    def __init__(self, tokenizer, params: SamplingParams, stop_token_ids: set[int]):
+        self.tokenizer = tokenizer
+        self.params = params
+        self.stop_token_ids = set() if params.ignore_eos else stop_token_ids
+        self.hold = max((len(stop) for stop in params.stop), default=1) - 1
+        self.tokens: list[int] = []  # generated tokens that are part of the output
+        self.text = ""
+        self.sent = 0  # characters of text already handed out
+        self.finish_reason: str | None = None  # set once the generation is over
 
+    def add(self, token: int) -> str:
+        if token in self.stop_token_ids:
+            self.finish_reason = "stop"
+            return self.rest()
+        self.tokens.append(token)
+        self.text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        cut = _first_stop(self.text, self.params.stop, max(0, self.sent - self.hold)) if self.params.stop else None
+        if cut is not None:
+            self.text, self.finish_reason = self.text[:cut], "stop"
+            return self.rest()
+        if len(self.tokens) >= self.params.max_tokens:
+            self.finish_reason = "length"
+            return self.rest()
+        ready = len(self.text) - self.hold
+        if self.text.endswith(REPLACEMENT_CHAR):
+            ready = min(ready, len(self.text) - 1)
+        return self._send(ready)
 
-def generate(
-    loaded: LoadedModel,
-    prompt_ids: list[int],
-    params: SamplingParams,
-    emit: Callable[[str], None],
-    cancelled: Callable[[], bool],
-) -> GenerationResult:
-    """Generates up to params.max_tokens tokens after prompt_ids, calling emit with each new
-    piece of text. Text that might be the start of a stop word is held back until it is not."""
-    generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
-    stop_ids = set() if params.ignore_eos else loaded.stop_token_ids
-    hold = max((len(stop) for stop in params.stop), default=1) - 1
-    generated: list[int] = []
-    text, sent, finish = "", 0, "length"
-    input_ids = torch.tensor([prompt_ids])
-    forward = _forward_for(loaded.model)
-    past = None
-    with torch.inference_mode():
-        for _ in range(params.max_tokens):
-            if cancelled():
-                finish = "cancelled"
-                break
-            logits, past = forward(input_ids, past)
-            token = pick_token(logits[0, -1], params, generator)
-            if token in stop_ids:
-                finish = "stop"
-                break
-            generated.append(token)
-            text = loaded.tokenizer.decode(generated, skip_special_tokens=True)
-            cut = _first_stop(text, params.stop, max(0, sent - hold)) if params.stop else None
-            if cut is not None:
-                text, finish = text[:cut], "stop"
-                break
-            ready = len(text) - hold
-            if text.endswith(REPLACEMENT_CHAR):
-                ready = min(ready, len(text) - 1)
-            if ready > sent:
-                emit(text[sent:ready])
-                sent = ready
-            input_ids = torch.tensor([[token]])
-    if len(text) > sent and finish != "cancelled":
-        emit(text[sent:])
-    return GenerationResult(text, finish, len(prompt_ids), len(generated))
+    def rest(self) -> str:
+        """Everything not sent yet (the generation is over: nothing is held back any more)."""
+        return self._send(len(self.text))
+
+    def _send(self, upto: int) -> str:
+        if upto <= self.sent:
+            return ""
+        piece, self.sent = self.text[self.sent : upto], upto
+        return piece

@@ -40,9 +40,12 @@ async def test_completion_reports_text_finish_reason_and_usage(http, tokenizer):
     assert reply["object"] == "text_completion" and reply["model"] == "smollm2"
     assert choice["finish_reason"] == "length" and choice["text"]
     prompt_tokens = len(tokenizer(PROMPT)["input_ids"])
-    assert reply["usage"] == {"prompt_tokens": prompt_tokens, "completion_tokens": 12, "total_tokens": prompt_tokens + 12}
+    counts = {key: reply["usage"][key] for key in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    assert counts == {"prompt_tokens": prompt_tokens, "completion_tokens": 12, "total_tokens": prompt_tokens + 12}
     again = await complete(http, max_tokens=12, temperature=0, ignore_eos=True)
     assert again["choices"][0]["text"] == choice["text"]  # greedy is deterministic
+    # The second time the prompt's KV comes from the prefix cache (all but its last token).
+    assert again["usage"]["prompt_tokens_details"] == {"cached_tokens": prompt_tokens - 1}
 
 
 async def test_seed_makes_sampling_repeatable(http):

@@ -1,0 +1,53 @@
+"""The two model calls of the scheduler, on transformers' Llama-style models: prefill (one prompt,
+after whatever prefix the prefix cache supplied) and decode (one token for every row of a batch).
+Synchronous torch code; the scheduler thread calls it."""
+
+from __future__ import annotations
+
+import inspect
+from functools import cache
+
+import torch
+from gearshift.services.policy_server.batch_cache import BatchCache, RowKV
+
+
+@cache
+def _cache_argument(model_class: type) -> str:
+    """transformers 5 renamed forward's past_key_values to cache."""
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+
+
+def empty_row(model: torch.nn.Module) -> RowKV:
+    """A row with no tokens, shaped like the model's KV cache."""
+    config = model.config.get_text_config(decoder=True)
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    dtype = next(model.parameters()).dtype
+    empty = torch.zeros((1, heads, 0, head_dim), dtype=dtype)
+    return [(empty, empty) for _ in range(config.num_hidden_layers)]
+
+
+def _forward(model: torch.nn.Module, cache: BatchCache, input_ids: torch.Tensor, **inputs) -> torch.Tensor:
+    """Runs the model over input_ids after the cache's columns; returns the last position's logits."""
+    cache.reserve(input_ids.shape[1])
+    output = model(
+        input_ids=input_ids, use_cache=True, logits_to_keep=1, **{_cache_argument(type(model)): cache.for_forward()}, **inputs
+    )
+    cache.advance(input_ids.shape[1])
+    return output.logits[:, -1]
+
+
+def prefill(model: torch.nn.Module, prompt_ids: list[int], prefix: RowKV | None, reserve: int) -> tuple[torch.Tensor, BatchCache]:
+    """Computes the prompt's KV cache after the cached prefix (the first len(prefix) tokens of
+    prompt_ids, already computed); returns the last prompt position's logits and a one-row cache
+    with `reserve` free columns for the tokens to come."""
+    start = prefix[0][0].shape[-2] if prefix else 0
+    remaining = len(prompt_ids) - start
+    cache = BatchCache.of_rows([prefix or empty_row(model)], headroom=remaining + reserve)
+    logits = _forward(model, cache, torch.tensor([prompt_ids[start:]]))
+    return logits[0], cache
+
+
+def decode(model: torch.nn.Module, cache: BatchCache, tokens: list[int]) -> torch.Tensor:
+    """One step: feeds each row its next token; returns logits [rows, vocab]."""
+    return _forward(model, cache, torch.tensor(tokens)[:, None], attention_mask=cache.decode_mask(), position_ids=cache.positions())

@@ -1,0 +1,297 @@
+"""Continuous batching: one thread owns the model calls and decodes every running generation
+together, one token per step; requests join the batch at the next step and leave as soon as
+they finish, are cancelled or fail.
+
+The shape is vLLM's scheduler, made small for a CPU: a waiting queue served first come, first
+served (its cap answers 429), a running set capped in rows and in KV-cache token slots, and a
+step that first admits what fits (prefill, with the prefix cache) and then decodes every running
+row in one forward per set of weights. Generations stay on the weights they were accepted with:
+after a hot switch the old weights' batch drains while new requests start a batch on the new
+ones, and the old model is freed when its last row leaves.
+
+Everything the thread touches besides the waiting queue (guarded by a lock) belongs to it; the
+event loop only reads counters and sets cancellation flags.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from gearshift.errors import ResourceExhausted
+from gearshift.services.policy_server import runner
+from gearshift.services.policy_server.batch_cache import BatchCache
+from gearshift.services.policy_server.generation import GenerationResult, OutputText, SamplingParams, pick_token
+from gearshift.services.policy_server.prefix_cache import PrefixCache
+from gearshift.settings import PolicyServerSettings
+from gearshift.weights import LoadedModel
+
+log = logging.getLogger("gearshift.policy_server.scheduler")
+MIB = 1024 * 1024
+
+
+class QueueFull(ResourceExhausted):
+    """Every batch slot is taken and the waiting queue is full: retry after a while."""
+
+    def __init__(self, message: str, retry_after_seconds: int):
+        super().__init__(message)
+        self.retry_after_seconds = retry_after_seconds
+
+
+@dataclass(eq=False)  # compared by identity: rows are found in and removed from lists
+class Sequence:
+    """One generation from its acceptance to its end. deliver() hands the requester each piece
+    of text, then the GenerationResult (or an exception); it runs on the scheduler thread."""
+
+    loaded: LoadedModel
+    prompt_ids: list[int]
+    params: SamplingParams
+    deliver: Callable[[object], None]
+    cancelled: bool = False  # set by the requester that went away
+    output: OutputText = field(init=False)
+    sampled: list[int] = field(default_factory=list)  # every token picked, stop tokens included
+    cached_tokens: int = 0
+    generator: torch.Generator | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.output = OutputText(self.loaded.tokenizer, self.params, self.loaded.stop_token_ids)
+        self.generator = torch.Generator().manual_seed(self.params.seed) if self.params.seed is not None else None
+
+    @property
+    def reserved_tokens(self) -> int:
+        """KV slots this sequence may come to need: its prompt and every token it may add."""
+        return len(self.prompt_ids) + self.params.max_tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.output.finish_reason is not None
+
+    def take(self, logits: torch.Tensor) -> None:
+        """Picks the next token from logits and passes on the text that became safe to send."""
+        token = pick_token(logits, self.params, self.generator)
+        self.sampled.append(token)
+        piece = self.output.add(token)
+        if piece:
+            self.deliver(piece)
+
+    def result(self) -> GenerationResult:
+        out = self.output
+        return GenerationResult(out.text, out.finish_reason or "length", len(self.prompt_ids), len(out.tokens), self.cached_tokens)
+
+
+@dataclass
+class RunningBatch:
+    """The rows decoded together on one set of weights."""
+
+    loaded: LoadedModel
+    rows: list[Sequence] = field(default_factory=list)
+    cache: BatchCache | None = None
+
+
+@dataclass
+class SchedulerStats:
+    steps: int = 0  # decode forwards
+    rejected: int = 0  # requests answered 429
+    largest_batch: int = 0  # most rows one decode step ran
+
+
+class Scheduler:
+    """The waiting queue, the running batches and the thread that steps them."""
+
+    def __init__(self, settings: PolicyServerSettings, current: Callable[[], LoadedModel]):
+        self.settings = settings
+        self._current = current
+        self.prefix_cache = PrefixCache(settings.prefix_cache_mib * MIB)
+        self.stats = SchedulerStats()
+        self._waiting: deque[Sequence] = deque()
+        self._admitting: list[Sequence] = []  # taken from the queue, being prefilled
+        self._batches: dict[int, RunningBatch] = {}  # by id() of the weights
+        self._cache_owner: LoadedModel | None = None
+        self._wake = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="policy-scheduler", daemon=True)
+        self._thread.start()
+
+    # The event loop's side
+
+    def submit(self, sequences: list[Sequence]) -> None:
+        """Queues sequences (all or none); QueueFull when the queue cannot take them all."""
+        with self._wake:
+            if len(self._waiting) + len(sequences) > self.settings.max_queue:
+                self.stats.rejected += 1
+                raise QueueFull(
+                    f"the policy server is at capacity ({self.running} running, {len(self._waiting)} waiting): retry later",
+                    self.settings.retry_after_seconds,
+                )
+            self._waiting.extend(sequences)
+            self._wake.notify()
+
+    def cancel(self, sequence: Sequence) -> None:
+        sequence.cancelled = True
+        with self._wake:
+            self._wake.notify()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self._admitting) + sum(len(batch.rows) for batch in list(self._batches.values()))
+
+    def in_flight(self, loaded: LoadedModel | None = None) -> int:
+        """Sequences queued or running (on the given weights only, when given)."""
+        running = [row for batch in list(self._batches.values()) for row in batch.rows]
+        sequences = list(self._waiting) + list(self._admitting) + running
+        return sum(1 for s in sequences if loaded is None or s.loaded is loaded)
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+
+    # The scheduler thread
+
+    def _loop(self) -> None:
+        torch.set_num_threads(max(1, self.settings.threads))  # per thread: OpenMP's setting is thread-local
+        with torch.inference_mode():
+            while self._next_work():
+                try:
+                    self._step()
+                except Exception as exc:  # a bug, not a request's fault: fail what runs, keep serving
+                    log.exception("scheduler step failed")
+                    self._fail_running(exc)
+
+    def _step(self) -> None:
+        self._drop_cancelled()
+        self._admit()
+        for key, batch in list(self._batches.items()):
+            if batch.rows:
+                self._decode(batch)
+            if not batch.rows:
+                del self._batches[key]  # old weights are freed with their last row
+
+    def _fail_running(self, exc: Exception) -> None:
+        failed = self._admitting + [row for batch in self._batches.values() for row in batch.rows]
+        self._admitting, self._batches = [], {}
+        for sequence in failed:
+            sequence.deliver(exc)
+
+    def _next_work(self) -> bool:
+        with self._wake:
+            while not self._closed and not self._waiting and not self._batches:
+                self._wake.wait()
+            return not self._closed
+
+    def _drop_cancelled(self) -> None:
+        with self._wake:
+            if any(s.cancelled for s in self._waiting):
+                self._waiting = deque(s for s in self._waiting if not s.cancelled)
+        for batch in self._batches.values():
+            if any(row.cancelled for row in batch.rows):
+                self._retire(batch, [row for row in batch.rows if row.cancelled])
+
+    def _fits(self, sequence: Sequence) -> bool:
+        """Whether one more row stays within the caps. The KV slots of a padded batch are its rows
+        times its longest row, so that product is what max_batch_tokens bounds; a request alone
+        is always admitted (it was checked against the context length when accepted)."""
+        rows = self._admitting + [row for batch in self._batches.values() for row in batch.rows]
+        if not rows:
+            return True
+        if len(rows) >= self.settings.max_batch_size:
+            return False
+        longest = max([sequence.reserved_tokens] + [row.reserved_tokens for row in rows])
+        return (len(rows) + 1) * longest <= self.settings.max_batch_tokens
+
+    def _admit(self) -> None:
+        """Prefills waiting sequences, first come first served, while they fit; then adds the
+        ones that go on to their batches."""
+        self._forget_old_prefixes()
+        prefilled: list[tuple[Sequence, BatchCache]] = []
+        while True:
+            with self._wake:
+                if not self._waiting or not self._fits(self._waiting[0]):
+                    break
+                sequence = self._waiting.popleft()
+                self._admitting.append(sequence)  # counted against the caps and in flight from now on
+            cache = self._prefill(sequence)
+            if cache is None or sequence.finished:
+                self._admitting.remove(sequence)
+                if cache is not None:
+                    sequence.deliver(sequence.result())
+                continue
+            prefilled.append((sequence, cache))
+        for sequence, cache in prefilled:
+            batch = self._batches.setdefault(id(sequence.loaded), RunningBatch(sequence.loaded))
+            batch.rows.append(sequence)
+        for batch in self._batches.values():
+            newcomers = [cache for sequence, cache in prefilled if sequence.loaded is batch.loaded]
+            if newcomers:
+                self._join(batch, newcomers)
+        self._admitting = []
+
+    def _forget_old_prefixes(self) -> None:
+        current = self._current()
+        if current is not self._cache_owner:
+            self.prefix_cache.keep_only(current)
+            self._cache_owner = current
+
+    def _prefill(self, sequence: Sequence) -> BatchCache | None:
+        """Computes the prompt (after any cached prefix) and picks the first token; returns the
+        one-row cache, or None when it failed (the requester got the exception)."""
+        try:
+            prefix = self.prefix_cache.lookup(sequence.loaded, sequence.prompt_ids)
+            sequence.cached_tokens = prefix[0][0].shape[-2] if prefix else 0
+            logits, cache = runner.prefill(sequence.loaded.model, sequence.prompt_ids, prefix, reserve=sequence.params.max_tokens)
+            if sequence.loaded is self._cache_owner:
+                self.prefix_cache.store(sequence.loaded, sequence.prompt_ids, cache.row(0))
+            sequence.take(logits)
+        except Exception as exc:  # handed to the requester, which reports it; the others go on
+            log.exception("prefill failed")
+            sequence.deliver(exc)
+            return None
+        return cache
+
+    def _join(self, batch: RunningBatch, newcomers: list[BatchCache]) -> None:
+        """Rebuilds the batch's cache with the newcomers' rows after its own (one copy for all)."""
+        old = [batch.cache.row(i) for i in range(batch.cache.rows)] if batch.cache else []
+        batch.cache = BatchCache.of_rows(old + [cache.row(0) for cache in newcomers])
+
+    def _decode(self, batch: RunningBatch) -> None:
+        """One step: every row's last token in, every row's next token out."""
+        try:
+            logits = runner.decode(batch.loaded.model, batch.cache, [row.sampled[-1] for row in batch.rows])
+        except Exception as exc:
+            log.exception("decode step failed")
+            for row in batch.rows:
+                row.deliver(exc)
+            batch.rows, batch.cache = [], None
+            return
+        self.stats.steps += 1
+        self.stats.largest_batch = max(self.stats.largest_batch, len(batch.rows))
+        for row, row_logits in zip(batch.rows, logits):
+            row.take(row_logits)
+        done = [row for row in batch.rows if row.finished]
+        for row in done:
+            self._remember(batch, row)
+        if done:
+            self._retire(batch, done)  # before delivering: a requester that has its result no longer counts
+        for row in done:
+            row.deliver(row.result())
+
+    def _remember(self, batch: RunningBatch, row: Sequence) -> None:
+        """Offers a finished row's KV (prompt and output so far) to the prefix cache."""
+        if row.loaded is not self._cache_owner or not self.prefix_cache.max_bytes:
+            return
+        kv = batch.cache.row(batch.rows.index(row))
+        tokens = (row.prompt_ids + row.sampled)[: kv[0][0].shape[-2]]
+        self.prefix_cache.store(row.loaded, tokens, kv)
+
+    def _retire(self, batch: RunningBatch, leaving: list[Sequence]) -> None:
+        keep = [i for i, row in enumerate(batch.rows) if row not in leaving]
+        batch.cache = BatchCache.of_rows([batch.cache.row(i) for i in keep]) if keep else None
+        batch.rows = [batch.rows[i] for i in keep]
