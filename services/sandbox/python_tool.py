@@ -123,8 +123,8 @@ class PythonTool:
                 session = self.sessions.get_or_open(session_id, trajectory_id)
                 outcome = await self.sessions.run(session, code, timeout, self.max_output_chars)
             else:
-                worker = await self.pool.take()
-                outcome = await worker.run(code, timeout, self.max_output_chars, keep=False)
+                async with self.pool.worker() as worker:
+                    outcome = await worker.run(code, timeout, self.max_output_chars, keep=False)
         except SpawnError as exc:
             log.error("python worker unavailable: %s", exc)
             return ToolOutput("", is_error=True, error=f"sandbox worker unavailable: {exc}")

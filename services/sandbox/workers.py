@@ -22,6 +22,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -431,7 +432,11 @@ class Zygote:
 
 
 class WarmPool:
-    """Keeps a few isolated one-shot workers ready; each serves one call and is discarded."""
+    """Keeps a few isolated one-shot workers ready; each serves one call and is discarded.
+
+    Building a worker costs milliseconds of CPU, which on a small machine would compete with the
+    call that just took one; so while the pool is at least half full the next worker is built
+    once no call is running, and at once only when the pool runs low."""
 
     def __init__(self, zygote: Zygote, limits: WorkerLimits, size: int):
         self.zygote = zygote
@@ -439,6 +444,9 @@ class WarmPool:
         self.size = size
         self._ready: asyncio.Queue[Worker] = asyncio.Queue(maxsize=max(size, 1))
         self._filler: asyncio.Task | None = None
+        self._calls = 0
+        self._quiet = asyncio.Event()
+        self._quiet.set()
 
     def start(self) -> None:
         if self.size > 0:
@@ -450,6 +458,8 @@ class WarmPool:
 
     async def _fill(self) -> None:
         while True:
+            if self._ready.qsize() >= max(1, self.size // 2):
+                await self._quiet.wait()
             try:
                 worker = await self.zygote.spawn(self.limits)
             except asyncio.CancelledError:
@@ -460,8 +470,19 @@ class WarmPool:
                 continue
             await self._ready.put(worker)
 
-    async def take(self) -> Worker:
-        """A warm worker if one is ready, else a freshly spawned one."""
+    @contextlib.asynccontextmanager
+    async def worker(self) -> AsyncIterator[Worker]:
+        """A warm worker for one call (a freshly built one when none is ready)."""
+        self._calls += 1
+        self._quiet.clear()
+        try:
+            yield await self._take()
+        finally:
+            self._calls -= 1
+            if not self._calls:
+                self._quiet.set()
+
+    async def _take(self) -> Worker:
         while not self._ready.empty():
             worker = self._ready.get_nowait()
             if not worker.exited:

@@ -35,6 +35,7 @@ import signal
 import socket
 import sys
 import traceback
+from typing import NoReturn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the isolation package; there is no site-packages
 from isolation import cgroups, libc, rootfs, seccomp  # noqa: E402
@@ -158,15 +159,12 @@ def _become_worker(spec: dict, ctl_fd: int, out_fd: int, isolated: bool) -> None
     os.closerange(CTL_FD + 1, 1 << 16)
     ctl = socket.socket(fileno=CTL_FD)
     try:
-        if isolated:
-            _isolated_worker(spec, ctl)
-        else:
-            _insecure_worker(spec, ctl)
+        ready = _isolated_worker(spec, ctl) if isolated else _insecure_worker(spec, ctl)
     except BaseException as exc:  # set-up failed: report it and never run code
         with contextlib.suppress(OSError):
             _send(ctl, {"failed": _one_line(exc)})
         os._exit(70)
-    _serve_calls(ctl)
+    _serve_calls(ctl, ready)
 
 
 def _become_uid(uid: int) -> None:
@@ -179,8 +177,8 @@ def _become_uid(uid: int) -> None:
     libc.prctl(libc.PR_SET_DUMPABLE, 1)
 
 
-def _isolated_worker(spec: dict, ctl: socket.socket) -> None:
-    """Namespaces, then the call's pid 1 (which returns here ready); this process waits for it."""
+def _isolated_worker(spec: dict, ctl: socket.socket) -> dict:
+    """Namespaces, then the call's pid 1 (which returns here, set up); this process waits for it."""
     zygote = spec["zygote_pid"]
     if CGROUP_BASES and spec.get("cgroup"):
         cgroups.join_new(CGROUP_BASES, spec["cgroup"], spec["memory_mb"] * MB, spec["max_processes"] + 1)
@@ -194,13 +192,12 @@ def _isolated_worker(spec: dict, ctl: socket.socket) -> None:
     inner = os.fork()
     if inner == 0:
         os.close(alive_writer)
-        _become_pid1(spec, ctl, alive)
-        return
+        return _become_pid1(spec, alive)
     _send(ctl, {"pid": inner})
     _wait_for(inner, keep=alive_writer)
 
 
-def _wait_for(inner: int, keep: int) -> None:
+def _wait_for(inner: int, keep: int) -> NoReturn:
     """The waiter: holds nothing but the pipe that tells pid 1 it lives, and no capabilities."""
     os.closerange(0, keep)
     os.closerange(keep + 1, 1 << 16)
@@ -214,8 +211,8 @@ def _wait_for(inner: int, keep: int) -> None:
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
 
-def _become_pid1(spec: dict, ctl: socket.socket, alive: int) -> None:
-    """The call's pid 1: its root, limits, no capabilities, the filter; ends by saying ready."""
+def _become_pid1(spec: dict, alive: int) -> dict:
+    """The call's pid 1: its root, limits, no capabilities, the filter; returns its ready message."""
     os.setsid()
     has_proc = rootfs.enter(spec["tmp_mb"], spec["tmp_inodes"])
     with contextlib.suppress(OSError):
@@ -232,10 +229,10 @@ def _become_pid1(spec: dict, ctl: socket.socket, alive: int) -> None:
     except BlockingIOError:
         os.close(alive)
     _prepare_interpreter(spec, "/tmp")
-    _send(ctl, {"ready": True, "workdir": "/tmp", "proc": has_proc})
+    return {"ready": True, "workdir": "/tmp", "proc": has_proc}
 
 
-def _insecure_worker(spec: dict, ctl: socket.socket) -> None:
+def _insecure_worker(spec: dict, ctl: socket.socket) -> dict:
     """Only with allow_insecure, where no namespaces exist: the host stays visible to the code."""
     import tempfile
 
@@ -256,7 +253,7 @@ def _insecure_worker(spec: dict, ctl: socket.socket) -> None:
     filtered = _try_filter()
     _send(ctl, {"pid": os.getpid()})
     _prepare_interpreter(spec, workdir)
-    _send(ctl, {"ready": True, "workdir": workdir, "proc": True, "seccomp": filtered})
+    return {"ready": True, "workdir": workdir, "proc": True, "seccomp": filtered}
 
 
 def _try_filter() -> bool:
@@ -330,9 +327,17 @@ def _run(code: str, namespace: dict) -> tuple[bool, str]:
         return False, _one_line(exc)
 
 
-def _serve_calls(ctl: socket.socket) -> None:
-    """Reads {"code", "marker", "keep"} lines; answers each with {"ok", "error", "marked"}.
-    The service measures CPU time itself: nothing the code could forge is trusted."""
+def _warm_up() -> None:
+    """Runs what every call runs once, before saying ready: the pages it touches are copied
+    from the zygote's now rather than during the first call."""
+    _run("None", {"__builtins__": __builtins__})
+    print(repr(json.loads(json.dumps({"ok": True, "error": "", "marked": True}))), file=io.StringIO())
+
+
+def _serve_calls(ctl: socket.socket, ready: dict) -> None:
+    """Says ready, then reads {"code", "marker", "keep"} lines and answers each with
+    {"ok", "error", "marked"}. The service measures CPU time itself: nothing the code could
+    forge is trusted."""
     lines = ctl.makefile("rb")
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
                                   errors="backslashreplace", write_through=True)
@@ -344,6 +349,8 @@ def _serve_calls(ctl: socket.socket) -> None:
         os._exit(1)
 
     signal.signal(signal.SIGXCPU, on_cpu_limit)
+    _warm_up()
+    _send(ctl, ready)
     while True:
         line = lines.readline()
         if not line:
