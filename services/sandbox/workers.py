@@ -209,8 +209,10 @@ class Worker:
         if not alive:
             self.kill()
         # The rest of the output is buffered already (marker seen) or ends with the process.
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(collecting, 2.0 if not fatal else DRAIN_AFTER_KILL_SECONDS)
+        with contextlib.suppress(TimeoutError):
+            # asyncio.timeout, unlike wait_for in 3.11, never swallows a cancellation
+            async with asyncio.timeout(2.0 if not fatal else DRAIN_AFTER_KILL_SECONDS):
+                await collecting
 
         output = collected.kept.decode("utf-8", errors="replace")
         truncated = collected.overflow or collected.total > len(collected.kept) or len(output) > max_output_chars
@@ -336,7 +338,8 @@ class Zygote:
             theirs.close()
             ours.setblocking(False)
             self._socket = ours
-            hello = await asyncio.wait_for(asyncio.get_running_loop().sock_recv(ours, 1 << 20), ZYGOTE_START_TIMEOUT_SECONDS)
+            async with asyncio.timeout(ZYGOTE_START_TIMEOUT_SECONDS):
+                hello = await asyncio.get_running_loop().sock_recv(ours, 1 << 20)
         finally:
             self.uids.release(probe_uid)
         if not hello:
@@ -410,7 +413,8 @@ class Zygote:
 
     @staticmethod
     async def _read_message(reader: asyncio.StreamReader) -> dict:
-        line = await asyncio.wait_for(reader.readline(), SPAWN_TIMEOUT_SECONDS)
+        async with asyncio.timeout(SPAWN_TIMEOUT_SECONDS):
+            line = await reader.readline()
         if not line:
             raise SpawnError("worker exited while starting")
         return json.loads(line)
@@ -447,6 +451,7 @@ class WarmPool:
         self._calls = 0
         self._quiet = asyncio.Event()
         self._quiet.set()
+        self._closed = False
 
     def start(self) -> None:
         if self.size > 0:
@@ -457,7 +462,7 @@ class WarmPool:
         return self._ready.qsize()
 
     async def _fill(self) -> None:
-        while True:
+        while not self._closed:
             if self._ready.qsize() >= max(1, self.size // 2):
                 await self._quiet.wait()
             try:
@@ -468,6 +473,9 @@ class WarmPool:
                 log.exception("could not pre-start a sandbox worker; retrying")
                 await asyncio.sleep(1.0)
                 continue
+            if self._closed:  # closed while this worker was being built
+                worker.kill()
+                return
             await self._ready.put(worker)
 
     @contextlib.asynccontextmanager
@@ -494,9 +502,12 @@ class WarmPool:
         return worker
 
     async def close(self) -> None:
+        self._closed = True
         if self._filler is not None:
             self._filler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._filler
-        while not self._ready.empty():
-            self._ready.get_nowait().kill()
+            await asyncio.wait({self._filler}, timeout=SPAWN_TIMEOUT_SECONDS)
+        for _ in range(2):  # a filler stuck on a full queue puts one last worker once it drains
+            while not self._ready.empty():
+                self._ready.get_nowait().kill()
+            if self._filler is not None:
+                await asyncio.wait({self._filler}, timeout=1.0)

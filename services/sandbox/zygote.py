@@ -85,7 +85,7 @@ def _isolation(config: dict) -> dict:
         CGROUP_BASES = cgroups.prepare(config["cgroup_tag"])
         _enter_own_namespaces(root)
         rootfs.build_template(allow)
-    except OSError as exc:
+    except Exception as exc:  # whatever failed, workers cannot be isolated: say why
         report["reason"] = f"cannot build the sandbox root: {_one_line(exc)}"
         return report
     LIBRARY_PATH = ":".join(sorted({os.path.dirname(f) for f in allow.files if ".so" in os.path.basename(f)}))

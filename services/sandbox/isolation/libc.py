@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import platform
 
@@ -85,10 +86,13 @@ class _CapData(ctypes.Structure):
 
 def drop_capabilities() -> None:
     """Empties the bounding set and every capability set of this process, for good."""
-    with open("/proc/sys/kernel/cap_last_cap") as f:
-        last = int(f.read())
-    for cap in range(last + 1):
-        prctl(PR_CAPBSET_DROP, cap)
+    for cap in range(64):  # up to the kernel's last capability, which answers the next with EINVAL
+        try:
+            prctl(PR_CAPBSET_DROP, cap)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL or cap == 0:
+                raise
+            break
     clear_capabilities()
 
 

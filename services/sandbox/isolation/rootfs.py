@@ -112,7 +112,9 @@ def _loaded_files(dirs: list[str]) -> list[str]:
     while chunk := os.read(read_end, 1 << 16):
         chunks.append(chunk)
     os.close(read_end)
-    os.waitpid(pid, 0)
+    _, status = os.waitpid(pid, 0)
+    if status != 0:  # it crashed loading something: the list would be incomplete
+        raise OSError(f"finding the interpreter's shared libraries failed (wait status {status})")
     return [p for p in b"".join(chunks).decode().split("\n") if p]
 
 

@@ -1,12 +1,14 @@
 """Runs a command as an unprivileged user, the way the chart's non-root sandbox pod runs it.
 
-    python tests/services/sandbox/as_nobody.py [--deny-namespaces] -- COMMAND [ARG...]
+    python tests/services/sandbox/as_nobody.py [--mask-proc] [--deny-namespaces] -- COMMAND [ARG...]
 
 Started as root, it enters a private mount namespace, makes the interpreter and this checkout
 reachable for the unprivileged user (a directory others may not traverse, such as /root
 holding pyenv, is covered by a tmpfs with only the needed paths bound back: what a container
 image with python under /usr/local gives for free), then becomes uid and gid 65534 with no
-groups and no capabilities. With --deny-namespaces it then installs a seccomp filter refusing
+groups and no capabilities. With --mask-proc it first covers a /proc file as container
+runtimes do (runc binds /dev/null over /proc/kcore, /proc/timer_list, ...), after which the
+kernel refuses the sandbox a fresh /proc. With --deny-namespaces it then installs a seccomp filter refusing
 unshare, setns, mount, pivot_root and clone with namespace flags, as a container runtime's
 default profile does to a pod without CAP_SYS_ADMIN. Then it execs the command.
 Started without root it is unprivileged already and only applies --deny-namespaces.
@@ -59,6 +61,10 @@ def make_reachable(paths: list[str]) -> None:
             os.close(fd)
 
 
+def mask_proc() -> None:
+    libc.mount("/dev/null", "/proc/timer_list", None, libc.MS_BIND)
+
+
 def become_nobody() -> None:
     os.setgroups([])
     os.setresgid(NOBODY, NOBODY, NOBODY)
@@ -76,6 +82,8 @@ def main(argv: list[str]) -> None:
     options, command = argv[: argv.index("--")], argv[argv.index("--") + 1:]
     if os.geteuid() == 0:
         make_reachable(_needed_paths())
+        if "--mask-proc" in options:
+            mask_proc()
         become_nobody()
     if "--deny-namespaces" in options:
         deny_namespaces()

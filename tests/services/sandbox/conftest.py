@@ -94,9 +94,9 @@ def free_port() -> int:
 
 
 @contextlib.asynccontextmanager
-async def service_process(unprivileged: bool, deny_namespaces: bool = False, **overrides):
-    """The sandbox service as its own process (through as_nobody.py for the unprivileged user
-    or a runtime-like seccomp profile), with SMALL_LIMITS and overrides; a RunningSandbox."""
+async def service_process(unprivileged: bool, deny_namespaces: bool = False, mask_proc: bool = False, **overrides):
+    """The sandbox service as its own process (through as_nobody.py for the unprivileged user,
+    a runtime-like seccomp profile or masked /proc), with SMALL_LIMITS and overrides; a RunningSandbox."""
     data_dir = Path(tempfile.mkdtemp(prefix="gs-sandbox-test-"))
     if unprivileged and os.geteuid() == 0:
         os.chown(data_dir, NOBODY, NOBODY)
@@ -109,9 +109,8 @@ async def service_process(unprivileged: bool, deny_namespaces: bool = False, **o
         **{f"GEARSHIFT_SANDBOX__{key.upper()}": json.dumps(value) if isinstance(value, bool) else str(value)
            for key, value in limits.items()},
     }
-    launcher = [sys.executable, str(AS_NOBODY), *(["--deny-namespaces"] if deny_namespaces else []), "--"]
-    if not unprivileged and not deny_namespaces:
-        launcher = []
+    options = [*(["--deny-namespaces"] if deny_namespaces else []), *(["--mask-proc"] if mask_proc else [])]
+    launcher = [sys.executable, str(AS_NOBODY), *options, "--"] if unprivileged else []
     log_path = Path(tempfile.mkstemp(prefix="gs-sandbox-log-")[1])
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen([*launcher, sys.executable, "-m", "gearshift.services.sandbox"], env=env,

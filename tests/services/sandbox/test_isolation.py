@@ -217,6 +217,17 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+async def test_where_the_runtime_masks_proc_calls_run_without_one():
+    async with service_process(unprivileged=True, mask_proc=True, warm_workers=1) as running:
+        result = await run_python(running.stub, "import os, subprocess, sys\nprint(os.listdir('/proc'))\n"
+                                  "print(subprocess.run([sys.executable, '-c', 'print(6 * 7)'], capture_output=True, text=True).stdout)")
+        assert not result.is_error, result.output
+        assert result.output == "[]\n42\n\n"
+        spin = await run_python(running.stub, "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end:\n    pass")
+        assert not spin.is_error and spin.cpu_seconds >= 0.25
+        assert "/proc absent" in running.log.read_text()
+
+
 async def test_without_namespaces_python_is_refused_and_the_rest_still_works():
     async with service_process(unprivileged=True, deny_namespaces=True, warm_workers=1) as running:
         result = await run_python(running.stub, "print(1)")
