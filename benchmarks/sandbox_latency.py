@@ -19,7 +19,7 @@ Next to floors measured in the same run: `python -S -I -c pass` start-up, fork+e
 warm process, and a bare gRPC round-trip (ListTools) to the same service. The machine is shared
 and noisy: every figure is the median over --repeats runs, modes interleaved within each run.
 
-    .venv/bin/python benchmarks/sandbox_latency.py [--calls 300] [--pace-ms 50] [--repeats 3] [--json]
+    .venv/bin/python benchmarks/sandbox_latency.py [--calls 300] [--pace-ms 100] [--repeats 3] [--json]
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ def summarize(runs: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=300, help="calls per measurement")
-    parser.add_argument("--pace-ms", type=float, default=50.0, help="pause before each warm call (the pool refills)")
+    parser.add_argument("--pace-ms", type=float, default=100.0, help="pause before each warm call (the pool refills; an agent takes longer between tool calls)")
     parser.add_argument("--concurrency", type=int, default=8, help="concurrent callers for throughput")
     parser.add_argument("--warm-workers", type=int, default=8, help="GEARSHIFT_SANDBOX__WARM_WORKERS for the service")
     parser.add_argument("--repeats", type=int, default=3, help="runs; every figure is the median over them")

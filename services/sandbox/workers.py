@@ -135,15 +135,17 @@ async def _collect(reader: asyncio.StreamReader, marker: bytes, keep_bytes: int,
 
 
 def _remove_cgroups_later(dirs: list[str]) -> None:
-    """Removes a dead worker's cgroups once the kernel has let its last process go."""
-    if not dirs or cgroups.remove(dirs):
+    """Removes a dead worker's cgroups once the kernel has let its last process go. In a thread:
+    rmdir waits for the cgroup lock, which a worker joining its cgroups elsewhere may hold for a
+    while, and the event loop must not wait with it."""
+    if not dirs:
         return
 
     async def retry() -> None:
         deadline = time.monotonic() + CGROUP_REMOVAL_SECONDS
         while time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-            if cgroups.remove(dirs):
+            if await asyncio.to_thread(cgroups.remove, dirs):
                 return
         log.warning("sandbox cgroups still busy, left in place: %s", ", ".join(dirs))
 
@@ -430,7 +432,7 @@ class Zygote:
             await asyncio.gather(*_cleanups, return_exceptions=True)
             bases, self.cgroup_bases = list(self.cgroup_bases.values()), {}
             for _ in range(20):
-                if cgroups.remove(bases):
+                if await asyncio.to_thread(cgroups.remove, bases):
                     break
                 await asyncio.sleep(0.05)
 
