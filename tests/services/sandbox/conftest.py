@@ -32,7 +32,7 @@ NOBODY = 65534
 MODES = ("root", "unprivileged")
 
 SMALL_LIMITS = dict(
-    timeout_seconds=3.0, max_timeout_seconds=8.0, cpu_seconds=2, memory_mb=256, file_mb=4,
+    timeout_seconds=3.0, max_timeout_seconds=20.0, cpu_seconds=2, memory_mb=256, file_mb=4,
     max_processes=16, max_open_files=64, tmp_mb=16, tmp_inodes=1_000, max_output_chars=20_000,
     max_code_chars=50_000, warm_workers=4, max_sessions=3, session_idle_seconds=60.0, page_token_budget=30,
 )

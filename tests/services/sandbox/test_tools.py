@@ -142,7 +142,7 @@ async def test_idle_sessions_expire(tmp_path):
         ("python", "{not json", 0, "does not parse"),
         ("python", "[1, 2]", 0, "JSON object"),
         ("python", {"code": "x = 1\n" * 10_000}, 0, "longer than"),
-        ("python", {"code": "pass"}, 9.0, "above the cap"),
+        ("python", {"code": "pass"}, 21.0, "above the cap"),
         ("python", {"code": "pass"}, -1.0, "positive"),
     ],
 )
