@@ -178,6 +178,7 @@ def program(denied: Iterable[str], clone_namespaces: bool, socket_families: tupl
     a.load(_ARG_LOW[0])
     for value in HARMLESS_PERSONALITIES:
         a.jump(_JEQ, value, "allow", 0)
+    # any other personality falls through to EPERM
     a.label("eperm")
     a.ret(RET_ERRNO | errno.EPERM)
     a.label("allow")
