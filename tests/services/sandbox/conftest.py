@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -132,7 +133,7 @@ async def service_process(unprivileged: bool, deny_namespaces: bool = False, mas
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        subprocess.run(["rm", "-rf", str(data_dir)], check=False)
+        shutil.rmtree(data_dir, ignore_errors=True)
         log_path.unlink(missing_ok=True)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -107,7 +108,7 @@ def canaries():
     yield [f"{directory}/canary.sock", f"@{abstract_name}"]
     path_listener.close()
     abstract_listener.close()
-    subprocess.run(["rm", "-rf", directory], check=False)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 async def test_no_host_socket_can_be_opened(service: RunningSandbox, canaries):
