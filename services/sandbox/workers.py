@@ -428,13 +428,11 @@ class Zygote:
         if self._process is not None and self._process.returncode is None:
             self._process.kill()
             await self._process.wait()
-        if self.cgroup_bases:  # once the workers' own cgroups are gone
+        if self.cgroup_bases:  # with every worker's cgroup, also those of workers never handed over
             await asyncio.gather(*_cleanups, return_exceptions=True)
             bases, self.cgroup_bases = list(self.cgroup_bases.values()), {}
-            for _ in range(20):
-                if await asyncio.to_thread(cgroups.remove, bases):
-                    break
-                await asyncio.sleep(0.05)
+            if not await asyncio.to_thread(cgroups.remove_all, bases, CGROUP_REMOVAL_SECONDS):
+                log.warning("sandbox cgroups still busy, left in place: %s", ", ".join(bases))
 
 
 class WarmPool:

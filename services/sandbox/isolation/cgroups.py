@@ -2,7 +2,7 @@
 development machine has; without them rlimits and the service's watchdog stand in).
 
 The zygote creates one directory per controller below its own cgroup
-(`<own>/gearshift-sandbox-<service pid>`); each worker, while still root, creates its own
+(`<own>/gearshift-sandbox-<service pid>-<serial>`); each worker, while still root, creates its own
 directory below that, sets the limits and moves itself in, so everything the call starts is
 counted together. The service reads the OOM-kill count after each call and removes a worker's
 directories once its processes are gone.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 
 ROOT = "/sys/fs/cgroup"
 CONTROLLERS = ("memory", "pids")
@@ -57,11 +58,23 @@ def _sweep_stale(parent: str) -> None:
     """Removes empty leftovers of services that died (their pid no longer runs)."""
     with contextlib.suppress(OSError):
         for name in os.listdir(parent):
-            pid = name[len(PREFIX):]
+            pid = name[len(PREFIX):].split("-")[0]  # gearshift-sandbox-<service pid>-<zygote serial>
             if name.startswith(PREFIX) and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-                stale = f"{parent}/{name}"
-                remove([f"{stale}/{child}" for child in os.listdir(stale) if os.path.isdir(f"{stale}/{child}")])
-                remove([stale])
+                remove_all([f"{parent}/{name}"], seconds=0)
+
+
+def remove_all(bases: list[str], seconds: float) -> bool:
+    """Removes these directories and every cgroup below them, retrying while processes in them
+    are still exiting (the zygote's death takes its workers with it, a moment later)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        children = [f"{base}/{name}" for base in bases if os.path.isdir(base) for name in os.listdir(base)
+                    if os.path.isdir(f"{base}/{name}")]
+        if remove(children) and remove(bases):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
 
 
 def join_new(bases: dict[str, str], name: str, memory_bytes: int, max_pids: int) -> None:
