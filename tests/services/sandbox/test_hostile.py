@@ -67,14 +67,14 @@ BATTERY = [
             error_has("died", "MemoryError", "RecursionError", "CPU time limit", "timed out"), 2.5),
     Hostile("read /etc/shadow", "print(open('/etc/shadow').read())", error_has("FileNotFoundError", "PermissionError")),
     Hostile("read own environment", "import os\nprint(dict(os.environ))\ntry:\n    print(open('/proc/self/environ').read())\n"
-            "except PermissionError:\n    print('denied')",
+            "except (PermissionError, FileNotFoundError):  # no /proc where the runtime masks its own\n    print('denied')",
             lambda r: not r.is_error and "'HOME': '/tmp'" in r.output and SERVICE_SECRET not in r.output and "GEARSHIFT" not in r.output),
     Hostile("read the service's environment", "print(open('/proc/SERVICE_PID/environ').read())",
             error_has("FileNotFoundError", "PermissionError")),
     Hostile("read the service's own files", f"print(open({str(SERVICE_FILE)!r}).read())",
             error_has("FileNotFoundError", "PermissionError")),
     Hostile("list the service's processes", "import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))",
-            lambda r: not r.is_error and r.output.strip() in ("[1]", "[1, 2]")),
+            lambda r: not r.is_error and r.output.strip() in ("[1]", "[1, 2]", "[]")),  # []: no /proc at all
     Hostile("write outside the temp dir", "open('/usr/local/gearshift-escape', 'w').write('x')",
             error_has("Read-only file system", "FileNotFoundError")),
     Hostile("write next to the interpreter", "import os, sys\nopen(os.path.dirname(sys.executable) + '/evil', 'w')",
@@ -152,7 +152,8 @@ BATTERY = [
             "numbers = {'x86_64': [321, 298, 250, 425, 323, 308], 'aarch64': [280, 241, 219, 425, 282, 268]}[platform.machine()]\n"
             "print([libc.syscall(n, 0, 0, 0, 0, 0) for n in numbers], os.strerror(ctypes.get_errno()))",
             output_has("[-1, -1, -1, -1, -1, -1] Operation not permitted")),
-    Hostile("read /proc/1/environ", "try:\n    print(open('/proc/1/environ').read())\nexcept PermissionError:\n    print('denied')",
+    Hostile("read /proc/1/environ", "try:\n    print(open('/proc/1/environ').read())\n"
+            "except (PermissionError, FileNotFoundError):\n    print('denied')",
             lambda r: not r.is_error and SERVICE_SECRET not in r.output and "GEARSHIFT" not in r.output),
     Hostile("/etc/passwd holds only the sandbox's users", "print(open('/etc/passwd').read())",
             lambda r: not r.is_error and "sandbox:x:1000:1000" in r.output and len(r.output.split()) == 3),

@@ -145,8 +145,12 @@ async def test_the_filesystem_holds_only_the_allowlist(service: RunningSandbox):
 
 
 async def test_the_mount_table_shows_only_the_sandbox_mounts(service: RunningSandbox):
-    result = await run_python(service.stub, "print(open('/proc/self/mountinfo').read())")
+    result = await run_python(service.stub, "import os\n"
+                              "print(open('/proc/self/mountinfo').read() if os.path.exists('/proc/self') else 'no /proc')")
     assert not result.is_error, result.error
+    if result.output == "no /proc\n":  # a runtime that masks its own /proc: no mount table to read at all
+        assert os.path.exists("/proc/timer_list") and _proc_is_masked()
+        return
     mounts = {}
     for line in result.output.splitlines():
         if line:
@@ -167,16 +171,31 @@ def _interpreter_file(path: str) -> bool:
     return path == INTERPRETER or ".so" in name or "/locale/" in path or "gconv" in name
 
 
+PRIVILEGES = """
+import ctypes, os, socket
+libc = ctypes.CDLL(None, use_errno=True)
+class Header(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+class Data(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+sets = (Data * 2)()
+libc.capget(ctypes.byref(Header(0x20080522, 0)), sets)
+print("capabilities", sum(s.effective | s.permitted | s.inheritable for s in sets))
+print("bounding", sum(libc.prctl(23, cap, 0, 0, 0) == 1 for cap in range(64)))  # PR_CAPBSET_READ
+print("no_new_privs", libc.prctl(39, 0, 0, 0, 0), "seccomp", libc.prctl(21, 0, 0, 0, 0))  # PR_GET_*
+print("pid", os.getpid(), "uid", os.getuid(), os.getgid(), os.getgroups(), socket.gethostname())
+"""
+
+
 async def test_the_code_holds_no_privileges(service: RunningSandbox):
-    result = await run_python(service.stub, "import os, socket\nprint(open('/proc/self/status').read())\n"
-                                            "print('uid', os.getuid(), os.getgid(), os.getgroups(), socket.gethostname())")
+    result = await run_python(service.stub, PRIVILEGES)  # through system calls: /proc may be absent
     assert not result.is_error, result.error
-    status = dict(line.split(":\t", 1) for line in result.output.splitlines() if ":\t" in line)
-    for capabilities in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
-        assert int(status[capabilities], 16) == 0, capabilities
-    assert status["NoNewPrivs"].strip() == "1" and status["Seccomp"].strip() == "2"
-    assert status["Pid"].strip() == "1"  # pid 1 of its own pid namespace
-    assert "uid 1000 1000 [] sandbox" in result.output
+    assert result.output == "capabilities 0\nbounding 0\nno_new_privs 1 seccomp 2\npid 1 uid 1000 1000 [] sandbox\n"
+
+
+def _proc_is_masked() -> bool:
+    """Whether this process's /proc has something mounted over it, as container runtimes do."""
+    return any(line.split()[4].startswith("/proc/") for line in Path("/proc/self/mountinfo").read_text().splitlines())
 
 
 @pytest.mark.parametrize("mode", ["root", "unprivileged"])
