@@ -62,6 +62,12 @@ def make_reachable(paths: list[str]) -> None:
 
 
 def mask_proc() -> None:
+    """Like a container: a /proc with a file covered and no other proc mount beside it (the
+    kernel allows a fresh proc only where some proc mount is fully visible)."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[fields.index("-") + 1] == "proc" and fields[4] != "/proc":
+            libc.umount(fields[4], libc.MNT_DETACH)  # in this private mount namespace only
     libc.mount("/dev/null", "/proc/timer_list", None, libc.MS_BIND)
 
 
