@@ -45,26 +45,27 @@ class SandboxSettings(BaseModel):
 
     timeout_seconds: float = Field(10.0, description="Default wall-clock limit of a python call")
     max_timeout_seconds: float = Field(30.0, description="Upper bound a caller may ask for")
-    cpu_seconds: int = Field(20, description="CPU-time limit of a python call")
-    memory_mb: int = Field(512, description="Address-space limit of a python call")
+    cpu_seconds: int = Field(20, description="CPU-time limit of a python call, all its processes together")
+    memory_mb: int = Field(
+        512, description="Memory limit of a python call: all its processes together (a cgroup where writable, else "
+        "the service's watchdog) and each process's address space")
     max_output_chars: int = Field(8_000, description="stdout/stderr kept per call")
     corpus_dir: Path | None = Field(None, description="Extra corpus documents (default: data_dir/corpus)")
     include_sample_corpus: bool = Field(True, description="Also search the bundled sample corpus")
     max_code_chars: int = Field(100_000, description="Longest accepted python code")
     file_mb: int = Field(16, description="Largest file a python call may write")
-    max_processes: int = Field(32, description="Processes and threads a python call may run")
+    max_processes: int = Field(32, description="Processes and threads a python call may run (a pids cgroup where writable, and RLIMIT_NPROC)")
     max_open_files: int = Field(64, description="Open files a python call may hold")
     tmp_mb: int = Field(64, description="Size of a call's private writable /tmp")
     tmp_inodes: int = Field(4_096, description="Files and directories a call may create in /tmp")
     warm_workers: int = Field(4, description="Pre-started isolated python workers kept ready")
-    namespaces: bool = Field(True, description="Isolate python in network, pid and mount namespaces where permitted")
+    allow_insecure: bool = Field(
+        False, description="Run python even where no namespaces can isolate it (UNSAFE: code then sees the host's files "
+        "and sockets as the service's user does); off: python calls are refused there")
     uid_base: int = Field(200_000, description="First uid of the range python workers run as (root only)")
     uid_count: int = Field(10_000, description="Size of that uid range")
-    hidden_paths: list[Path] = Field(
-        default_factory=lambda: [Path("/root"), Path("/home"), Path("/work"), Path("/srv"), Path("/var/lib")],
-        description="Paths python code cannot see (plus data_dir and the service's own code)",
-    )
-    import_paths: list[Path] = Field(default_factory=list, description="Extra import paths for python code (e.g. a site-packages with numpy)")
+    import_paths: list[Path] = Field(
+        default_factory=list, description="Extra import paths for python code (e.g. a site-packages with numpy), bound read-only into its root")
     preload_modules: list[str] = Field(
         default_factory=lambda: ["math", "json", "re", "collections", "itertools", "fractions", "decimal", "statistics", "datetime", "random"],
         description="Modules imported once in the zygote so calls start with them loaded",

@@ -6,15 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-import gearshift
-import gearshift.services
 from gearshift.errors import InvalidArgument
 from gearshift.policy_client import PolicyClient
 from gearshift.services.sandbox.corpus import Corpus, corpus_dir_of, load_corpus
@@ -80,17 +76,13 @@ TOOLS = (
 
 
 def _isolation_config(settings: Settings) -> dict:
-    """What the zygote needs: paths to hide and keep, import paths, modules to preload."""
+    """What the zygote needs: import paths, modules to preload, and what to do without isolation."""
     sandbox = settings.sandbox
-    hidden = [*sandbox.hidden_paths, settings.data_dir, Path(gearshift.__file__).parent, Path(gearshift.services.__file__).parent]
-    keep = [Path(sys.base_prefix), *sandbox.import_paths]
     return {
-        "hidden_paths": sorted({str(p.resolve()) for p in hidden}),
-        "keep_paths": [str(p.resolve()) for p in keep],
         "import_paths": [str(p.resolve()) for p in sandbox.import_paths],
         "preload": list(sandbox.preload_modules),
         "fallback_tmp": tempfile.gettempdir(),
-        "namespaces": sandbox.namespaces,
+        "allow_insecure": sandbox.allow_insecure,
     }
 
 
@@ -102,31 +94,43 @@ def _limits(settings: Settings, cpu_seconds: int) -> WorkerLimits:
     )
 
 
-def log_isolation(isolation: dict[str, bool]) -> None:
-    """Says at startup what holds, and loudly what does not."""
-    log.info("sandbox isolation: %s", ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in isolation.items()))
-    if not isolation.get("net_ns"):
-        log.warning("no network namespace: python code gets a socket guard inside the interpreter, which ctypes can bypass")
-    if not isolation.get("setuid"):
-        log.warning("not root: python code runs as the service's own user and can write wherever it can")
-    if not isolation.get("mount_ns"):
-        log.warning("no mount namespace: the file system is not read-only for python code and service paths are visible")
-    if not isolation.get("pid_ns"):
-        log.warning("no pid namespace: a process that leaves its process group can outlive its call")
+def log_isolation(report: dict, allow_insecure: bool) -> str:
+    """Says at startup what holds, and loudly what does not; returns why python is refused
+    ("" when python runs)."""
+    if report.get("isolated"):
+        allow = report.get("allowlist", {})
+        log.info(
+            "sandbox isolation: every python call in its own namespaces (%s mode) and allowlisted root "
+            "(%d directories, %d files), seccomp filter, %s, /proc %s",
+            report["mode"], len(allow.get("dirs", [])), len(allow.get("files", [])),
+            "per-call memory and pids cgroups" if report.get("cgroups") else "no writable cgroups: rlimits and the service's watchdog",
+            "private" if report.get("proc") else "absent (this runtime refuses a fresh proc mount)",
+        )
+        return ""
+    reason = report.get("reason") or "unknown"
+    if allow_insecure:
+        log.critical(
+            "INSECURE: python code runs WITHOUT isolation (%s) and sees the host's files and sockets as the "
+            "service's user does; allowed by GEARSHIFT_SANDBOX__ALLOW_INSECURE", reason,
+        )
+        return ""
+    log.error("python calls are refused: %s. See docs/sandbox.md (user namespaces), or set "
+              "GEARSHIFT_SANDBOX__ALLOW_INSECURE=true to run code unisolated (unsafe)", reason)
+    return f"python is disabled: the sandbox cannot isolate code on this machine ({reason})"
 
 
 class Sandbox:
     """Runs tool calls: checks the request, applies timeouts and the concurrency limit, records metrics."""
 
     def __init__(self, settings: Settings, corpus: Corpus, search: SearchBackend, zygote: Zygote,
-                 pool: WarmPool, sessions: Sessions, summarizer: PageSummarizer | None):
+                 pool: WarmPool, sessions: Sessions, summarizer: PageSummarizer | None, python_refusal: str = ""):
         self.settings = settings.sandbox
         self.corpus = corpus
         self.search_backend = search
         self.zygote = zygote
         self.pool = pool
         self.sessions = sessions
-        self.python = PythonTool(pool, sessions, self.settings.max_output_chars)
+        self.python = PythonTool(pool, sessions, self.settings.max_output_chars, python_refusal)
         self.pages = PageVisitor(corpus, self.settings.url_allowlist, self.settings.max_page_bytes)
         self.summarizer = summarizer
         self._slots = asyncio.Semaphore(self.settings.max_concurrency)
@@ -151,15 +155,16 @@ class Sandbox:
             search = CorpusSearch(corpus)
         else:
             raise ValueError(f"unknown search_backend {s.search_backend!r} (bm25 or serper)")
-        zygote = Zygote(_isolation_config(settings), UidAllocator(s.uid_base, s.uid_count))
-        log_isolation(await zygote.start())
-        pool = WarmPool(zygote, _limits(settings, s.cpu_seconds), s.warm_workers)
+        limits = _limits(settings, s.cpu_seconds)
+        zygote = Zygote(_isolation_config(settings), UidAllocator(s.uid_base, s.uid_count), limits)
+        refusal = log_isolation(await zygote.start(), s.allow_insecure)
+        pool = WarmPool(zygote, limits, 0 if refusal else s.warm_workers)
         pool.start()
         sessions = Sessions(zygote, _limits(settings, s.session_cpu_seconds), s.max_sessions, s.session_idle_seconds)
         sessions.start()
         summarizer = PageSummarizer(PolicyClient.from_settings(settings)) if s.summarize_pages else None
         log.info("sandbox corpus: %d documents; search backend %s; %d warm workers", len(corpus), s.search_backend, s.warm_workers)
-        return cls(settings, corpus, search, zygote, pool, sessions, summarizer)
+        return cls(settings, corpus, search, zygote, pool, sessions, summarizer, refusal)
 
     def tools(self) -> tuple[ToolDescription, ...]:
         return TOOLS

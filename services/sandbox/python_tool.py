@@ -106,21 +106,25 @@ class Sessions:
 
 
 class PythonTool:
-    """Runs code in a fresh isolated worker, or in a declared session."""
+    """Runs code in a fresh isolated worker, or in a declared session; or refuses every call
+    when the machine allows no isolation (refusal says why)."""
 
-    def __init__(self, pool: WarmPool, sessions: Sessions, max_output_chars: int):
+    def __init__(self, pool: WarmPool, sessions: Sessions, max_output_chars: int, refusal: str = ""):
         self.pool = pool
         self.sessions = sessions
         self.max_output_chars = max_output_chars
+        self.refusal = refusal
 
     async def run(self, code: str, timeout: float, session_id: str, trajectory_id: str) -> ToolOutput:
+        if self.refusal:
+            return ToolOutput("", is_error=True, error=self.refusal)
         try:
             if session_id:
                 session = self.sessions.get_or_open(session_id, trajectory_id)
                 outcome = await self.sessions.run(session, code, timeout, self.max_output_chars)
             else:
-                worker = await self.pool.take()
-                outcome = await worker.run(code, timeout, self.max_output_chars, keep=False)
+                async with self.pool.worker() as worker:
+                    outcome = await worker.run(code, timeout, self.max_output_chars, keep=False)
         except SpawnError as exc:
             log.error("python worker unavailable: %s", exc)
             return ToolOutput("", is_error=True, error=f"sandbox worker unavailable: {exc}")

@@ -2,30 +2,46 @@
 protocol (code in, capped output and a result out, a hard kill on any limit), and the warm pool.
 
 The worker runtime itself lives in zygote.py (standard library only, started with `-I -S`).
+The service measures each call itself (usage.py) and enforces the limits that span all of a
+call's processes: CPU seconds always, memory where no cgroup holds it; per-process rlimits and,
+where writable, per-call cgroups (isolation/cgroups.py) act inside the kernel.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import os
 import secrets
+import select
 import shutil
 import signal
 import socket
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from gearshift.services.sandbox.isolation import cgroups
+from gearshift.services.sandbox.usage import tree_usage
 
 log = logging.getLogger("gearshift.sandbox.workers")
 
 ZYGOTE_SCRIPT = Path(__file__).with_name("zygote.py")
+ZYGOTE_START_TIMEOUT_SECONDS = 60.0  # finding the shared libraries loads every extension module once
 SPAWN_TIMEOUT_SECONDS = 10.0
 DRAIN_AFTER_KILL_SECONDS = 0.3
+WATCH_SECONDS = 0.1  # how often a running call's processes are measured against its limits
+CGROUP_REMOVAL_SECONDS = 5.0
+MB = 1024 * 1024
 TRUNCATION_MARKER = "\n[... output truncated after {limit} characters ...]"
+_zygote_serial = itertools.count()
+_worker_serial = itertools.count()
+_cleanups: set[asyncio.Task] = set()
 
 
 class SpawnError(RuntimeError):
@@ -118,13 +134,24 @@ async def _collect(reader: asyncio.StreamReader, marker: bytes, keep_bytes: int,
             return
 
 
-def _cpu_of(pid: int) -> float:
-    """CPU seconds of a live process from /proc (used before killing it)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
+def _remove_cgroups_later(dirs: list[str]) -> None:
+    """Removes a dead worker's cgroups once the kernel has let its last process go. In a thread:
+    rmdir waits for the cgroup lock, which a worker joining its cgroups elsewhere may hold for a
+    while, and the event loop must not wait with it."""
+    if not dirs:
+        return
+
+    async def retry() -> None:
+        deadline = time.monotonic() + CGROUP_REMOVAL_SECONDS
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            if await asyncio.to_thread(cgroups.remove, dirs):
+                return
+        log.warning("sandbox cgroups still busy, left in place: %s", ", ".join(dirs))
+
+    task = asyncio.get_running_loop().create_task(retry())
+    _cleanups.add(task)
+    task.add_done_callback(_cleanups.discard)
 
 
 @dataclass
@@ -135,12 +162,16 @@ class Worker:
     pidfd: int
     uid: int
     workdir: str
-    own_pid_namespace: bool
-    own_mount_namespace: bool
+    isolated: bool  # its own namespaces (killing pid 1 kills everything) and root (no host cleanup)
+    limits: WorkerLimits
     control: tuple[asyncio.StreamReader, asyncio.StreamWriter]
     output: tuple[asyncio.StreamReader, asyncio.StreamWriter]
+    cgroup_dirs: list[str] = field(default_factory=list)
+    memory_cgroup: str = ""
     on_exit: list = field(default_factory=list)
     dead: bool = False
+    _cpu_seen: float = 0.0
+    _oom_seen: int = 0
 
     async def run(self, code: str, timeout: float, max_output_chars: int, keep: bool) -> RunOutcome:
         """Runs code; kills the worker on any limit, and after the call unless keep is set."""
@@ -148,6 +179,7 @@ class Worker:
         marker = f"\x00gearshift-end-{secrets.token_hex(12)}\x00"
         keep_bytes = max_output_chars * 4
         stop_bytes = keep_bytes * 8
+        cpu_before = self._cpu_now()
         writer.write(json.dumps({"code": code, "marker": marker, "keep": keep}).encode() + b"\n")
         try:
             await writer.drain()
@@ -164,9 +196,12 @@ class Worker:
             collecting.cancel()
             self.kill()
             raise
-        cpu = _cpu_of(self.pid) if limit_error else float((result or {}).get("cpu") or 0.0)
+        cpu = self._cpu_now() - cpu_before
+        oom_kills = self._new_oom_kills()
 
         error = limit_error
+        if not error and oom_kills:
+            error = f"memory limit of {self.limits.memory_mb} MB exceeded: {oom_kills} process(es) of the call killed"
         if not error and result is None:
             error = "the process died without a result (memory, process or file limit, or a crash)"
         fatal = bool(error) or result is None or result.get("fatal") or not result.get("marked")
@@ -176,14 +211,43 @@ class Worker:
         if not alive:
             self.kill()
         # The rest of the output is buffered already (marker seen) or ends with the process.
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(collecting, 2.0 if not fatal else DRAIN_AFTER_KILL_SECONDS)
+        with contextlib.suppress(TimeoutError):
+            # asyncio.timeout, unlike wait_for in 3.11, never swallows a cancellation
+            async with asyncio.timeout(2.0 if not fatal else DRAIN_AFTER_KILL_SECONDS):
+                await collecting
 
         output = collected.kept.decode("utf-8", errors="replace")
         truncated = collected.overflow or collected.total > len(collected.kept) or len(output) > max_output_chars
         if truncated:
             output = output[:max_output_chars] + TRUNCATION_MARKER.format(limit=max_output_chars)
         return RunOutcome(not error, error, output, truncated, cpu, alive=alive)
+
+    @property
+    def exited(self) -> bool:
+        """Whether its process is gone (killed here, or dead with its zygote)."""
+        return self.dead or bool(select.select([self.pidfd], [], [], 0)[0])
+
+    def _cpu_now(self) -> float:
+        """CPU seconds of everything this worker ran so far (the last figure seen, once it is gone)."""
+        self._cpu_seen = max(self._cpu_seen, tree_usage(self.pid).cpu_seconds)
+        return self._cpu_seen
+
+    def _new_oom_kills(self) -> int:
+        if not self.memory_cgroup:
+            return 0
+        total = cgroups.oom_kills(self.memory_cgroup)
+        new, self._oom_seen = total - self._oom_seen, total
+        return new
+
+    def _over_limit(self) -> str:
+        """The limit a running call's processes together exceed, if any."""
+        usage = tree_usage(self.pid, memory=not self.memory_cgroup)
+        self._cpu_seen = max(self._cpu_seen, usage.cpu_seconds)
+        if usage.cpu_seconds > self.limits.cpu_seconds:
+            return f"CPU time limit exceeded ({self.limits.cpu_seconds} s, all processes of the call together)"
+        if usage.memory_bytes > self.limits.memory_mb * MB:
+            return f"memory limit exceeded ({self.limits.memory_mb} MB, all processes of the call together)"
+        return ""
 
     async def _await_result(self, collecting, answering, collected: _Collected, timeout: float, stop_bytes: int):
         """Waits for the worker's result line; returns (limit error or "", parsed result or None)."""
@@ -197,7 +261,13 @@ class Worker:
                 if remaining <= 0:
                     error = f"timed out after {timeout:g} s"
                     break
-                done, pending = await asyncio.wait(pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                done, pending = await asyncio.wait(pending, timeout=min(remaining, WATCH_SECONDS),
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    error = self._over_limit()
+                    if error:
+                        break
+                    continue
                 if collecting in done and collected.overflow:
                     error = f"output exceeded {stop_bytes} bytes; process stopped"
                     break
@@ -224,15 +294,16 @@ class Worker:
         if self.pidfd >= 0:
             with contextlib.suppress(ProcessLookupError, OSError):
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
-        if not self.own_pid_namespace and self.pid:
+        if not self.isolated and self.pid:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, signal.SIGKILL)  # its session's group; escapees need the pid namespace
         if self.pidfd >= 0:
             os.close(self.pidfd)
         for _reader, writer in (self.control, self.output):
             writer.close()
-        if not self.own_mount_namespace and self.workdir:
+        if not self.isolated and self.workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+        _remove_cgroups_later(self.cgroup_dirs)
         for callback in self.on_exit:
             callback(self)
 
@@ -240,31 +311,43 @@ class Worker:
 class Zygote:
     """The pre-started, clean interpreter that forks isolated workers on request."""
 
-    def __init__(self, config: dict, uids: UidAllocator):
+    def __init__(self, config: dict, uids: UidAllocator, probe_limits: WorkerLimits):
         self.config = config
         self.uids = uids
-        self.isolation: dict[str, bool] = {}
+        self.probe_limits = probe_limits
+        self.isolation: dict = {}
+        self.cgroup_bases: dict[str, str] = {}
         self._process: asyncio.subprocess.Process | None = None
         self._socket: socket.socket | None = None
         self._lock = asyncio.Lock()
 
-    async def start(self) -> dict[str, bool]:
-        """Starts the zygote and returns what isolation the machine allows."""
+    async def start(self) -> dict:
+        """Starts the zygote and returns its isolation report (what holds here, and why not)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        config = {**self.config, "control_fd": theirs.fileno()}
-        self._process = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", "-S", str(ZYGOTE_SCRIPT), json.dumps(config),
-            pass_fds=[theirs.fileno()], env={"LANG": "C.UTF-8"}, cwd="/",
-            start_new_session=True,  # a terminal's Ctrl-C is for the service, which stops the zygote itself
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-        )
-        theirs.close()
-        ours.setblocking(False)
-        self._socket = ours
-        hello = await asyncio.wait_for(asyncio.get_running_loop().sock_recv(ours, 1 << 16), SPAWN_TIMEOUT_SECONDS)
+        probe_uid = self.uids.take()
+        config = {
+            **self.config, "control_fd": theirs.fileno(), "service_pid": os.getpid(),
+            "cgroup_tag": f"{os.getpid()}-{next(_zygote_serial)}", "probe": self.probe_limits.spec(probe_uid),
+        }
+        try:
+            self._process = await asyncio.create_subprocess_exec(
+                # The real interpreter, not a virtual environment's link to it: workers run it too.
+                os.path.realpath(sys.executable), "-I", "-S", str(ZYGOTE_SCRIPT), json.dumps(config),
+                pass_fds=[theirs.fileno()], env={"LANG": "C.UTF-8"}, cwd="/",
+                start_new_session=True,  # a terminal's Ctrl-C is for the service, which stops the zygote itself
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            )
+            theirs.close()
+            ours.setblocking(False)
+            self._socket = ours
+            async with asyncio.timeout(ZYGOTE_START_TIMEOUT_SECONDS):
+                hello = await asyncio.get_running_loop().sock_recv(ours, 1 << 20)
+        finally:
+            self.uids.release(probe_uid)
         if not hello:
             raise SpawnError("the sandbox zygote exited at start")
-        self.isolation = json.loads(hello)["isolation"]
+        message = json.loads(hello)
+        self.isolation, self.cgroup_bases = message["isolation"], message["cgroups"]
         return self.isolation
 
     @property
@@ -289,17 +372,21 @@ class Zygote:
     async def _spawn(self, limits: WorkerLimits, uid: int) -> Worker:
         control, control_child = socket.socketpair()
         output, output_child = socket.socketpair()
+        cgroup = f"w{next(_worker_serial)}"
         try:
             async with self._lock:
-                self._send_spawn(limits.spec(uid), [control_child.fileno(), output_child.fileno()])
+                self._send_spawn({**limits.spec(uid), "cgroup": cgroup}, [control_child.fileno(), output_child.fileno()])
         finally:
             control_child.close()
             output_child.close()
         control_streams = await asyncio.open_unix_connection(sock=control)
         output_streams = await asyncio.open_unix_connection(sock=output)
+        joined = bool(self.cgroup_bases) and (self.isolation.get("isolated") or os.geteuid() == 0)
         worker = Worker(
-            0, -1, uid, "", self.isolation.get("pid_ns", False), self.isolation.get("mount_ns", False),
-            control_streams, output_streams, on_exit=[lambda w: self.uids.release(w.uid)],
+            0, -1, uid, "", bool(self.isolation.get("isolated")), limits, control_streams, output_streams,
+            cgroup_dirs=[f"{base}/{cgroup}" for base in self.cgroup_bases.values()] if joined else [],
+            memory_cgroup=f"{self.cgroup_bases['memory']}/{cgroup}" if joined else "",
+            on_exit=[lambda w: self.uids.release(w.uid)],
         )
         try:
             # Two messages in either order: the pid (from the process outside the new pid
@@ -328,7 +415,8 @@ class Zygote:
 
     @staticmethod
     async def _read_message(reader: asyncio.StreamReader) -> dict:
-        line = await asyncio.wait_for(reader.readline(), SPAWN_TIMEOUT_SECONDS)
+        async with asyncio.timeout(SPAWN_TIMEOUT_SECONDS):
+            line = await reader.readline()
         if not line:
             raise SpawnError("worker exited while starting")
         return json.loads(line)
@@ -340,10 +428,19 @@ class Zygote:
         if self._process is not None and self._process.returncode is None:
             self._process.kill()
             await self._process.wait()
+        if self.cgroup_bases:  # with every worker's cgroup, also those of workers never handed over
+            await asyncio.gather(*_cleanups, return_exceptions=True)
+            bases, self.cgroup_bases = list(self.cgroup_bases.values()), {}
+            if not await asyncio.to_thread(cgroups.remove_all, bases, CGROUP_REMOVAL_SECONDS):
+                log.warning("sandbox cgroups still busy, left in place: %s", ", ".join(bases))
 
 
 class WarmPool:
-    """Keeps a few isolated one-shot workers ready; each serves one call and is discarded."""
+    """Keeps a few isolated one-shot workers ready; each serves one call and is discarded.
+
+    Building a worker costs milliseconds of CPU, which on a small machine would compete with the
+    call that just took one; so while the pool is at least half full the next worker is built
+    once no call is running, and at once only when the pool runs low."""
 
     def __init__(self, zygote: Zygote, limits: WorkerLimits, size: int):
         self.zygote = zygote
@@ -351,6 +448,10 @@ class WarmPool:
         self.size = size
         self._ready: asyncio.Queue[Worker] = asyncio.Queue(maxsize=max(size, 1))
         self._filler: asyncio.Task | None = None
+        self._calls = 0
+        self._quiet = asyncio.Event()
+        self._quiet.set()
+        self._closed = False
 
     def start(self) -> None:
         if self.size > 0:
@@ -361,7 +462,9 @@ class WarmPool:
         return self._ready.qsize()
 
     async def _fill(self) -> None:
-        while True:
+        while not self._closed:
+            if self._ready.qsize() >= max(1, self.size // 2):
+                await self._quiet.wait()
             try:
                 worker = await self.zygote.spawn(self.limits)
             except asyncio.CancelledError:
@@ -370,23 +473,41 @@ class WarmPool:
                 log.exception("could not pre-start a sandbox worker; retrying")
                 await asyncio.sleep(1.0)
                 continue
+            if self._closed:  # closed while this worker was being built
+                worker.kill()
+                return
             await self._ready.put(worker)
 
-    async def take(self) -> Worker:
-        """A warm worker if one is ready, else a freshly spawned one."""
+    @contextlib.asynccontextmanager
+    async def worker(self) -> AsyncIterator[Worker]:
+        """A warm worker for one call (a freshly built one when none is ready)."""
+        self._calls += 1
+        self._quiet.clear()
+        try:
+            yield await self._take()
+        finally:
+            self._calls -= 1
+            if not self._calls:
+                self._quiet.set()
+
+    async def _take(self) -> Worker:
         while not self._ready.empty():
             worker = self._ready.get_nowait()
-            if not worker.dead:
+            if not worker.exited:
                 return worker
+            worker.kill()
         started = time.perf_counter()
         worker = await self.zygote.spawn(self.limits)
         log.debug("pool empty: spawned a worker in %.1f ms", 1000 * (time.perf_counter() - started))
         return worker
 
     async def close(self) -> None:
+        self._closed = True
         if self._filler is not None:
             self._filler.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._filler
-        while not self._ready.empty():
-            self._ready.get_nowait().kill()
+            await asyncio.wait({self._filler}, timeout=SPAWN_TIMEOUT_SECONDS)
+        for _ in range(2):  # a filler stuck on a full queue puts one last worker once it drains
+            while not self._ready.empty():
+                self._ready.get_nowait().kill()
+            if self._filler is not None:
+                await asyncio.wait({self._filler}, timeout=1.0)

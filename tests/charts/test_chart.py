@@ -12,6 +12,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from gearshift.services.sandbox.isolation import seccomp
 from gearshift.topology import SERVICES
 
 from tests.charts.k8s import (
@@ -158,6 +159,31 @@ def test_sandbox_egress_is_empty_by_default_and_the_allowlist_is_rendered_verbat
     assert default["egress"] == []
     allowed = named(render(("ci/production-values.yaml",)), "NetworkPolicy", name("sandbox"))["spec"]
     assert allowed["egress"] == [{"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}], "ports": [{"port": 443, "protocol": "TCP"}]}]
+
+
+def test_sandbox_runs_under_the_charts_own_seccomp_profile_which_is_fresh():
+    docs = render()
+    (container,) = named(docs, "Deployment", name("sandbox"))["spec"]["template"]["spec"]["containers"]
+    assert container["securityContext"]["seccompProfile"] == {"type": "Localhost", "localhostProfile": "gearshift/sandbox-seccomp.json"}
+    (router,) = named(docs, "Deployment", name("router"))["spec"]["template"]["spec"]["containers"]
+    assert router["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    profile = json.loads((CHART / "files" / "sandbox-seccomp.json").read_text())
+    assert profile == seccomp.pod_profile(), (
+        "stale: .venv/bin/python -m gearshift.services.sandbox.isolation.seccomp > charts/gearshift/files/sandbox-seccomp.json")
+    (rule,) = profile["syscalls"]
+    assert rule["action"] == "SCMP_ACT_ERRNO" and profile["defaultAction"] == "SCMP_ACT_ALLOW"
+    assert {"unshare", "mount", "umount2", "pivot_root"}.isdisjoint(rule["names"])  # what builds each call's namespaces
+    assert {"ptrace", "setns", "bpf", "perf_event_open", "keyctl", "kexec_load", "init_module", "io_uring_setup"} <= set(rule["names"])
+
+
+def test_sandbox_pod_gets_its_own_user_namespace_when_asked():
+    spec = named(render(), "Deployment", name("sandbox"))["spec"]["template"]["spec"]
+    assert "hostUsers" not in spec
+    docs = render((), ("sandbox.hostUsers=false",))
+    spec = named(docs, "Deployment", name("sandbox"))["spec"]["template"]["spec"]
+    assert spec["hostUsers"] is False
+    assert "hostUsers" not in named(docs, "Deployment", name("router"))["spec"]["template"]["spec"]
+    kubernetes_validate.validate(named(docs, "Deployment", name("sandbox")), KUBE_VERSION, strict=True)
 
 
 def test_store_accepts_only_platform_pods_of_this_release():

@@ -71,6 +71,9 @@ spec:
       {{- with $v.runtimeClassName }}
       runtimeClassName: {{ . }}
       {{- end }}
+      {{- if and (hasKey $v "hostUsers") (not $v.hostUsers) }}
+      hostUsers: false
+      {{- end }}
       securityContext:
         {{- toYaml $root.Values.podSecurityContext | nindent 8 }}
       {{- with $root.Values.imagePullSecrets }}

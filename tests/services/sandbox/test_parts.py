@@ -1,11 +1,16 @@
 """Small parts tested alone: output collection with its end marker, page text extraction,
-the token budget, the URL allowlist, uid allocation."""
+the token budget, the URL allowlist, uid allocation, the seccomp program, CPU accounting over a
+process tree."""
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import pytest
+from gearshift.services.sandbox.isolation import seccomp
+from gearshift.services.sandbox.usage import tree_usage
 from gearshift.services.sandbox.pages import host_allowed, readable_text, truncate_tokens
 from gearshift.services.sandbox.workers import SpawnError, UidAllocator, _collect, _Collected
 
@@ -72,3 +77,37 @@ def test_uids_are_unique_among_live_workers():
         uids.take()
     uids.release(1001)
     assert uids.take() == 1001
+
+
+@pytest.mark.parametrize("arch", sorted(seccomp.SYSCALLS))
+def test_the_worker_filter_assembles_for_each_architecture(arch):
+    program = seccomp.worker_filter(arch)
+    assert len(program) % 8 == 0 and len(program) // 8 < 200
+    assert program[:8] == bytes.fromhex("2000000004000000")  # first: load the architecture
+
+
+def test_every_refused_system_call_is_known_somewhere():
+    known = set().union(*(set(numbers) for numbers in seccomp.SYSCALLS.values()))
+    assert set(seccomp.DENIED) <= known and set(seccomp.SETUP_ONLY) <= set(seccomp.DENIED)
+    with pytest.raises(OSError):
+        seccomp.worker_filter("riscv64")
+
+
+def test_cpu_of_a_process_tree_counts_children_nobody_waited_for():
+    # The parent forks a child that spins 0.3 s and exits; the parent never reaps it.
+    code = ("import os, sys, time\nif os.fork() == 0:\n    end = time.process_time() + 0.3\n"
+            "    while time.process_time() < end:\n        pass\n    os._exit(0)\n"
+            "print('forked', flush=True)\ntime.sleep(30)")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline() == "forked\n"
+        for _ in range(200):
+            usage = tree_usage(parent.pid)
+            if usage.cpu_seconds >= 0.28:
+                break
+            subprocess.run(["sleep", "0.05"])
+        assert usage.cpu_seconds >= 0.28
+        assert tree_usage(parent.pid, memory=True).memory_bytes > 1 << 20
+    finally:
+        parent.kill()
+        parent.wait()

@@ -8,7 +8,6 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import grpc
 import pytest
@@ -61,6 +60,17 @@ async def test_python_timeout_keeps_output_printed_before_it(sandbox):
     assert result.is_error and result.error == "timed out after 0.5 s"
     assert result.output.startswith("started")
     assert 0.5 <= result.wall_seconds < 1.5
+
+
+async def test_the_standard_library_works_in_the_allowlisted_root(sandbox):
+    _, stub = sandbox
+    result = await run_python(stub, "import ctypes, decimal, hashlib, sqlite3, ssl, subprocess, sys, zlib\n"
+                                    "child = subprocess.run([sys.executable, '-c', 'print(6 * 7)'], capture_output=True, text=True)\n"
+                                    "callback = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)(lambda x: x + 1)\n"
+                                    "print(child.stdout.strip(), callback(1), sqlite3.connect(':memory:').execute('select 1').fetchone(),\n"
+                                    "      zlib.decompress(zlib.compress(b'ok')), hashlib.sha256(b'').hexdigest()[:8], ssl.OPENSSL_VERSION[:7])")
+    assert not result.is_error, result.output
+    assert result.output == "42 2 (1,) b'ok' e3b0c442 OpenSSL\n"
 
 
 async def test_fresh_interpreter_per_call_without_a_session(sandbox):
@@ -132,7 +142,7 @@ async def test_idle_sessions_expire(tmp_path):
         ("python", "{not json", 0, "does not parse"),
         ("python", "[1, 2]", 0, "JSON object"),
         ("python", {"code": "x = 1\n" * 10_000}, 0, "longer than"),
-        ("python", {"code": "pass"}, 9.0, "above the cap"),
+        ("python", {"code": "pass"}, 21.0, "above the cap"),
         ("python", {"code": "pass"}, -1.0, "positive"),
     ],
 )
@@ -294,18 +304,3 @@ async def test_a_dead_zygote_is_restarted(tmp_path):
             sandbox.zygote._process.kill()
             await sandbox.zygote._process.wait()
             assert (await run_python(stub, "print(2)")).output == "2\n"
-
-
-async def test_without_namespaces_a_socket_guard_and_a_private_workdir_remain(tmp_path):
-    settings = sandbox_settings(tmp_path, namespaces=False, warm_workers=0)
-    async with running(await build(settings), settings) as server:
-        async with channel(f"127.0.0.1:{server.port}", settings) as ch:
-            stub = sandbox_pb2_grpc.SandboxStub(ch)
-            blocked = await run_python(stub, "import socket\nsocket.create_connection(('127.0.0.1', 6379))")
-            assert blocked.is_error and "network access is disabled in the sandbox" in blocked.error
-            where = await run_python(stub, "import os\nprint(os.getcwd(), os.getuid())")
-            workdir, uid = where.output.split()
-            assert Path(workdir).name.startswith("gearshift-sandbox-") and int(uid) >= settings.sandbox.uid_base
-            assert not Path(workdir).exists()  # removed with its worker
-            readonly = await run_python(stub, "open('/etc/passwd', 'a')")
-            assert readonly.is_error and "PermissionError" in readonly.error
