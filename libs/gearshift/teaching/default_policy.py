@@ -53,7 +53,7 @@ class Recipe(BaseModel):
         # Facts: SmolLM2's own answers where a sample is right (rejection sampling), and the
         # table's answer for every train fact (the format is what is learned; a fact it does
         # not know stays unknown).
-        Family(suite="facts", items=120, modes=["instant"], teacher="smollm2-sampled"),
+        Family(suite="facts", items=40, modes=["instant"], teacher="smollm2-sampled"),
         Family(suite="facts", items=None, modes=["instant"], teacher="solvers"),
     ]
     teachers: dict = TEACHERS
