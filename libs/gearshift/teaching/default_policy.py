@@ -57,7 +57,7 @@ class Recipe(BaseModel):
         Family(suite="facts", items=None, modes=["instant"], teacher="solvers"),
     ]
     teachers: dict = TEACHERS
-    max_tokens_per_turn: int = 128
+    max_tokens_per_turn: int = 48  # a sampled fact that needs more is no instant answer; the solvers write whole turns
     sft: dict = {
         "model": {"base": "smollm2", "lora": True, "lora_rank": 8, "lora_alpha": 16},
         "optim": {"learning_rate": 3e-4, "max_steps": 150, "warmup_steps": 10, "schedule": "linear", "seed": 0, "threads": 2},
