@@ -58,7 +58,8 @@ async def unscored_with_reference(settings: Settings, limit: int) -> list:
     )
     found = []
     async with channel(settings.store_addr, settings) as ch:
-        async for trajectory in store_pb2_grpc.TrajectoryStoreStub(ch).Export(store_pb2.ExportRequest(filter=flt)):
+        # With turns: the format check (and so the reward) reads them.
+        async for trajectory in store_pb2_grpc.TrajectoryStoreStub(ch).Export(store_pb2.ExportRequest(filter=flt, include_turns=True)):
             if trajectory.reference_answer:
                 found.append(trajectory)
                 if len(found) >= limit:

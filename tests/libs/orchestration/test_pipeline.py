@@ -108,7 +108,7 @@ async def test_one_round_end_to_end_then_redelivery_does_nothing_twice(tmp_path,
                 assert checkpoint.eval_metrics["basic_arithmetic/test/instant/accuracy"] == 0.0
                 for trajectory in trajectories:
                     stored = (await store.Get(store_pb2.GetRequest(id=trajectory.id))).trajectory
-                    assert stored.reward.correct and stored.reward.kind == "apo"
+                    assert stored.reward.correct and stored.reward.kind == "apo" and stored.reward.format_valid  # scored with its turns
                 assert server.engine.tally.switches == 0
 
                 # An operator publishes it anyway: serving switches once.
