@@ -192,29 +192,32 @@ async def test_models_and_health_name_the_served_checkpoint(http, policy_server,
     assert health["status"] == "ok" and health["path"] == str(tiny_checkpoints[0])
 
 
+async def settled(policy_server) -> int:
+    """The server's in-flight count once cancelled generations have ended (each ends at its next
+    token; 2000 tokens would take seconds), so one test's leftovers never count in the next."""
+    for _ in range(100):
+        if policy_server.engine.in_flight == 0:
+            break
+        await asyncio.sleep(0.02)
+    return policy_server.engine.in_flight
+
+
 async def test_a_client_that_goes_away_stops_its_generation(http, policy_server):
+    assert await settled(policy_server) == 0
     body = {"prompt": PROMPT, "max_tokens": 2000, "temperature": 0, "ignore_eos": True, "stream": True}
     async with http.stream("POST", "/completions", json=body) as response:
         async for line in response.aiter_lines():
             if line.startswith("data: "):
                 break
         assert policy_server.engine.in_flight == 1
-    for _ in range(100):  # 2000 tokens would take seconds; a cancelled one ends at the next token
-        if policy_server.engine.in_flight == 0:
-            break
-        await asyncio.sleep(0.02)
-    assert policy_server.engine.in_flight == 0
+    assert await settled(policy_server) == 0
 
 
 async def test_a_caller_that_gives_up_on_a_plain_request_stops_its_generation(http, policy_server):
     body = {"prompt": PROMPT, "max_tokens": 2000, "temperature": 0, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
         await http.post("/completions", json=body, timeout=0.3)
-    for _ in range(100):
-        if policy_server.engine.in_flight == 0:
-            break
-        await asyncio.sleep(0.02)
-    assert policy_server.engine.in_flight == 0
+    assert await settled(policy_server) == 0
     assert (await complete(http, max_tokens=3, ignore_eos=True))["usage"]["completion_tokens"] == 3
 
 
@@ -225,6 +228,7 @@ async def test_metrics_count_the_tokens_served(http, policy_server):
     url = str(policy_server.base_url).removesuffix("/v1") + "/metrics"
     before = (await http.get(url)).text
     await complete(http, max_tokens=5, ignore_eos=True)
+    assert await settled(policy_server) == 0
     after = (await http.get(url)).text
     assert read(after, "gearshift_policy_completion_tokens_total") - read(before, "gearshift_policy_completion_tokens_total") == 5
     assert read(after, "gearshift_policy_generations_total") == read(before, "gearshift_policy_generations_total") + 1
