@@ -274,7 +274,7 @@ class EpisodeRunner:
             return []
         turn.tool_calls.extend(parsed.calls)
         results = list(await asyncio.gather(*(self._execute(state.trajectory.id, call) for call in parsed.calls)))
-        results += [ToolResult(call_id=f"rejected-{n}", is_error=True, error=error) for n, error in enumerate(parsed.errors, 1)]
+        results += [ToolResult(call_id=f"{a2fm.REJECTED_CALL_PREFIX}{n}", is_error=True, error=error) for n, error in enumerate(parsed.errors, 1)]
         turn.tool_results.extend(results)
         state.transcript += a2fm.tool_response_of(results)
         return results

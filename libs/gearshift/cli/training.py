@@ -97,3 +97,33 @@ def default_policy_build(work_dir: str | None, ship_to: str | None) -> None:
         card = build(settings, Recipe(), Path(work_dir) if work_dir else settings.data_dir / "default-policy",
                      Path(ship_to) if ship_to else weights.DEFAULT_ADAPTER, Console())
     click.echo(json.dumps(card, indent=2, default=str))
+
+
+@default_policy.command("figures")
+@click.option("--base", "base_run", required=True, help="An evaluation run of the base model (gearshift eval --run-id)")
+@click.option("--trained", "trained_run", required=True, help="The same items evaluated with the default policy")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Also write the Markdown table here")
+def default_policy_figures(base_run: str, trained_run: str, out: str | None) -> None:
+    """Base against trained per family and mode: protocol validity, tool calls, accuracy, modes picked; the goals."""
+    from pathlib import Path
+
+    from gearshift.cli.common import run_or_fail
+    from gearshift.clients import channel
+    from gearshift.api.store.v1 import store_pb2_grpc
+    from gearshift.evaluation.report import fetch_run
+    from gearshift.teaching.figures import figures, markdown
+
+    settings = get_settings()
+
+    async def go():
+        async with channel(settings.store_addr, settings) as store_channel:
+            store = store_pb2_grpc.TrajectoryStoreStub(store_channel)
+            return [figures(await fetch_run(store, run)) for run in (base_run, trained_run)]
+
+    base, trained = run_or_fail(go())
+    if not base or not trained:
+        raise click.ClickException(f"no finished episodes in run {base_run if not base else trained_run!r}")
+    table = markdown(base, trained)
+    click.echo(table)
+    if out:
+        Path(out).write_text(table)

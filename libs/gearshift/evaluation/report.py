@@ -122,20 +122,28 @@ def mode_report(mode: str, trajectories: list[Trajectory], bootstrap_samples: in
     return report
 
 
-def build_report(trajectories: Iterable[Trajectory], run_id: str, bootstrap_samples: int = 2000, seed: int = 0) -> RunReport:
-    """The report of a run from its stored trajectories. For a job stored more than once the
-    latest attempt counts; cancelled episodes are ignored and failed ones only counted."""
+def latest_attempts(trajectories: Iterable[Trajectory], failed: bool = False) -> list[Trajectory]:
+    """A run's episodes, one per job (item, mode, sample): its latest attempt. Cancelled attempts
+    never count; failed ones (an infrastructure error, nothing about the model) only when asked."""
     latest: dict[tuple[str, str, str], Trajectory] = {}
     for trajectory in sorted(trajectories, key=lambda t: (t.created_at.seconds, t.created_at.nanos)):
         if trajectory.status == TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED:
             continue
         key = (trajectory.labels.get("item_id", trajectory.id), eval_mode_of(trajectory), trajectory.labels.get("sample", "0"))
         latest[key] = trajectory
+    return [t for t in latest.values() if failed or t.status != TrajectoryStatus.TRAJECTORY_STATUS_FAILED]
+
+
+def build_report(trajectories: Iterable[Trajectory], run_id: str, bootstrap_samples: int = 2000, seed: int = 0) -> RunReport:
+    """The report of a run from its stored trajectories. For a job stored more than once the
+    latest attempt counts; cancelled episodes are ignored and failed ones only counted."""
+    latest = latest_attempts(trajectories, failed=True)
     if not latest:
         raise ValueError(f"run {run_id!r} has no finished trajectories")
     by_mode: dict[str, list[Trajectory]] = defaultdict(list)
     failed: Counter[str] = Counter()
-    for (_, mode, _), trajectory in latest.items():
+    for trajectory in latest:
+        mode = eval_mode_of(trajectory)
         if trajectory.status == TrajectoryStatus.TRAJECTORY_STATUS_FAILED:
             failed[mode] += 1
         else:
@@ -143,11 +151,11 @@ def build_report(trajectories: Iterable[Trajectory], run_id: str, bootstrap_samp
     if not by_mode:
         raise ValueError(f"run {run_id!r}: every episode failed ({dict(failed)})")
     ordered = sorted(by_mode, key=lambda m: (MODES.index(m) if m in MODES else len(MODES), m))
-    suites = sorted({t.task_source for t in latest.values()})
+    suites = sorted({t.task_source for t in latest})
     return RunReport(
         run_id=run_id,
         suite=",".join(suites),
-        splits=sorted({t.split for t in latest.values()}),
+        splits=sorted({t.split for t in latest}),
         modes={m: mode_report(m, by_mode[m], bootstrap_samples, seed) for m in ordered},
         failed=dict(failed),
     )

@@ -24,6 +24,7 @@ STOP_WORDS = ("</tool_call>", "</answer>")
 # What the executor writes when an agentic turn ends with neither a call nor an answer.
 FORCED_ANSWER_OPENER = "\n<answer>"
 MAX_PARALLEL_CALLS = 10
+REJECTED_CALL_PREFIX = "rejected-"  # the call id of a tool result that tells the model its call did not parse
 
 # The one-sentence justification injected before a forced classification block.
 FORCED_JUSTIFICATION = {
