@@ -219,18 +219,24 @@ def _bind(path: str) -> None:
 
 def _make_read_only() -> None:
     """Remounts every mount of the template read-only, nosuid, and nodev (but the devices),
-    repeating the flags each already has (a user namespace may not clear locked ones)."""
-    for point, flags in _mountinfo():
-        if point != STAGE and not point.startswith(STAGE + "/"):
+    repeating the flags each already has (a user namespace may not clear locked ones). The
+    template is the tmpfs last mounted at STAGE and the mounts below it: host mounts under
+    STAGE (say a chroot's /proc under /tmp) lie shadowed beneath it and are left alone."""
+    mounts = _mountinfo()
+    stage = [mount_id for mount_id, _, point, _ in mounts if point == STAGE][-1]  # ours is the newest
+    template = {stage}
+    for mount_id, parent, point, flags in mounts:  # mountinfo lists a parent before its children
+        if mount_id != stage and parent not in template:
             continue
+        template.add(mount_id)
         wanted = flags | libc.MS_RDONLY | libc.MS_NOSUID
         if not point.startswith(_inside("/dev/")):
             wanted |= libc.MS_NODEV
         libc.mount(None, point, None, libc.MS_REMOUNT | libc.MS_BIND | wanted)
 
 
-def _mountinfo() -> list[tuple[str, int]]:
-    """(mount point, per-mount flags) of every mount in this namespace."""
+def _mountinfo() -> list[tuple[int, int, str, int]]:
+    """(mount id, parent id, mount point, per-mount flags) of every mount in this namespace."""
     mounts = []
     with open("/proc/self/mountinfo") as f:
         for line in f:
@@ -239,7 +245,7 @@ def _mountinfo() -> list[tuple[str, int]]:
             flags = 0
             for option in fields[5].split(","):
                 flags |= libc.MOUNT_FLAGS.get(option, 0)
-            mounts.append((point, flags))
+            mounts.append((int(fields[0]), int(fields[1]), point, flags))
     return mounts
 
 

@@ -275,3 +275,22 @@ async def test_allow_insecure_runs_python_unisolated_and_says_so_loudly():
         assert not Path(workdir).exists()  # removed with its worker
         closed = await running.stub.CloseSession(sandbox_pb2.CloseSessionRequest(session_id="none"))
         assert not closed.closed
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting on the host needs root")
+@pytest.mark.parametrize("unprivileged", [False, True], ids=["root", "unprivileged"])
+async def test_a_host_mount_under_tmp_does_not_stop_the_root_being_built(unprivileged):
+    """A chroot under /tmp with its own /proc (debootstrap leaves one while it runs) lies beneath
+    the template's tmpfs; the template is built around it, and the call cannot see it."""
+    chroot = tempfile.mkdtemp(prefix="gs-chroot-")
+    os.chmod(chroot, 0o755)
+    os.mkdir(f"{chroot}/proc")
+    subprocess.run(["mount", "-t", "proc", "proc", f"{chroot}/proc"], check=True)
+    try:
+        async with service_process(unprivileged=unprivileged, warm_workers=1) as running:
+            result = await run_python(running.stub, f"import os\nprint(6 * 7, os.path.exists({chroot!r}))")
+            assert not result.is_error, result.error
+            assert result.output == "42 False\n"
+    finally:
+        subprocess.run(["umount", "-l", f"{chroot}/proc"], check=True)
+        shutil.rmtree(chroot, ignore_errors=True)
