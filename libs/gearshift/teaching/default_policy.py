@@ -60,7 +60,8 @@ class Recipe(BaseModel):
     max_tokens_per_turn: int = 48  # a sampled fact that needs more is no instant answer; the solvers write whole turns
     sft: dict = {
         "model": {"base": "smollm2", "lora": True, "lora_rank": 8, "lora_alpha": 16},
-        "optim": {"learning_rate": 3e-4, "max_steps": 150, "warmup_steps": 10, "schedule": "linear", "seed": 0, "threads": 2},
+        # About one pass over the ~740 kept trajectories: the format and the routes, not the facts.
+        "optim": {"learning_rate": 5e-4, "max_steps": 100, "warmup_steps": 5, "schedule": "linear", "seed": 0, "threads": 2},
         "batch_size": 8,
         "max_length": 768,
         "balance_difficulty": False,

@@ -1,7 +1,11 @@
-"""Model forward passes that compute the vocabulary projection only where the loss needs it.
+"""Model forward passes that compute only what the loss needs.
 
 The language-model head (hidden x vocabulary) is a large share of a small model's compute;
-prompts and masked pieces need no logits, so the head runs on the target positions alone."""
+prompts and masked pieces need no logits, so the head runs on the target positions alone. And
+every row of a batch starts with the same system prompt (two thirds of a short episode's
+tokens): the decoder runs it once and the rows continue from its KV cache, broadcast over the
+batch. That is the same computation, gradients included (they flow back through the shared
+cache), done once instead of once per row."""
 
 from __future__ import annotations
 
@@ -29,9 +33,41 @@ def _predicting(batch: Batch) -> torch.Tensor:
     return mask
 
 
+MIN_SHARED_PREFIX = 16  # below this the second decoder call costs more than it saves
+
+
+def shared_prefix(batch: Batch) -> int:
+    """How many leading tokens every row shares before any of them predicts a target (0 when
+    too few to be worth sharing); at least one token is always left to each row."""
+    rows, width = batch.input_ids.shape
+    if rows < 2 or width < 2:
+        return 0
+    same = (batch.input_ids == batch.input_ids[:1]).all(dim=0) & batch.attention_mask.bool().all(dim=0)
+    length = int(same.long().cumprod(dim=0).sum())
+    predicting = _predicting(batch).any(dim=0).nonzero()
+    if len(predicting):
+        length = min(length, int(predicting[0]))
+    length = min(length, width - 1)
+    return length if length >= MIN_SHARED_PREFIX else 0
+
+
+def hidden_states(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """[B, T, H] last hidden states; the shared prefix is decoded once."""
+    decoder = model.get_decoder()
+    shared = shared_prefix(batch)
+    if not shared:
+        return decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+    rows = batch.input_ids.shape[0]
+    prefix = decoder(input_ids=batch.input_ids[:1, :shared], use_cache=True)
+    cache = prefix.past_key_values
+    cache.batch_repeat_interleave(rows)
+    rest = decoder(input_ids=batch.input_ids[:, shared:], attention_mask=batch.attention_mask, cache=cache, use_cache=True)
+    return torch.cat([prefix.last_hidden_state.expand(rows, -1, -1), rest.last_hidden_state], dim=1)
+
+
 def target_logits(model: torch.nn.Module, batch: Batch) -> TargetLogits:
     """Runs the decoder on the whole batch and the head on the target positions only."""
-    hidden = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+    hidden = hidden_states(model, batch)
     predicting = _predicting(batch)
     rows, columns = predicting.nonzero(as_tuple=True)
     logits = model.get_output_embeddings()(hidden[rows, columns])

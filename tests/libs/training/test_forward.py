@@ -1,0 +1,47 @@
+"""The shared-prefix forward pass is the same computation as decoding every row whole: equal
+target logits and equal gradients, on rows of different lengths (right padding)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gearshift.training import forward, tokenization
+from transformers import AutoModelForCausalLM
+
+from tests.libs.training.trajectories import forced_agentic, routed_instant
+
+
+@pytest.fixture
+def batch(tokenizer) -> tokenization.Batch:
+    examples = [tokenization.encode_trajectory(tokenizer, t, 1024, True) for t in (routed_instant(), forced_agentic(), routed_instant("x"))]
+    return tokenization.collate(examples, tokenizer.eos_token_id)
+
+
+def loss_and_grads(model, batch) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    model.zero_grad()
+    out = forward.target_logits(model, batch)
+    loss = torch.nn.functional.cross_entropy(out.logits, out.tokens)
+    loss.backward()
+    return out.logits.detach(), loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def test_the_shared_prefix_is_decoded_once_with_the_same_logits_and_gradients(tiny_dir, batch, monkeypatch):
+    shared = forward.shared_prefix(batch)
+    assert shared >= forward.MIN_SHARED_PREFIX and not forward._predicting(batch)[:, :shared].any()
+    assert batch.attention_mask.min() == 0  # rows of different lengths: the shorter ones are padded
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    logits, loss, grads = loss_and_grads(model, batch)
+    monkeypatch.setattr(forward, "MIN_SHARED_PREFIX", 10**9)  # every row decoded whole
+    assert forward.shared_prefix(batch) == 0
+    whole_logits, whole_loss, whole_grads = loss_and_grads(model, batch)
+    assert torch.allclose(logits, whole_logits, atol=1e-5) and torch.allclose(loss, whole_loss, atol=1e-6)
+    assert len(grads) == len(whole_grads) > 0
+    assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(grads, whole_grads))
+
+
+def test_no_prefix_is_shared_by_one_row_or_rows_that_differ_early(tokenizer):
+    one = tokenization.collate([tokenization.encode_trajectory(tokenizer, routed_instant(), 1024, True)], tokenizer.eos_token_id)
+    assert forward.shared_prefix(one) == 0
+    ids = torch.tensor([[1, 2, 3, 4], [5, 2, 3, 4]])
+    differ = tokenization.Batch(ids, torch.ones_like(ids), torch.zeros_like(ids, dtype=torch.bool))
+    assert forward.shared_prefix(differ) == 0
