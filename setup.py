@@ -8,4 +8,11 @@ packages = []
 for prefix, path in ROOTS.items():
     packages += [prefix] + [f"{prefix}.{name}" for name in find_packages(path)]
 
-setup(packages=packages, package_dir=ROOTS, package_data={"": ["*.pyi", "*.ini", "*.mako", "*.jsonl", "*.md", "py.typed"]})
+setup(
+    packages=packages,
+    package_dir=ROOTS,
+    package_data={
+        "": ["*.pyi", "*.ini", "*.mako", "*.jsonl", "*.md", "py.typed"],
+        "gearshift": ["default_policy/*"],  # the shipped adapter and its model card (a folder, not a package)
+    },
+)

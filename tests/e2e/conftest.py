@@ -1,5 +1,7 @@
 """Policy servers for the end-to-end tests: the built-in one and vLLM's CPU build, both serving
-the real SmolLM2-135M-Instruct from the same local safetensors directory."""
+the real SmolLM2-135M-Instruct from the same local safetensors directory, and the default
+policy (SmolLM2 plus the shipped LoRA adapter): folded in by the built-in server, applied by
+vLLM as the LoRA module "default"."""
 
 from __future__ import annotations
 
@@ -33,6 +35,13 @@ async def builtin_policy(smollm2_dir, tmp_path):
         yield server.base_url
 
 
+@pytest.fixture
+async def builtin_default_policy(tmp_path):
+    settings = Settings(data_dir=Settings().data_dir, log_level="WARNING", policy_server=PolicyServerSettings(port=0, model=weights.DEFAULT))
+    async with running(settings) as server:
+        yield server.base_url
+
+
 @pytest.fixture(scope="session")
 def vllm_policy(smollm2_dir, tmp_path_factory):
     if not VLLM_PYTHON.exists():
@@ -44,6 +53,7 @@ def vllm_policy(smollm2_dir, tmp_path_factory):
         str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(smollm2_dir),
         "--served-model-name", "smollm2", "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager",
+        "--enable-lora", "--max-lora-rank", "8", "--lora-modules", f"{weights.DEFAULT}={weights.DEFAULT_ADAPTER}",
     ]
     with open(log, "w") as out:
         process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

@@ -11,6 +11,7 @@ from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.clients import channel
 from gearshift.embedded import embedded
 from gearshift.protocol.a2fm import render_transcript
+from gearshift.protocol.modes import mode_name
 from gearshift.settings import ExecutorSettings, PlannerSettings, RouterSettings
 
 QUESTION, REFERENCE = "What is the capital of France?", "Paris"
@@ -69,3 +70,29 @@ async def test_every_mode_with_the_builtin_policy_server(settings, postgres_url,
 async def test_every_mode_with_vllm(settings, postgres_url, vllm_policy):
     configured = settings.with_policy(vllm_policy).model_copy(update={"database_url": postgres_url, **SMALL})
     check(await solve_every_mode(configured), postgres_url)
+
+
+async def solve_the_demo(settings) -> list[Trajectory]:
+    from gearshift.cli.platform import DEMO_QUESTIONS
+
+    async with embedded(settings) as platform, channel(platform.settings.executor_addr, platform.settings) as ch:
+        stub = executor_pb2_grpc.ExecutorStub(ch)
+        return [[e async for e in stub.Solve(executor_pb2.SolveRequest(query=q, reference_answer=r))][-1].final.trajectory
+                for q, r, _ in DEMO_QUESTIONS]
+
+
+@pytest.mark.model
+@pytest.mark.vllm
+@pytest.mark.parametrize("engine", ["builtin", "vllm"])
+async def test_the_default_policy_answers_the_demo_in_the_expected_modes_on_both_engines(settings, postgres_url, engine, request):
+    """The shipped adapter, folded in by the built-in server and applied by vLLM as a LoRA module,
+    routes and answers each demo question itself (none is in its training data)."""
+    from gearshift.cli.platform import DEMO_QUESTIONS
+
+    if engine == "builtin":
+        configured = settings.with_policy(request.getfixturevalue("builtin_default_policy"))
+    else:
+        configured = settings.with_policy(request.getfixturevalue("vllm_policy"), model="default")
+    solved = await solve_the_demo(configured.model_copy(update={"database_url": postgres_url}))
+    outcome = [(mode_name(t.mode), t.reward.correct, t.reward.format_valid) for t in solved]
+    assert outcome == [(mode, True, True) for _, _, mode in DEMO_QUESTIONS], [t.answer for t in solved]

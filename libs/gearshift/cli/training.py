@@ -100,30 +100,34 @@ def default_policy_build(work_dir: str | None, ship_to: str | None) -> None:
 
 
 @default_policy.command("figures")
-@click.option("--base", "base_run", required=True, help="An evaluation run of the base model (gearshift eval --run-id)")
-@click.option("--trained", "trained_run", required=True, help="The same items evaluated with the default policy")
+@click.option("--base", "base_runs", required=True, help="Evaluation runs of the base model, comma-separated (gearshift eval --run-id)")
+@click.option("--trained", "trained_runs", required=True, help="The same items evaluated with the default policy, comma-separated")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Also write the Markdown table here")
-def default_policy_figures(base_run: str, trained_run: str, out: str | None) -> None:
+def default_policy_figures(base_runs: str, trained_runs: str, out: str | None) -> None:
     """Base against trained per family and mode: protocol validity, tool calls, accuracy, modes picked; the goals."""
     from pathlib import Path
 
+    from gearshift.api.store.v1 import store_pb2_grpc
     from gearshift.cli.common import run_or_fail
     from gearshift.clients import channel
-    from gearshift.api.store.v1 import store_pb2_grpc
+    from gearshift.embedded import embedded
     from gearshift.evaluation.report import fetch_run
     from gearshift.teaching.figures import figures, markdown
 
     settings = get_settings()
 
-    async def go():
-        async with channel(settings.store_addr, settings) as store_channel:
-            store = store_pb2_grpc.TrajectoryStoreStub(store_channel)
-            return [figures(await fetch_run(store, run)) for run in (base_run, trained_run)]
+    async def read(store, runs: str):
+        episodes = [t for run in runs.split(",") for t in await fetch_run(store, run.strip())]
+        if not episodes:
+            raise click.ClickException(f"no stored episodes in run(s) {runs}")
+        return figures(episodes)
 
-    base, trained = run_or_fail(go())
-    if not base or not trained:
-        raise click.ClickException(f"no finished episodes in run {base_run if not base else trained_run!r}")
-    table = markdown(base, trained)
+    async def go():  # a store of its own on the configured database
+        async with embedded(settings, ("store",)) as platform, channel(platform.settings.store_addr, platform.settings) as ch:
+            store = store_pb2_grpc.TrajectoryStoreStub(ch)
+            return await read(store, base_runs), await read(store, trained_runs)
+
+    table = markdown(*run_or_fail(go()))
     click.echo(table)
     if out:
         Path(out).write_text(table)
