@@ -157,7 +157,7 @@ def budgets(settings: Settings) -> dict:
     e = settings.executor
     return {"max_tokens_per_turn": e.max_tokens_per_turn, "max_steps_instant_reasoning": e.max_steps_other,
             "max_steps_agentic": e.max_steps_agentic, "max_tokens": e.max_tokens, "max_wall_seconds": e.max_wall_seconds,
-            "temperature": e.temperature, "top_p": e.top_p, "policy_model": settings.policy_client.model}
+            "temperature": e.temperature, "top_p": e.top_p, "policy_served_as": settings.policy_client.model}
 
 
 async def run_headline(settings: Settings, plan: HeadlinePlan, out_dir: Path, console: Console | None = None,
