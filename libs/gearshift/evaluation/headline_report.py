@@ -165,9 +165,9 @@ def build_headline(trajectories: list[Trajectory], run_id: str, budgets: dict | 
     outcomes = item_outcomes(latest)
     adaptive = [m for m in ordered if m in ROUTED]
     forced = [m for m in ordered if m in FORCED]
-    reductions = {a: {f: reduction(outcomes, a, f, bootstrap_samples, seed) for f in forced} for a in adaptive}
+    reductions = {a: {f: reduction(outcomes, a, f, bootstrap_samples, seed) for f in forced} for a in adaptive} if forced else {}
     routable = all(m in outcomes for m in FORCED_ORDER)
-    goal_checks = [check_goal(a, modes, reductions[a], goal) for a in adaptive]
+    goal_checks = [check_goal(a, modes, reductions.get(a, {}), goal) for a in adaptive]
     items = sorted({item for item, _, _ in latest})
     return HeadlineReport(
         run_id=run_id,

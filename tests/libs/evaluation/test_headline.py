@@ -135,8 +135,13 @@ async def test_before_and_after_on_the_same_items(settings, tmp_path):
         before = await stored(platform.settings, "base")
         async with serve_scripted(scripted(overthinking)) as url_after:
             async with embedded(platform.settings.with_policy(url_after), ("router", "planner", "executor")) as second:
-                await run_headline(second.settings, after, tmp_path / "after")
+                candidate = await run_headline(second.settings, after, tmp_path / "after")
         later = await stored(platform.settings, "after")
+
+    # Auto alone: no router trained, no reductions to draw, and a goal that cannot be checked.
+    assert {p.name for p in candidate.files} == {"report.md", "report.json", "accuracy_cost_of_pass.png", "mode_share_by_family.png"}
+    assert not candidate.report.goal_met and "no forced reasoning run" in candidate.report.goal[0].reasons[0]
+    assert {t.labels["eval_mode"] for t in later} == {"auto"} and len(later) == 4 * N
 
     result = compare_runs(before, later, "base", "after", "auto", samples=300)
     assert result.items == 4 * N and result.instant_correct_items == 2 * N  # facts and chain_sum
