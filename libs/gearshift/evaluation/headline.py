@@ -102,8 +102,9 @@ async def _registered(stub: store_pb2_grpc.TrajectoryStoreStub, checkpoint_id: s
         raise
 
 
-async def ensure_router(settings: Settings, plan: HeadlinePlan, out_dir: Path, console: Console | None) -> None:
-    """Trains and registers router-RUN_ID unless the registry holds it, then publishes it."""
+async def ensure_router(settings: Settings, plan: HeadlinePlan, out_dir: Path, console: Console | None) -> dict:
+    """Trains and registers router-RUN_ID unless the registry holds it, then publishes it;
+    returns its version and offline figures for the report."""
     async with channel(settings.store_addr, settings) as ch:
         stub = store_pb2_grpc.TrajectoryStoreStub(ch)
         if not await _registered(stub, plan.router_version):
@@ -111,7 +112,8 @@ async def ensure_router(settings: Settings, plan: HeadlinePlan, out_dir: Path, c
             result = await asyncio.to_thread(BY_NAME["router"].train, config)
             if console and result.get("evaluation") is not None:
                 console.print(result["evaluation"].table())
-        await publish(stub, plan.router_version)
+        checkpoint = await publish(stub, plan.router_version)
+    return {"version": checkpoint.id, "uri": checkpoint.uri, "train_run": plan.train_run_id, "eval_metrics": dict(checkpoint.eval_metrics)}
 
 
 async def wait_for_router(settings: Settings, version: str, timeout: float) -> None:
@@ -167,6 +169,7 @@ async def run_headline(settings: Settings, plan: HeadlinePlan, out_dir: Path, co
     test_items: list[SuiteItem] = suite.items_per_source("test", plan.n_per_family)
     runs_dir = out_dir / "runs"
     errors: list[str] = []
+    router: dict = {}
 
     async def run(run_id: str, modes: list[str], items: list[SuiteItem], split: str) -> None:
         if console:
@@ -183,7 +186,7 @@ async def run_headline(settings: Settings, plan: HeadlinePlan, out_dir: Path, co
     if first:
         await run(plan.run_id, first, test_items, "test")
     if plan.learned:
-        await ensure_router(settings, plan, out_dir, console)
+        router = await ensure_router(settings, plan, out_dir, console)
         await wait_for_router(settings, plan.router_version, plan.router_wait_seconds)
         await run(plan.run_id, ["learned"], test_items, "test")
     async with channel(settings.store_addr, settings) as ch:
@@ -191,4 +194,5 @@ async def run_headline(settings: Settings, plan: HeadlinePlan, out_dir: Path, co
     planned = {item.id for item in test_items}  # a run resumed with a larger n holds more: report the plan's items
     trajectories = [t for t in stored if t.labels.get("item_id") in planned]
     report = build_headline(trajectories, plan.run_id, budgets(settings), plan.bootstrap_samples)
+    report.router = router if plan.learned else {}
     return Headline(report, write_headline(report, out_dir), errors)

@@ -71,6 +71,9 @@ class HeadlineReport:
     budgets: dict = field(default_factory=dict)
     failed: dict[str, int] = field(default_factory=dict)
     bootstrap_samples: int = 2000
+    # The learned router that served `learned`: its version and the registry's offline figures
+    # (trained on the train run, evaluated on the test run's forced outcomes).
+    router: dict = field(default_factory=dict)
 
 
 def latest_finished(trajectories: list[Trajectory]) -> tuple[dict[tuple[str, str, str], Trajectory], Counter]:
@@ -218,6 +221,11 @@ def markdown(report: HeadlineReport) -> str:
         parts.append(markdown_table(("mode", "routing accuracy", "items with an oracle", "items no mode answered"), (
             [m, f"{r['accuracy']:.1%}" if math.isfinite(r["accuracy"]) else "-", str(int(r["items"])), str(int(r["items_without_oracle"]))]
             for m, r in report.routing_accuracy.items())))
+    if report.router:
+        offline = report.router.get("eval_metrics", {})
+        figures = ", ".join(f"{k} {offline[k]:.3g}" for k in ("routing_accuracy", "learned_accuracy", "eval_items") if k in offline)
+        parts.append(f"The learned router `{report.router['version']}`: trained on run `{report.router.get('train_run', '')}`; "
+                     f"offline on the test run's forced outcomes: {figures or 'not evaluated'}.")
     for mode, by_family in report.mode_share_by_family.items():
         parts.append(f"## Modes chosen by `{mode}`, by family")
         parts.append(markdown_table(("family", *CHOSEN, "none"), (

@@ -122,6 +122,9 @@ async def test_headline_end_to_end(fast_router, tmp_path):
     assert 0.0 <= learned_hits["accuracy"] <= 1.0 and learned_hits["items"] == 4 * N
     assert isinstance(data["goal_met"], bool) and {g["mode"] for g in data["goal"]} == {"auto", "learned"}
     assert "Goal check" in (tmp_path / "out" / "report.md").read_text()
+    assert data["router"]["version"] == "router-hl" and data["router"]["train_run"] == "hl-train"
+    # offline, on the test run's forced outcomes: the same 12 items the report routes online
+    assert data["router"]["eval_metrics"]["eval_items"] == 4 * N and 0 <= data["router"]["eval_metrics"]["routing_accuracy"] <= 1
     assert again.report.modes["auto"].pass_at_1 == 1.0 and len(again.report.modes) == 5
 
 
