@@ -82,23 +82,29 @@ def compare_runs(before: list[Trajectory], after: list[Trajectory], before_run: 
     )
 
 
-def _interval(r: Interval | None, scale: float = 100.0, unit: str = " points") -> str:
+def _signed(value: float, unit: str) -> str:
+    return "-inf" if value == -math.inf else f"{value * 100:+.1f}{unit}"
+
+
+def _interval(r: Interval | None, unit: str = " points") -> str:
     if r is None:
         return "-"
-    fmt = lambda v: "-inf" if v == -math.inf else f"{v * scale:+.1f}{unit}"  # noqa: E731
-    return f"{fmt(r.value)} (95% CI {fmt(r.low)} to {fmt(r.high)})"
+    return f"{_signed(r.value, unit)} (95% CI {_signed(r.low, unit)} to {_signed(r.high, unit)})"
+
+
+def _share(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.1%}"
 
 
 def markdown(result: BeforeAfter) -> str:
     b, a = result.before, result.after
-    share = lambda v: "-" if math.isnan(v) else f"{v:.1%}"  # noqa: E731
     rows = [
         ["accuracy", f"{b.accuracy:.1%}", f"{a.accuracy:.1%}", _interval(result.accuracy_change)],
         ["cost of pass", f"{usd(b.cost_of_pass_usd)} ({usd(b.cost_of_pass_ci[0])} - {usd(b.cost_of_pass_ci[1])})",
          f"{usd(a.cost_of_pass_usd)} ({usd(a.cost_of_pass_ci[0])} - {usd(a.cost_of_pass_ci[1])})",
          "reduction " + _interval(result.cost_of_pass_reduction, unit="%")],
         [f"non-instant share on the {result.instant_correct_items} items the base answers in instant mode",
-         share(b.non_instant_share_on_instant_correct), share(a.non_instant_share_on_instant_correct),
+         _share(b.non_instant_share_on_instant_correct), _share(a.non_instant_share_on_instant_correct),
          _interval(result.non_instant_share_change)],
     ]
     return "\n\n".join([

@@ -274,14 +274,18 @@ def plot_accuracy_cost_of_pass(report: HeadlineReport, path: Path) -> None:
     plt.close(fig)
 
 
+def _clipped(value: float) -> float:
+    """-inf (no correct answer in a resample) is drawn at the axis edge."""
+    return max(-1.0, min(1.0, value))
+
+
 def plot_reductions(report: HeadlineReport, path: Path) -> None:
     plt = _pyplot()
     rows = [(f"{a} vs {f}", r) for a, by_forced in report.reductions.items() for f, r in by_forced.items()]
     fig, ax = plt.subplots(figsize=(6, 0.5 * len(rows) + 1.5))
-    clip = lambda v: max(-1.0, min(1.0, v))  # noqa: E731 - -inf (no correct answer) drawn at the axis edge
     for y, (_, r) in enumerate(rows):
-        ax.plot([clip(r.low), clip(r.high)], [y, y], color="tab:blue")
-        ax.plot(clip(r.value), y, "o", color="tab:blue")
+        ax.plot([_clipped(r.low), _clipped(r.high)], [y, y], color="tab:blue")
+        ax.plot(_clipped(r.value), y, "o", color="tab:blue")
     for forced, target in GOAL.reductions:
         ax.axvline(target, linestyle="--", alpha=0.5, label=f"goal vs {forced} ({target:.0%})")
     ax.axvline(0, color="black", linewidth=0.8)

@@ -14,7 +14,7 @@ from gearshift.api.common.v1.common_pb2 import CheckpointStatus
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
 from gearshift.embedded import embedded
-from gearshift.evaluation.before_after import compare_runs
+from gearshift.evaluation.before_after import compare_runs, write_before_after
 from gearshift.evaluation.headline import HeadlinePlan, run_headline
 from gearshift.evaluation.report import fetch_run
 from gearshift.evaluation.runner import eval_mode_of
@@ -154,6 +154,10 @@ async def test_before_and_after_on_the_same_items(settings, tmp_path):
     assert result.accuracy_change.value == 0.0 and result.before.accuracy == result.after.accuracy == 1.0
     assert result.cost_of_pass_reduction.value < 0  # reasoning on facts costs more per correct answer
     assert result.after.cost_of_pass_usd > result.before.cost_of_pass_usd
+    written = write_before_after(result, tmp_path / "compared")
+    text = written[0].read_text()
+    assert "on the 6 items the base answers in instant mode | 0.0% | 50.0% | +50.0 points" in text
+    assert json.loads(written[1].read_text())["non_instant_share_change"]["value"] == pytest.approx(0.5)
     with pytest.raises(ValueError, match="no forced instant"):
         compare_runs(later, before, "after", "base", "auto")
     assert math.isfinite(result.cost_of_pass_reduction.low)
