@@ -104,7 +104,7 @@ def eval_report(run_id: str, out_dir: str | None) -> None:
               help="Comma-separated; without learned no router is trained (e.g. instant,auto for a candidate checkpoint)")
 @click.option("--run-id", default=None, help="Resume or name the run (default: headline-TIMESTAMP); the train run is RUN_ID-train")
 @click.option("--concurrency", type=int, default=4, show_default=True, help="Episodes in flight at once")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Report folder (default: DATA_DIR/eval/RUN_ID)")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Report folder (default: DATA_DIR/headline/RUN_ID)")
 @click.option("--inprocess", is_flag=True, help="Start the services and the built-in policy server in this process")
 @click.option("--model", default=None, help="With --inprocess: the policy to serve (smollm2, default, tiny, a directory or a checkpoint id)")
 @click.option("--router-embedding", type=click.Choice(["static", "minilm", "none"]), default="static", show_default=True,
@@ -128,7 +128,7 @@ def eval_headline(suite, n_per_family, train_n, modes, run_id, concurrency, out_
         plan = HeadlinePlan(run_id or default_run_id(suite), suite, n_per_family, train_n, tuple(parse_modes(modes)), concurrency,
                             router_embedding, bootstrap_samples)
         get_suite(suite).items_per_source("test", n_per_family)  # refuse a family too small before starting anything
-    folder = Path(out_dir) if out_dir else settings.data_dir / "eval" / plan.run_id
+    folder = Path(out_dir) if out_dir else settings.data_dir / "headline" / plan.run_id
     out.print(f"run [bold]{plan.run_id}[/] (resume with --run-id {plan.run_id})")
 
     async def go():
@@ -155,7 +155,7 @@ def eval_headline(suite, n_per_family, train_n, modes, run_id, concurrency, out_
 @click.argument("before_run")
 @click.argument("after_run")
 @click.option("--mode", type=click.Choice(["auto", "learned", "instant", "reasoning", "agentic"]), default="auto", show_default=True)
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Folder (default: DATA_DIR/eval/AFTER_RUN)")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Folder (default: DATA_DIR/headline/AFTER_RUN)")
 @click.option("--bootstrap", "bootstrap_samples", type=int, default=2000, show_default=True, help="Bootstrap resamples per interval")
 def eval_before_after(before_run: str, after_run: str, mode: str, out_dir: str | None, bootstrap_samples: int) -> None:
     """Compare two runs on the same items with paired intervals (e.g. the base and its APO checkpoint)."""
@@ -174,6 +174,6 @@ def eval_before_after(before_run: str, after_run: str, mode: str, out_dir: str |
     before, after = run_or_fail(go())
     with one_line_errors():
         result = compare_runs(before, after, before_run, after_run, mode, bootstrap_samples)
-    paths = write_before_after(result, Path(out_dir) if out_dir else settings.data_dir / "eval" / after_run)
+    paths = write_before_after(result, Path(out_dir) if out_dir else settings.data_dir / "headline" / after_run)
     click.echo(markdown(result))
     click.echo("written: " + ", ".join(str(p) for p in paths))

@@ -5,6 +5,7 @@ so the report's figures can be checked against the stored trajectories."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections import defaultdict
@@ -161,3 +162,34 @@ async def test_before_and_after_on_the_same_items(settings, tmp_path):
     with pytest.raises(ValueError, match="no forced instant"):
         compare_runs(later, before, "after", "base", "auto")
     assert math.isfinite(result.cost_of_pass_reduction.low)
+
+
+async def test_the_commands_against_a_running_stack(settings, tmp_path, monkeypatch):
+    """`gearshift eval headline` and `gearshift eval before-after` as a user types them, against
+    a stack already running (the addresses come from the environment, as with `gearshift up`)."""
+    from click.testing import CliRunner
+    from gearshift.cli import main
+    from gearshift.settings import get_settings
+
+    async with serve_scripted(scripted(ROUTE)) as url, embedded(settings.with_policy(url)) as platform:
+        for name in ("executor", "store", "router"):
+            monkeypatch.setenv(f"GEARSHIFT_{name.upper()}_ADDR", platform.settings.address_of(name))
+        monkeypatch.setenv("GEARSHIFT_DATA_DIR", str(tmp_path))
+        get_settings.cache_clear()
+        try:
+            # click's runner calls asyncio.run: off this loop, which keeps serving the stack
+            first = await asyncio.to_thread(CliRunner().invoke, main, ["eval", "headline", "--n-per-family", "2", "--modes",
+                                                                       "instant,auto", "--run-id", "cli", "--bootstrap", "200"])
+            compared = await asyncio.to_thread(CliRunner().invoke, main, ["eval", "before-after", "cli", "cli", "--bootstrap", "200"])
+            missing = await asyncio.to_thread(CliRunner().invoke, main, ["eval", "before-after", "cli", "nothing"])
+        finally:
+            get_settings.cache_clear()
+
+    assert first.exit_code == 0, first.output
+    assert "goal not met" in first.output and "no forced reasoning run" in first.output
+    data = json.loads((tmp_path / "headline" / "cli" / "report.json").read_text())
+    assert data["items_per_family"] == {family: 2 for family in sorted(HEADLINE_FAMILIES)} and list(data["modes"]) == ["instant", "auto"]
+    assert compared.exit_code == 0, compared.output
+    assert "+0.0 points (95% CI +0.0 points to +0.0 points)" in compared.output  # a run against itself changes nothing
+    assert (tmp_path / "headline" / "cli" / "before_after.md").exists()
+    assert missing.exit_code == 1 and missing.output.strip() == "Error: run 'nothing' has no finished auto episodes"
