@@ -70,7 +70,8 @@ class PublishedRouter:
         if current is None:
             raise FailedPrecondition("no learned router is published; train one with `gearshift router train` and publish it")
         model = current.model
-        choice = choose_mode(model.probabilities(current.extractor.transform(query)), model.expected_cost_usd, self.config.accuracy_floor)
+        row = current.extractor.transform(query)
+        choice = choose_mode(model.probabilities(row), model.expected_costs(row), self.config.accuracy_floor)
         # The forced-mode justification, not a description of the router: the policy then sees
         # exactly the prefix of the forced runs whose outcomes the router learned from.
         rationale = a2fm.FORCED_JUSTIFICATION[choice.mode]

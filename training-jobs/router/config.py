@@ -32,6 +32,7 @@ class RouterConfig(JobConfig):
     max_tokens: int = Field(128, ge=8, description="Word pieces of a query kept for the embedding")
     l2: float = Field(1.0, ge=0, description="L2 penalty of each mode's logistic regression (on standardised features)")
     max_iterations: int = Field(50, ge=1, description="Most Newton steps per classifier")
+    cost_l2: float = Field(1.0, ge=0, description="L2 penalty of each mode's cost regression (ridge, on standardised features)")
     accuracy_floor: float = Field(
         0.5, ge=0, le=1, description="Accuracy floor used by the offline evaluation (serving uses GEARSHIFT_LEARNED_ROUTER__ACCURACY_FLOOR)"
     )

@@ -1,4 +1,5 @@
-"""The router job: stored forced-mode outcomes -> per-mode success classifiers -> a versioned
+"""The router job: stored forced-mode outcomes -> per-mode success classifiers and cost
+regressions (the expected cost of one attempt for this query) -> a versioned
 router artefact, evaluated offline on held-out items and registered as a checkpoint (kind
 router). docs/protocol.md (cost of pass) says what it optimises.
 
@@ -64,6 +65,15 @@ def per_mode_targets(items: list[QueryOutcomes]) -> dict[int, tuple[np.ndarray, 
     return out
 
 
+def per_mode_costs(items: list[QueryOutcomes]) -> dict[int, np.ndarray]:
+    """mode -> the mean attempt cost of each item that tried it, in per_mode_targets' row order:
+    what the cost regressions learn (a long word problem costs more than a short fact)."""
+    return {
+        mode: np.asarray([items[i].mean_cost(mode) for i in rows])
+        for mode, (rows, _, _) in per_mode_targets(items).items()
+    }
+
+
 def expected_costs(items: list[QueryOutcomes]) -> dict[int, float]:
     """Mean cost of one forced attempt per mode over the training items."""
     totals: dict[int, list[float]] = {}
@@ -120,6 +130,7 @@ def fit(config: RouterConfig, version: str, dataset: RoutingDataset, train_items
     }
     model = train_router_model(
         version, spec, features, per_mode_targets(train_items), expected_costs(train_items), config.l2, config.max_iterations, metadata,
+        per_mode_costs(train_items), config.cost_l2,
     )
     evaluation = None
     covered = [i for i in held if all(m in i.forced for m in model.modes)]

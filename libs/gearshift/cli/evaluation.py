@@ -9,7 +9,7 @@ import click
 from rich.console import Console
 
 from gearshift.cli import main
-from gearshift.cli.common import run_or_fail
+from gearshift.cli.common import one_line_errors, run_or_fail
 from gearshift.settings import get_settings
 
 
@@ -94,3 +94,86 @@ def eval_report(run_id: str, out_dir: str | None) -> None:
     out = Console()
     out.print(rich_table(report))
     out.print("report: " + ", ".join(str(path) for path in files))
+
+
+@eval_.command("headline")
+@click.option("--suite", default="headline", show_default=True, help="A registered suite of generated families")
+@click.option("--n-per-family", type=int, default=60, show_default=True, help="Test items per family")
+@click.option("--train-n", type=int, default=15, show_default=True, help="Train items per family the learned router learns from")
+@click.option("--modes", default="instant,reasoning,agentic,auto,learned", show_default=True,
+              help="Comma-separated; without learned no router is trained (e.g. instant,auto for a candidate checkpoint)")
+@click.option("--run-id", default=None, help="Resume or name the run (default: headline-TIMESTAMP); the train run is RUN_ID-train")
+@click.option("--concurrency", type=int, default=4, show_default=True, help="Episodes in flight at once")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Report folder (default: DATA_DIR/headline/RUN_ID)")
+@click.option("--inprocess", is_flag=True, help="Start the services and the built-in policy server in this process")
+@click.option("--model", default=None, help="With --inprocess: the policy to serve (smollm2, default, tiny, a directory or a checkpoint id)")
+@click.option("--router-embedding", type=click.Choice(["static", "minilm", "none"]), default="static", show_default=True,
+              help="The learned router's query embedding")
+@click.option("--bootstrap", "bootstrap_samples", type=int, default=2000, show_default=True, help="Bootstrap resamples per interval")
+def eval_headline(suite, n_per_family, train_n, modes, run_id, concurrency, out_dir, inprocess, model, router_embedding,
+                  bootstrap_samples) -> None:
+    """The headline measurement: forced modes, auto and the learned router on the same test items; one report."""
+    from gearshift.embedded import embedded
+    from gearshift.evaluation.harness import default_run_id
+    from gearshift.evaluation.headline import HeadlinePlan, resolve_model, run_headline
+    from gearshift.evaluation.runner import parse_modes
+    from gearshift.evaluation.suites import get_suite
+
+    if model and not inprocess:
+        raise click.UsageError("--model needs --inprocess (a running stack serves the policy it was started with)")
+    if bootstrap_samples < 1 or concurrency < 1:
+        raise click.BadParameter("--bootstrap and --concurrency must be positive")
+    settings, out = get_settings(), Console()
+    with one_line_errors():
+        plan = HeadlinePlan(run_id or default_run_id(suite), suite, n_per_family, train_n, tuple(parse_modes(modes)), concurrency,
+                            router_embedding, bootstrap_samples)
+        get_suite(suite).items_per_source("test", n_per_family)  # refuse a family too small before starting anything
+    folder = Path(out_dir) if out_dir else settings.data_dir / "headline" / plan.run_id
+    out.print(f"run [bold]{plan.run_id}[/] (resume with --run-id {plan.run_id})")
+
+    async def go():
+        async with contextlib.AsyncExitStack() as stack:
+            target = settings
+            if inprocess:
+                policy = settings.policy_server.model
+                if model:
+                    async with embedded(settings, ("store",)) as probe:
+                        policy = await resolve_model(probe.settings, model)
+                target = (await stack.enter_async_context(embedded(settings, policy_model=policy))).settings
+            return await run_headline(target, plan, folder, out)
+
+    result = run_or_fail(go())
+    for error in result.errors[:5]:
+        out.print(f"[red]error[/] {error}", markup=True, highlight=False)
+    out.print(f"goal {'MET' if result.report.goal_met else 'not met'}")
+    for check in result.report.goal:
+        out.print(f"  {check.mode}: " + "; ".join(check.reasons), highlight=False)
+    out.print("report: " + ", ".join(str(path) for path in result.files))
+
+
+@eval_.command("before-after")
+@click.argument("before_run")
+@click.argument("after_run")
+@click.option("--mode", type=click.Choice(["auto", "learned", "instant", "reasoning", "agentic"]), default="auto", show_default=True)
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Folder (default: DATA_DIR/headline/AFTER_RUN)")
+@click.option("--bootstrap", "bootstrap_samples", type=int, default=2000, show_default=True, help="Bootstrap resamples per interval")
+def eval_before_after(before_run: str, after_run: str, mode: str, out_dir: str | None, bootstrap_samples: int) -> None:
+    """Compare two runs on the same items with paired intervals (e.g. the base and its APO checkpoint)."""
+    from gearshift.api.store.v1 import store_pb2_grpc
+    from gearshift.clients import channel
+    from gearshift.evaluation.before_after import compare_runs, markdown, write_before_after
+    from gearshift.evaluation.report import fetch_run
+
+    settings = get_settings()
+
+    async def go():
+        async with channel(settings.store_addr, settings) as ch:
+            stub = store_pb2_grpc.TrajectoryStoreStub(ch)
+            return await fetch_run(stub, before_run), await fetch_run(stub, after_run)
+
+    before, after = run_or_fail(go())
+    with one_line_errors():
+        result = compare_runs(before, after, before_run, after_run, mode, bootstrap_samples)
+    paths = write_before_after(result, Path(out_dir) if out_dir else settings.data_dir / "headline" / after_run)
+    click.echo(markdown(result))
+    click.echo("written: " + ", ".join(str(p) for p in paths))

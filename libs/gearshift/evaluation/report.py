@@ -198,7 +198,7 @@ def rich_table(report: RunReport) -> Table:
     return table
 
 
-def _markdown_table(header: Iterable[str], rows: Iterable[Iterable[str]]) -> str:
+def markdown_table(header: Iterable[str], rows: Iterable[Iterable[str]]) -> str:
     header = list(header)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -210,12 +210,12 @@ def markdown(report: RunReport) -> str:
         f"# Evaluation run `{report.run_id}`",
         f"Suite `{report.suite}`, split {', '.join(report.splits)}. Correctness is the suite's own grader; cost from the "
         "shared price table; cost of pass = total cost / correct answers, with a 95% percentile bootstrap interval.",
-        _markdown_table(COLUMNS, (_row(r) for r in report.modes.values())),
+        markdown_table(COLUMNS, (_row(r) for r in report.modes.values())),
     ]
     routed = [r for r in report.modes.values() if r.mode_share_by_difficulty]
     for r in routed:
         parts.append(f"## Modes chosen by `{r.mode}`, by difficulty")
-        parts.append(_markdown_table(("difficulty", *CHOSEN, "none"), (
+        parts.append(markdown_table(("difficulty", *CHOSEN, "none"), (
             [d or "-", *(f"{shares.get(name, 0.0):.0%}" for name in (*CHOSEN, "none"))]
             for d, shares in r.mode_share_by_difficulty.items()
         )))
@@ -229,13 +229,13 @@ def markdown(report: RunReport) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def _json_safe(value):
+def json_safe(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
@@ -294,7 +294,7 @@ def write_report(report: RunReport, out_dir: str | Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "report.md", out / "report.json", out / "accuracy_cost.png"]
     written[0].write_text(markdown(report))
-    written[1].write_text(json.dumps(_json_safe(asdict(report)), indent=2))
+    written[1].write_text(json.dumps(json_safe(asdict(report)), indent=2))
     plot_accuracy_cost(report, written[2])
     if plot_mode_share(report, out / "mode_share.png"):
         written.append(out / "mode_share.png")

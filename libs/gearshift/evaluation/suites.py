@@ -15,6 +15,7 @@ skipped, so splits are disjoint by content too.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import random
 import re
@@ -235,6 +236,20 @@ class Suite:
                     chosen.append(item)
         return chosen
 
+    def items_per_source(self, split: str, n: int) -> list[SuiteItem]:
+        """The first n items of the split from every source (family), source by source: a
+        per-family comparison needs the same count of each. Refuses a source with fewer."""
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; one of {', '.join(SPLITS)}")
+        chosen: list[SuiteItem] = []
+        for source in self.sources:
+            taken = list(itertools.islice((item for item in source() if item.split == split), n))
+            if len(taken) < n:
+                family = family_of(taken[0].id) if taken else "a family"
+                raise ValueError(f"suite {self.name!r}: {family} has only {len(taken)} {split} items; ask for at most {len(taken)} per family")
+            chosen += taken
+        return chosen
+
     def grade(self, item: SuiteItem, answer: str) -> bool:
         """The suite's verdict on an answer."""
         return item.grade(answer)
@@ -279,6 +294,13 @@ def jsonl_suite(path: str | Path, name: str | None = None, verifier: str | None 
     return Suite(name or path.stem, (lambda: iter(items),))
 
 
+# The headline measurement (`gearshift eval headline`): one family answerable directly, one where
+# a tool pays, one that needs several steps, and one the default policy was never trained on
+# (it learned large_multiplication, gsm_symbolic, basic_arithmetic and facts).
+HEADLINE_FAMILIES = ("facts", "large_multiplication", "gsm_symbolic", "chain_sum")
+HEADLINE_ROLES = {"facts": "answerable directly", "large_multiplication": "a tool pays", "gsm_symbolic": "several steps",
+                  "chain_sum": "never trained on"}
+
 SUITES: dict[str, Callable[[], Suite]] = {
     "basic_arithmetic": lambda: generated_suite("basic_arithmetic", ["basic_arithmetic"]),
     "chain_sum": lambda: generated_suite("chain_sum", ["chain_sum"]),
@@ -287,10 +309,17 @@ SUITES: dict[str, Callable[[], Suite]] = {
     "facts": lambda: generated_suite("facts", ["facts"]),
     # The README figures: one of each family in turn.
     "default": lambda: generated_suite("default", list(FAMILIES)),
+    "headline": lambda: generated_suite("headline", list(HEADLINE_FAMILIES)),
 }
 
 
 _GENERATED_ID = re.compile(r"^(?P<family>[a-z_]+)-s(?P<seed>\d+)-(?P<index>\d+)$")
+
+
+def family_of(item_id: str) -> str:
+    """The generated family an item id belongs to ("" for items of a user suite)."""
+    match = _GENERATED_ID.match(item_id)
+    return match["family"] if match and match["family"] in FAMILIES else ""
 
 
 def find_item(suite: str, item_id: str) -> SuiteItem:

@@ -55,7 +55,7 @@ class LoopConfig(BaseModel):
     gate_modes: list[str] = Field(["auto"], description="Modes the promotion gate decides on (learned is added where a router is published)")
     max_tokens_per_turn: int = Field(48, ge=8, description="Tokens per policy turn (serving, rollouts and evaluation alike)")
     max_steps: int = Field(1, ge=1, description="Policy turns per episode in every mode")
-    sft_steps: int = Field(16, ge=1, description="SFT optimizer steps")
+    sft_steps: int = Field(16, ge=0, description="SFT optimizer steps; 0 skips SFT, so APO starts from the base (one APO round on the model's own routing)")
     sft_batch_size: int = Field(4, ge=1, description="Trajectories per SFT step")
     sft_learning_rate: float = Field(2e-5, gt=0, description="SFT peak learning rate")
     apo_prompts: int = Field(2, ge=1, description="Train items APO rolls out on")
@@ -180,18 +180,21 @@ async def run_round(settings: Settings, config: LoopConfig, console: Console | N
             fig["correct"] = sum(t.reward.correct for t in rescored)
             fig["mean_apo_reward"] = sum(t.reward.value for t in rescored) / max(1, len(rescored))
 
-        with report.stage("sft", f"route-then-align on the correct seed trajectories, from {base.id}") as fig:
-            data = {"correctness": "correct", "task_source": suite.name, "split": "train", "run_ids": [seed_run]}
-            snapshot = await steps.snapshot(stack, data)
-            sft = await train_job(stack, runner, "sft", sft_config(config), f"{round_id}:sft", data, base)
-            fig |= {"snapshot": snapshot["snapshot"], "trajectories": snapshot["count"], "checkpoint": sft["checkpoint_id"],
-                    **{k: sft["metrics"].get(k) for k in ("steps", "first_loss", "final_loss")}}
+        parent = base
+        with report.stage("sft", f"route-then-align on the correct seed trajectories, from {base.id}"
+                          if config.sft_steps else "skipped: sft_steps is 0, APO starts from the base") as fig:
+            if config.sft_steps:
+                data = {"correctness": "correct", "task_source": suite.name, "split": "train", "run_ids": [seed_run]}
+                snapshot = await steps.snapshot(stack, data)
+                sft = await train_job(stack, runner, "sft", sft_config(config), f"{round_id}:sft", data, base)
+                fig |= {"snapshot": snapshot["snapshot"], "trajectories": snapshot["count"], "checkpoint": sft["checkpoint_id"],
+                        **{k: sft["metrics"].get(k) for k in ("steps", "first_loss", "final_loss")}}
+                parent = await steps.get_checkpoint(stack, sft["checkpoint_id"])
 
-        with report.stage("apo", f"GRPO with adaptive sampling on {config.apo_prompts} train prompts, from the SFT checkpoint") as fig:
+        with report.stage("apo", f"GRPO with adaptive sampling on {config.apo_prompts} train prompts, from {parent.id}") as fig:
             prompts = [{"query": item.question, "reference_answer": item.answer, "suite": config.suite,
                         "labels": {k: v for k, v in item.labels(0).items() if k != "sample"}}
                        for item in suite.items("train", config.apo_prompts)]
-            parent = await steps.get_checkpoint(stack, sft["checkpoint_id"])
             apo = await train_job(stack, runner, "apo", apo_config(config, prompts), f"{round_id}:apo", None, parent)
             candidate = await steps.get_checkpoint(stack, apo["checkpoint_id"])
             history = read_metrics(Path(apo["output_dir"]))

@@ -7,7 +7,7 @@ correct (docs/protocol.md, section 7). With no correct answer it is +inf.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,3 +71,104 @@ def compute_cost_of_pass(
     low = resampled[min(samples - 1, math.floor(tail * samples))]
     high = resampled[max(0, math.ceil((1 - tail) * samples) - 1)]
     return CostOfPass(cost_of_pass(total, n_correct), float(low), float(high), len(costs), n_correct, total)
+
+
+# Paired comparisons: the same items under two modes (or two models). Resampling the items once
+# and computing both sides on that resample keeps their correlation, so the interval of a
+# difference is the interval of the difference and not of two independent noises.
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A point estimate and its percentile bootstrap interval."""
+
+    value: float
+    low: float
+    high: float
+
+    @property
+    def above_zero(self) -> bool:
+        return self.low > 0
+
+
+def _percentile_interval(resampled: np.ndarray, confidence: float) -> tuple[float, float]:
+    resampled = np.sort(resampled)
+    samples = len(resampled)
+    tail = (1 - confidence) / 2
+    return float(resampled[min(samples - 1, math.floor(tail * samples))]), float(resampled[max(0, math.ceil((1 - tail) * samples) - 1)])
+
+
+def _item_resamples(n: int, samples: int, seed: int):
+    """Index arrays [rows, n] of items drawn with replacement, `samples` rows in all, in chunks."""
+    rng = np.random.default_rng(seed)
+    rows = max(1, _CHUNK_ELEMENTS // n)
+    for start in range(0, samples, rows):
+        yield rng.integers(0, n, size=(min(rows, samples - start), n))
+
+
+def _checked_pairs(*columns: Sequence[float], samples: int, confidence: float) -> list[np.ndarray]:
+    if not columns[0] or len({len(c) for c in columns}) != 1:
+        raise ValueError("need the same items, at least one, on both sides")
+    if samples < 1 or not 0 < confidence < 1:
+        raise ValueError("samples must be positive and confidence in (0, 1)")
+    arrays = [np.asarray(c, dtype=np.float64) for c in columns]
+    if not all(np.all(np.isfinite(a)) and np.all(a >= 0) for a in arrays):
+        raise ValueError("costs and correct counts must be finite and non-negative")
+    return arrays
+
+
+def cost_of_pass_reduction(adaptive_cop: np.ndarray | float, forced_cop: np.ndarray | float) -> np.ndarray | float:
+    """1 - adaptive / forced: 0.45 means 45% cheaper per correct answer. Where the adaptive side
+    has no correct answer the reduction is -inf (and also where neither has: nothing is shown to
+    be saved); where only the forced side has none, the adaptive one saves everything: 1."""
+    a, f = np.asarray(adaptive_cop, dtype=np.float64), np.asarray(forced_cop, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(np.isinf(a), -np.inf, np.where(np.isinf(f), 1.0, 1.0 - a / np.where(f > 0, f, np.nan)))
+    out = np.where(np.isnan(out), 0.0, out)  # both free (cost 0): nothing saved
+    return float(out) if out.ndim == 0 else out
+
+
+def paired_cost_of_pass_reduction(
+    adaptive_costs: Sequence[float], adaptive_correct: Sequence[float], forced_costs: Sequence[float], forced_correct: Sequence[float],
+    samples: int = 2000, confidence: float = 0.95, seed: int = 0,
+) -> Interval:
+    """The cost-of-pass reduction of an adaptive mode against a forced one on the same items,
+    with a paired item-level bootstrap: row i of every sequence is item i (its total cost and
+    number of correct attempts in that mode); each resample draws items once and computes both
+    modes' cost of pass on it."""
+    a_cost, a_ok, f_cost, f_ok = _checked_pairs(adaptive_costs, adaptive_correct, forced_costs, forced_correct,
+                                                samples=samples, confidence=confidence)
+    point = cost_of_pass_reduction(cost_of_pass(a_cost.sum(), a_ok.sum()), cost_of_pass(f_cost.sum(), f_ok.sum()))
+    chunks = []
+    for picks in _item_resamples(len(a_cost), samples, seed):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            a = np.where(a_ok[picks].sum(axis=1) > 0, a_cost[picks].sum(axis=1) / a_ok[picks].sum(axis=1), np.inf)
+            f = np.where(f_ok[picks].sum(axis=1) > 0, f_cost[picks].sum(axis=1) / f_ok[picks].sum(axis=1), np.inf)
+        chunks.append(cost_of_pass_reduction(a, f))
+    return Interval(float(point), *_percentile_interval(np.concatenate(chunks), confidence))
+
+
+def paired_mean_difference(
+    before: Sequence[float], after: Sequence[float], samples: int = 2000, confidence: float = 0.95, seed: int = 0,
+) -> Interval:
+    """mean(after) - mean(before) over the same items (e.g. 0/1 correctness), with a paired
+    item-level bootstrap interval."""
+    b, a = _checked_pairs(before, after, samples=samples, confidence=confidence)
+    chunks = [a[picks].mean(axis=1) - b[picks].mean(axis=1) for picks in _item_resamples(len(a), samples, seed)]
+    return Interval(float(a.mean() - b.mean()), *_percentile_interval(np.concatenate(chunks), confidence))
+
+
+def cheapest_correct(outcomes: Mapping[str, tuple[float, bool]], order: Sequence[str]) -> str | None:
+    """The per-item oracle: among modes that were correct on the item (mode -> (cost, correct)),
+    the cheapest; ties go to the mode earlier in `order`. None when no mode was correct."""
+    correct = [m for m in order if m in outcomes and outcomes[m][1]]
+    return min(correct, key=lambda m: (outcomes[m][0], order.index(m))) if correct else None
+
+
+def oracle_routing_accuracy(chosen: Sequence[str], oracles: Sequence[str | None]) -> tuple[float, int]:
+    """(share of items where the chosen mode is the oracle's, items counted): items without an
+    oracle (no mode correct) are left out, since every choice is equally wrong there."""
+    if len(chosen) != len(oracles):
+        raise ValueError("need one oracle per choice")
+    counted = [(c, o) for c, o in zip(chosen, oracles) if o is not None]
+    return (sum(c == o for c, o in counted) / len(counted) if counted else math.nan), len(counted)

@@ -94,10 +94,11 @@ def evaluate_router(
     covered = [i for i, item in enumerate(items) if all(m in item.forced for m in model.modes)]
     if not covered:
         raise ValueError("no held-out item has attempts in every mode the router knows")
-    probabilities = model.predict(features[covered])
-    chosen: list[int] = []
-    for row in probabilities:
-        chosen.append(choose_mode(dict(zip(model.modes, row.tolist())), model.expected_cost_usd, accuracy_floor).mode)
+    probabilities, costs = model.predict(features[covered]), model.predict_cost(features[covered])
+    chosen = [
+        choose_mode(dict(zip(model.modes, p.tolist())), dict(zip(model.modes, c.tolist())), accuracy_floor).mode
+        for p, c in zip(probabilities, costs)
+    ]
     evaluated = [items[i] for i in covered]
 
     oracles = [item.oracle_mode() for item in evaluated]

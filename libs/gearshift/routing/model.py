@@ -1,7 +1,11 @@
-"""Per-mode success classifiers (L2-regularised logistic regression in numpy) and the versioned
-router artefact: weights.npz + metadata.json in one directory.
+"""Per-mode success classifiers (L2-regularised logistic regression in numpy), per-mode cost
+regressions (ridge: the expected cost of one attempt for this query) and the versioned router
+artefact: weights.npz + metadata.json in one directory.
 
-Inference is one standardisation and one small matrix-vector product: microseconds.
+Format 2 adds the cost regressions. A format 1 artefact (one mean cost per mode) still loads:
+its regressions are a constant, the mean, so it decides exactly as before.
+
+Inference is one standardisation and two small matrix-vector products: microseconds.
 """
 
 from __future__ import annotations
@@ -16,12 +20,17 @@ import numpy as np
 from gearshift.protocol.modes import MODE_OF, NAME_OF
 from gearshift.routing.features import FeatureSpec
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Formats this code reads; 1 has no cost regression (a constant cost per mode stands in).
+READABLE_FORMATS = (1, 2)
 WEIGHTS_FILE = "weights.npz"
 METADATA_FILE = "metadata.json"
 # A light pull on the bias: a mode that always (or never) succeeded in training gets a large
 # but finite logit instead of one that grows with every Newton step.
 BIAS_PENALTY = 1e-3
+# A predicted cost never falls below this share of the mode's mean cost: a linear fit can
+# extrapolate below zero, and a free mode would win every decision.
+MIN_COST_SHARE = 0.05
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
@@ -59,9 +68,30 @@ def fit_logistic(
     return LogisticFit(theta[:-1].copy(), float(theta[-1]), iterations)
 
 
+@dataclass(frozen=True)
+class RidgeFit:
+    weights: np.ndarray
+    bias: float
+
+
+def fit_ridge(features: np.ndarray, targets: np.ndarray, sample_weights: np.ndarray, l2: float) -> RidgeFit:
+    """Weighted ridge regression in closed form on (standardised) features: minimises
+    sum w * (y - x.w - b)^2 + l2 * |w|^2; the bias is not penalised (it is the weighted mean
+    of the targets once the features are centred by those weights)."""
+    total = sample_weights.sum()
+    x_mean = (sample_weights[:, None] * features).sum(axis=0) / total
+    y_mean = float((sample_weights * targets).sum() / total)
+    centred = features - x_mean
+    gram = (centred * sample_weights[:, None]).T @ centred + l2 * np.eye(features.shape[1])
+    weights = np.linalg.solve(gram, (centred * sample_weights[:, None]).T @ (targets - y_mean))
+    return RidgeFit(weights, y_mean - float(x_mean @ weights))
+
+
 @dataclass
 class RouterModel:
-    """A trained router: the feature spec, one classifier per mode, expected costs per mode."""
+    """A trained router: the feature spec, one success classifier and one cost regression per
+    mode; expected_cost_usd keeps each mode's mean cost over the training items (the floor of
+    the regressions' predictions is a share of it)."""
 
     version: str
     spec: FeatureSpec
@@ -72,6 +102,8 @@ class RouterModel:
     scale: np.ndarray  # [dim]
     expected_cost_usd: dict[int, float]
     metadata: dict = field(default_factory=dict)  # training runs, metrics, config, ...
+    cost_weights: np.ndarray | None = None  # [dim, len(modes)]; None: the mean cost for every query
+    cost_bias: np.ndarray | None = None  # [len(modes)]
 
     def __post_init__(self) -> None:
         dim, count = self.spec.dim, len(self.modes)
@@ -79,6 +111,11 @@ class RouterModel:
             raise ValueError(f"weights do not fit the feature spec ({dim} features, {count} modes)")
         if set(self.expected_cost_usd) != set(self.modes):
             raise ValueError("expected costs must name exactly the modes with a classifier")
+        if self.cost_weights is None:
+            self.cost_weights = np.zeros((dim, count))
+            self.cost_bias = np.asarray([self.expected_cost_usd[m] for m in self.modes], dtype=np.float64)
+        if self.cost_weights.shape != (dim, count) or self.cost_bias is None or self.cost_bias.shape != (count,):
+            raise ValueError(f"cost regressions do not fit the feature spec ({dim} features, {count} modes)")
 
     def predict(self, features: np.ndarray) -> np.ndarray:
         """P(correct) per mode: [n, len(modes)] for [n, dim] rows, [len(modes)] for one row."""
@@ -87,12 +124,22 @@ class RouterModel:
     def probabilities(self, row: np.ndarray) -> dict[int, float]:
         return dict(zip(self.modes, self.predict(row).tolist()))
 
+    def predict_cost(self, features: np.ndarray) -> np.ndarray:
+        """Expected cost of one attempt per mode, USD: [n, len(modes)] for [n, dim] rows."""
+        floor = MIN_COST_SHARE * np.asarray([self.expected_cost_usd[m] for m in self.modes])
+        return np.maximum(((features - self.mean) / self.scale) @ self.cost_weights + self.cost_bias, floor)
+
+    def expected_costs(self, row: np.ndarray) -> dict[int, float]:
+        """This query's expected cost of one attempt per mode."""
+        return dict(zip(self.modes, self.predict_cost(row).tolist()))
+
     def save(self, directory: Path) -> Path:
         """Writes the artefact; the directory must not hold one already (versions are immutable)."""
         directory.mkdir(parents=True, exist_ok=True)
         if (directory / METADATA_FILE).exists():
             raise FileExistsError(f"{directory} already holds a router artefact")
-        np.savez(directory / WEIGHTS_FILE, weights=self.weights, bias=self.bias, mean=self.mean, scale=self.scale)
+        np.savez(directory / WEIGHTS_FILE, weights=self.weights, bias=self.bias, mean=self.mean, scale=self.scale,
+                 cost_weights=self.cost_weights, cost_bias=self.cost_bias)
         meta = {
             **self.metadata,
             "format_version": FORMAT_VERSION,
@@ -108,13 +155,17 @@ class RouterModel:
     @classmethod
     def load(cls, directory: Path) -> RouterModel:
         meta = json.loads((Path(directory) / METADATA_FILE).read_text())
-        if meta.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"router artefact format {meta.get('format_version')} is not {FORMAT_VERSION}")
+        found = meta.get("format_version")
+        if found not in READABLE_FORMATS:
+            raise ValueError(f"router artefact format {found} is not one this code reads ({', '.join(map(str, READABLE_FORMATS))}); "
+                             "retrain it with `gearshift train router`")
         with np.load(Path(directory) / WEIGHTS_FILE) as arrays:
             weights, bias, mean, scale = (arrays[k] for k in ("weights", "bias", "mean", "scale"))
+            cost_weights, cost_bias = (arrays["cost_weights"], arrays["cost_bias"]) if found >= 2 else (None, None)
         modes = tuple(MODE_OF[name] for name in meta["modes"])
         costs = {MODE_OF[name]: float(c) for name, c in meta["expected_cost_usd"].items()}
-        return cls(meta["version"], FeatureSpec.from_json(meta["feature_spec"]), modes, weights, bias, mean, scale, costs, meta)
+        return cls(meta["version"], FeatureSpec.from_json(meta["feature_spec"]), modes, weights, bias, mean, scale, costs, meta,
+                   cost_weights, cost_bias)
 
 
 def train_router_model(
@@ -126,19 +177,26 @@ def train_router_model(
     l2: float,
     max_iterations: int,
     metadata: dict | None = None,
+    per_mode_cost: Mapping[int, np.ndarray] | None = None,
+    cost_l2: float = 1.0,
 ) -> RouterModel:
-    """Fits one classifier per mode. per_mode[mode] = (row indices into features, success
-    rates, attempt counts as weights)."""
+    """Fits one classifier per mode and, with per_mode_cost, one cost regression per mode.
+    per_mode[mode] = (row indices into features, success rates, attempt counts as weights);
+    per_mode_cost[mode] = the mean attempt cost of those rows, USD."""
     mean = features.mean(axis=0)
     scale = features.std(axis=0)
     scale[scale < 1e-9] = 1.0  # constant features stay 0 after standardising
     standard = (features - mean) / scale
     modes = tuple(sorted(per_mode))
-    weights = np.zeros((spec.dim, len(modes)))
+    weights, cost_weights = np.zeros((spec.dim, len(modes))), np.zeros((spec.dim, len(modes)))
     bias = np.zeros(len(modes))
+    costs = {m: float(expected_cost_usd[m]) for m in modes}
+    cost_bias = np.asarray([costs[m] for m in modes])
     for column, mode in enumerate(modes):
         rows, targets, counts = per_mode[mode]
         fit = fit_logistic(standard[rows], targets, counts, l2, max_iterations)
         weights[:, column], bias[column] = fit.weights, fit.bias
-    costs = {m: float(expected_cost_usd[m]) for m in modes}
-    return RouterModel(version, spec, modes, weights, bias, mean, scale, costs, dict(metadata or {}))
+        if per_mode_cost is not None:
+            ridge = fit_ridge(standard[rows], per_mode_cost[mode], counts, cost_l2)
+            cost_weights[:, column], cost_bias[column] = ridge.weights, ridge.bias
+    return RouterModel(version, spec, modes, weights, bias, mean, scale, costs, dict(metadata or {}), cost_weights, cost_bias)

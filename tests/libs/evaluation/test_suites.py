@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from gearshift.evaluation.suites import FAMILIES, SPLITS, Facts, generated_suite, get_suite, jsonl_suite, split_of
+from gearshift.evaluation.suites import FAMILIES, HEADLINE_FAMILIES, SPLITS, Facts, family_of, generated_suite, get_suite, jsonl_suite, split_of
 
 GENERATED = [name for name in FAMILIES if name != "facts"]  # facts is a fixed table: seeds only reorder it
 
@@ -151,3 +151,16 @@ def test_bad_inputs_are_refused(tmp_path):
         get_suite("no-such-suite")
     with pytest.raises(ValueError, match="unknown split"):
         get_suite("default").items("validation", 1)
+
+
+def test_headline_suite_has_sixty_test_items_per_family():
+    suite = get_suite("headline")
+    items = suite.items_per_source("test", 60)
+    assert len(items) == 240 and {item.split for item in items} == {"test"}
+    assert [family_of(item.id) for item in items] == [f for f in HEADLINE_FAMILIES for _ in range(60)]
+    assert items[:60] == suite.items_per_source("test", 78)[:60]  # asking for more moves nothing
+    train = {item.id for item in suite.items_per_source("train", 15)}
+    assert not train & {item.id for item in items}
+    with pytest.raises(ValueError, match="facts has only 78 test items"):
+        suite.items_per_source("test", 79)
+    assert family_of("q7") == "" and family_of("chain_sum-s1234-000012") == "chain_sum"
