@@ -81,9 +81,12 @@ async def start(service: Service, settings: Settings, port: int | None = None) -
         reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
 
     port = settings.service_port(service.name) if port is None else port
-    bound = server.add_insecure_port(f"{settings.host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{settings.host}:{port}")
+    except RuntimeError:  # newer grpcio raises where older ones returned 0
+        bound = 0
     if bound == 0:
-        raise OSError(f"{service.name}: cannot bind {settings.host}:{port}")
+        raise OSError(f"{service.name}: cannot listen on {settings.host}:{port} (is the port in use?)")
     await server.start()
     return RunningServer(server, health_servicer, bound, service)
 
@@ -125,4 +128,8 @@ def main(build: Callable[[Settings], Awaitable[Service]], settings: Settings | N
     serves until SIGTERM or SIGINT."""
     settings = settings or get_settings()
     configure_logging(settings.log_level)
-    asyncio.run(serve(build, settings))
+    try:
+        asyncio.run(serve(build, settings))
+    except OSError as exc:  # a port in use: one line, not a traceback
+        log.error("%s", exc)
+        raise SystemExit(1) from None

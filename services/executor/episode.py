@@ -39,7 +39,7 @@ from gearshift.errors import GearshiftError, InvalidArgument
 from gearshift.policy_client import PolicyClient
 from gearshift.pricing import CostTable
 from gearshift.protocol import a2fm, prompts
-from gearshift.protocol.sr2am import plan_block
+from gearshift.protocol.sr2am import plan_block, plan_block_separator
 from gearshift.settings import ExecutorSettings, Limits
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -221,8 +221,10 @@ class EpisodeRunner:
     # Pieces
 
     async def _regulate(self, state: EpisodeState, turn: Turn) -> executor_pb2.SolveEvent:
+        block_at = state.transcript + plan_block_separator(first_turn=not turn.index)
         belief = planner_pb2.BeliefState(
-            query=state.trajectory.query, history=state.trajectory.turns, current_plan=state.plan, plan_progress=state.plan_progress
+            query=state.trajectory.query, history=state.trajectory.turns, current_plan=state.plan, plan_progress=state.plan_progress,
+            transcript=block_at,
         )
         decision = await self.down.planner.Regulate(planner_pb2.RegulateRequest(state=belief, sampling=state.explore))
         state.account(turn, decision.usage.input_tokens, decision.usage.output_tokens)

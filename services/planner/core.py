@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from gearshift.api.common.v1.common_pb2 import Plan, PlanDecision, Turn
 from gearshift.errors import InvalidArgument
 from gearshift.policy_client import PolicyClient, sampling_options
-from gearshift.protocol.sr2am import parse_plan_block, render_plan
+from gearshift.protocol import prompts
+from gearshift.protocol.sr2am import PLAN_HEAD, PLAN_OPENER, parse_plan_block, render_plan
 from gearshift.settings import PlannerSettings
 
 REGULATE_PROMPT = """You regulate an agent's planning. Decide for the next turn:
@@ -33,6 +34,9 @@ Plan:
 - Next Action: <...>
 - Expected Outcome: <...>"""
 
+# Where a plan ends: the <plan> summary, a call or an answer follows it in the agent's message.
+PLAN_STOP = ["<plan>", "<tool_call>", "<answer>", "<reasoning>"]
+
 _DECISION_WORDS = (
     ("PLAN_NEW", PlanDecision.PLAN_DECISION_PLAN_NEW),
     ("CONTINUE", PlanDecision.PLAN_DECISION_CONTINUE),
@@ -47,6 +51,7 @@ class Belief:
     history: list[Turn]
     plan: Plan
     progress: int
+    transcript: str = ""  # the agent's message so far: plan in its context (BeliefState.transcript)
 
 
 @dataclass
@@ -85,6 +90,17 @@ def rule_decision(belief: Belief) -> int:
     return PlanDecision.PLAN_DECISION_CONTINUE
 
 
+def decision_after_plan_head(text: str) -> int | None:
+    """The decision a continuation of "Plan:" makes (the SR2AM blocks of sr2am.plan_block)."""
+    if text.startswith("\n-"):
+        return PlanDecision.PLAN_DECISION_PLAN_NEW
+    if text.lstrip(" ").startswith("None"):
+        return PlanDecision.PLAN_DECISION_ACT
+    if text.startswith("\n\n") or text == "\n":
+        return PlanDecision.PLAN_DECISION_CONTINUE
+    return None
+
+
 def parse_decision(text: str) -> int | None:
     words = re.findall(r"[A-Za-z_]+", text.upper())
     for word in words:
@@ -100,17 +116,26 @@ class SimulativePlanner:
         self.config = config
 
     async def regulate(self, belief: Belief, sampling: dict | None = None) -> Decision:
-        """The configurator's decision; sampling (temperature, top_p) defaults to greedy."""
+        """The configurator's decision; sampling (temperature, top_p) defaults to greedy. With the
+        agent's message (belief.transcript) the decision is how the policy itself goes on after
+        "Plan:" there: a plan, an empty line (continue) or "None" (act), as its transcripts
+        teach it; without, it is asked with a prompt of its own."""
         _check(belief)
-        prompt = REGULATE_PROMPT.format(
-            query=belief.query,
-            plan=render_plan(belief.plan) if belief.plan.steps else "none",
-            progress=f"{belief.progress} of {len(belief.plan.steps)}",
-            last=last_result(belief.history),
-        )
-        reply = await self.policy.chat([{"role": "user", "content": prompt}], max_tokens=self.config.regulate_max_tokens,
-                                       **(sampling or sampling_options()))
-        decision = parse_decision(reply.content or "")
+        if belief.transcript:
+            reply = await self.policy.chat(prompts.messages(belief.query, belief.transcript + PLAN_HEAD),
+                                           max_tokens=self.config.regulate_max_tokens, **(sampling or sampling_options()),
+                                           continue_final_message=True, add_generation_prompt=False)
+            decision = decision_after_plan_head(reply.content or "")
+        else:
+            prompt = REGULATE_PROMPT.format(
+                query=belief.query,
+                plan=render_plan(belief.plan) if belief.plan.steps else "none",
+                progress=f"{belief.progress} of {len(belief.plan.steps)}",
+                last=last_result(belief.history),
+            )
+            reply = await self.policy.chat([{"role": "user", "content": prompt}], max_tokens=self.config.regulate_max_tokens,
+                                           **(sampling or sampling_options()))
+            decision = parse_decision(reply.content or "")
         usable = decision is not None and not (decision == PlanDecision.PLAN_DECISION_CONTINUE and belief.progress >= len(belief.plan.steps))
         if usable:
             rationale = f"policy chose {PlanDecision.Name(decision)}"
@@ -123,12 +148,16 @@ class SimulativePlanner:
         """A simulative plan of at most max_horizon steps; sampling defaults to greedy."""
         _check(belief)
         horizon = min(max_horizon or self.config.max_horizon, self.config.max_horizon)
-        prompt = PLAN_PROMPT.format(query=belief.query, last=last_result(belief.history), horizon=horizon)
-        opener = "Plan:\n- Current State:"
+        opener = PLAN_OPENER
+        if belief.transcript:  # continue the agent's own message, as in the transcripts it learns from
+            messages = prompts.messages(belief.query, belief.transcript + opener)
+        else:
+            prompt = PLAN_PROMPT.format(query=belief.query, last=last_result(belief.history), horizon=horizon)
+            messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": opener}]
         reply = await self.policy.chat(
-            [{"role": "user", "content": prompt}, {"role": "assistant", "content": opener}],
+            messages,
             max_tokens=self.config.max_tokens,
-            stop=["<tool_call>", "<answer>"],
+            stop=PLAN_STOP,
             **(sampling or sampling_options()),
             continue_final_message=True,
             add_generation_prompt=False,

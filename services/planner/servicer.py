@@ -20,7 +20,9 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             raise InvalidArgument(f"query longer than {self.limits.max_query_chars} characters")
         if len(state.history) > self.limits.max_turns:
             raise InvalidArgument(f"history longer than {self.limits.max_turns} turns")
-        return Belief(state.query, list(state.history), state.current_plan, state.plan_progress)
+        if len(state.transcript) > self.limits.max_query_chars * 8:
+            raise InvalidArgument(f"transcript longer than {self.limits.max_query_chars * 8} characters")
+        return Belief(state.query, list(state.history), state.current_plan, state.plan_progress, state.transcript)
 
     async def Regulate(self, request: planner_pb2.RegulateRequest, context) -> planner_pb2.RegulateResponse:
         decision = await self.planner.regulate(self._belief(request.state), sampling_options(requested_sampling(request)))

@@ -134,7 +134,10 @@ def demo(data_dir: str | None, base_port: int | None) -> None:
     out.print(f"starting the stack with the {settings.policy_server.model} policy ...")
     stack.start()
     try:
-        results = stack.wait_ready()
+        try:
+            results = stack.wait_ready()
+        except RuntimeError as exc:  # a service exited: it logged why
+            raise click.ClickException(str(exc)) from None
         down = [name for name, (_, state) in results.items() if state != "SERVING"]
         if down:
             raise click.ClickException(f"not ready: {', '.join(down)}")

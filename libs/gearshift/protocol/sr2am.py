@@ -58,7 +58,16 @@ def plan_block(decision: int, plan: Plan, first_turn: bool) -> tuple[str, str]:
         PlanDecision.PLAN_DECISION_CONTINUE: "Plan:\n",  # an empty plan: "Plan:" then an empty line
         PlanDecision.PLAN_DECISION_ACT: "Plan: None",
     }[decision]
-    return (f"{block}\n", AGENTIC_OPENER) if first_turn else (f"\n{block}\n", "")
+    return (f"{block}\n", AGENTIC_OPENER) if first_turn else (f"{plan_block_separator(first_turn)}{block}\n", "")
+
+
+PLAN_HEAD = "Plan:"  # every regulated turn's block starts so; what follows is the decision
+PLAN_OPENER = PLAN_HEAD + "\n- Current State:"  # the planner has the policy continue a new plan from here
+
+
+def plan_block_separator(first_turn: bool) -> str:
+    """What comes between the transcript and a turn's plan block (the planner plans from there)."""
+    return "" if first_turn else "\n"
 
 
 def render_plan(plan: Plan) -> str:

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gearshift.evaluation.suites import SuiteItem
+from gearshift.protocol.sr2am import PLAN_HEAD, PLAN_OPENER
 
 REFUSAL = "I cannot solve this one."
 _TASK = re.compile(r"^Task: (.*)$", re.M)
@@ -108,6 +109,11 @@ class SolverTeacher:
             return self._plan(self.solutions.get(task[1].strip()) if task else None)
         query = messages[1]["content"] if len(messages) > 1 else ""
         solution = self.solutions.get(query.strip())
+        message = messages[-1]["content"] if messages[-1]["role"] == "assistant" else ""
+        if message.endswith(PLAN_OPENER):  # the planner, in the agent's message
+            return self._plan(solution)
+        if message.endswith(PLAN_HEAD):  # the configurator: plan once, then follow it
+            return "\n\n" if PLAN_OPENER in message else "\n- Current State:"
         if solution is None:
             return REFUSAL
         if "</classification>" in (body.get("stop") or []):

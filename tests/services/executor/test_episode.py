@@ -15,7 +15,7 @@ from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
 from gearshift.embedded import embedded
-from gearshift.protocol import a2fm
+from gearshift.protocol import a2fm, sr2am
 from gearshift.testing.scripted_policy import serve_scripted
 
 CALLS = (
@@ -33,9 +33,9 @@ def scripted_model(body: dict) -> str:
     last = messages[-1]["content"] if messages else ""
     if "</classification>" in stop:
         return "Arithmetic is safer with a tool.\n<classification>\ntoolcalling_agent\n</classification>"
-    if last.startswith("You regulate"):
-        return "PLAN_NEW"
-    if last.startswith("Plan:\n- Current State:"):
+    if last.endswith("Plan:"):  # the configurator's decision: a new plan
+        return "\n- Current State:"
+    if last.endswith("Plan:\n- Current State:"):
         return " need 17*23\n- Action: run python\n- Expected Outcome: the product\n- Next Action: answer\n- Expected Outcome: done"
     if "<tool_response>" in last:
         return "The tool says 391.\n<answer>391</answer>"
@@ -177,3 +177,25 @@ async def test_a_downstream_refusal_reaches_the_client_with_its_status(stack):
         await solve(stack, query="What is 17*23?", strategy=RoutingStrategy.ROUTING_STRATEGY_LEARNED)
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # no learned router is published
     assert "downstream: no learned router" in err.value.details()
+
+
+async def test_the_planner_continues_the_agents_own_message(settings, postgres_url):
+    """The plan is asked for in the agent's context (its message so far, then the block's
+    opener): the context the policy's plan blocks are learned in, not a prompt of its own."""
+    asked = []
+
+    def recording(body: dict) -> str:
+        messages = body.get("messages") or []
+        if messages and messages[-1]["content"].endswith(sr2am.PLAN_OPENER):
+            asked.append(messages)
+        return scripted_model(body)
+
+    async with serve_scripted(recording) as policy_url:
+        async with embedded(settings.with_policy(policy_url).model_copy(update={"database_url": postgres_url})) as platform:
+            events = await solve(platform.settings, query="What is 17*23?")
+    trajectory = events[-1].final.trajectory
+    system, user, assistant = asked[0]  # the first turn's plan
+    assert system["role"] == "system" and user == {"role": "user", "content": "What is 17*23?"}
+    head = assistant["content"].removesuffix(sr2am.PLAN_OPENER)
+    assert head.endswith("</classification>\n")  # the routing head the block follows
+    assert a2fm.render_transcript(trajectory).startswith(head + sr2am.render_plan(trajectory.turns[0].plan) + "\n")

@@ -32,7 +32,8 @@ class Model:
 
     def __init__(self):
         self.calls: list[tuple[dict, str]] = []
-        self.decisions = iter(["PLAN_NEW", "CONTINUE", "ACT"])
+        # How it goes on after "Plan:" in its own message: a new plan, an empty line, "None".
+        self.decisions = iter(["\n- Current State:", "\n\n", " None"])
         self.turns = iter([f"Goal: compute 17*23.</plan>\n{CALL.format(n=1)}", f"Check once more.\n{CALL.format(n=2)}",
                            "The product is 391."])
 
@@ -40,10 +41,10 @@ class Model:
         last = body["messages"][-1]["content"]
         if "</classification>" in (body.get("stop") or []):
             text = "Arithmetic is safer with a tool.\n<classification>\ntoolcalling_agent\n</classification>"
-        elif last.startswith("You regulate"):
-            text = next(self.decisions)
-        elif last.startswith("Plan:\n- Current State:"):
+        elif last.endswith("Plan:\n- Current State:"):
             text = PLAN
+        elif last.endswith("Plan:"):
+            text = next(self.decisions)
         elif last.endswith("<answer>"):
             text = "391</answer>"
         else:
@@ -102,8 +103,8 @@ async def test_usage_and_cost_are_the_sum_of_every_model_call(episode):
         expected.input_tokens += usage["prompt_tokens"]
         expected.output_tokens += usage["completion_tokens"]
         last = body["messages"][-1]["content"]
-        kind = ("route" if "</classification>" in (body.get("stop") or []) else "regulate" if last.startswith("You regulate")
-                else "plan" if last.startswith("Plan:") else "generate")
+        kind = ("route" if "</classification>" in (body.get("stop") or []) else "plan" if last.endswith("Plan:\n- Current State:")
+                else "regulate" if last.endswith("Plan:") else "generate")
         kinds[kind] += 1
     assert kinds == {"route": 1, "regulate": 3, "plan": 1, "generate": 4}
     assert trajectory.usage == expected
