@@ -81,18 +81,22 @@ async def solve_the_demo(settings) -> list[Trajectory]:
                 for q, r, _ in DEMO_QUESTIONS]
 
 
-@pytest.mark.model
-@pytest.mark.vllm
-@pytest.mark.parametrize("engine", ["builtin", "vllm"])
-async def test_the_default_policy_answers_the_demo_in_the_expected_modes_on_both_engines(settings, postgres_url, engine, request):
-    """The shipped adapter, folded in by the built-in server and applied by vLLM as a LoRA module,
-    routes and answers each demo question itself (none is in its training data)."""
+async def check_the_demo(settings, postgres_url) -> None:
+    """The default policy routes and answers each demo question itself (none is in its training
+    data), each in the mode one would expect."""
     from gearshift.cli.platform import DEMO_QUESTIONS
 
-    if engine == "builtin":
-        configured = settings.with_policy(request.getfixturevalue("builtin_default_policy"))
-    else:
-        configured = settings.with_policy(request.getfixturevalue("vllm_policy"), model="default")
-    solved = await solve_the_demo(configured.model_copy(update={"database_url": postgres_url}))
+    solved = await solve_the_demo(settings.model_copy(update={"database_url": postgres_url}))
     outcome = [(mode_name(t.mode), t.reward.correct, t.reward.format_valid) for t in solved]
     assert outcome == [(mode, True, True) for _, _, mode in DEMO_QUESTIONS], [t.answer for t in solved]
+
+
+@pytest.mark.model
+async def test_the_builtin_server_serves_the_default_policy_folded(settings, postgres_url, builtin_default_policy):
+    await check_the_demo(settings.with_policy(builtin_default_policy), postgres_url)
+
+
+@pytest.mark.model
+@pytest.mark.vllm
+async def test_vllm_serves_the_default_policy_as_a_lora_module(settings, postgres_url, vllm_policy):
+    await check_the_demo(settings.with_policy(vllm_policy, model="default"), postgres_url)
