@@ -8,4 +8,10 @@ packages = []
 for prefix, path in ROOTS.items():
     packages += [prefix] + [f"{prefix}.{name}" for name in find_packages(path)]
 
-setup(packages=packages, package_dir=ROOTS, package_data={"": ["*.pyi", "*.ini", "*.mako", "*.jsonl", "*.md", "py.typed"]})
+# default_policy/: the shipped LoRA adapter (json and safetensors), so an installed (non-editable)
+# copy, as in the images, carries it.
+setup(
+    packages=packages,
+    package_dir=ROOTS,
+    package_data={"": ["*.pyi", "*.ini", "*.mako", "*.jsonl", "*.md", "py.typed"], "gearshift": ["default_policy/*"]},
+)
