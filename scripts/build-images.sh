@@ -5,6 +5,7 @@
 #                built from Debian packages (scripts/build-base-image.sh); BASE=local forces
 #                that; any other value is used as the base image itself.
 #   TAG          the tag (default: the chart's appVersion).
+#   TEST_DEPS=1  also gearshift-test-deps (Postgres and Redis from Debian, for make test-images).
 # The host's extra CA certificates (/usr/local/share/ca-certificates) go in as EXTRA_CA_CERTS, and
 # a local torch CPU wheel from pip's find-links into docker/wheels/ (never a CUDA download).
 set -euo pipefail
@@ -52,7 +53,7 @@ build() {  # build NAME DOCKERFILE TARGET [BUILD ARGS...]
   shift 3
   echo "== gearshift-$name:$TAG"
   local log="${TMPDIR:-/tmp}/gearshift-build-$name.log"
-  if ! docker build -f "$file" --target "$target" -t "gearshift-$name:$TAG" \
+  if ! docker build -f "$file" ${target:+--target "$target"} -t "gearshift-$name:$TAG" \
       --build-arg PYTHON_IMAGE="$BASE" --build-arg EXTRA_CA_CERTS="$EXTRA_CA_CERTS" "$@" . >"$log" 2>&1; then
     tail -40 "$log" >&2
     echo "building gearshift-$name failed (whole log: $log)" >&2
@@ -68,5 +69,8 @@ done
 build worker docker/service.Dockerfile worker
 build policy-server docker/model.Dockerfile policy-server
 build training docker/model.Dockerfile training
+if [[ "${TEST_DEPS:-0}" == 1 ]]; then
+  build test-deps docker/testing/deps.Dockerfile ""
+fi
 echo "all images built in $((SECONDS - started)) s from $BASE"
 docker image ls --format '{{.Repository}}:{{.Tag}}\t{{.Size}}' | grep -E "^gearshift-.*:$TAG" | sort | column -t

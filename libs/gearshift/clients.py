@@ -9,7 +9,15 @@ from gearshift.interceptors import REQUEST_ID_KEY, request_id
 from gearshift.settings import Settings, get_settings
 
 
-class _Metadata(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor):
+class _Metadata(
+    grpc.aio.UnaryUnaryClientInterceptor,
+    grpc.aio.UnaryStreamClientInterceptor,
+    grpc.aio.StreamUnaryClientInterceptor,
+    grpc.aio.StreamStreamClientInterceptor,
+):
+    """Adds the token and the request id to every call, whatever its streaming shape: a call
+    shape left out would reach the other service without a token and be refused."""
+
     def __init__(self, token: str | None):
         self._auth = (("authorization", f"Bearer {token}"),) if token else ()
 
@@ -26,6 +34,12 @@ class _Metadata(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClient
 
     async def intercept_unary_stream(self, continuation, details, request):
         return await continuation(self._details(details), request)
+
+    async def intercept_stream_unary(self, continuation, details, request_iterator):
+        return await continuation(self._details(details), request_iterator)
+
+    async def intercept_stream_stream(self, continuation, details, request_iterator):
+        return await continuation(self._details(details), request_iterator)
 
 
 def channel(address: str, settings: Settings | None = None) -> grpc.aio.Channel:
