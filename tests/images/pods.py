@@ -126,7 +126,7 @@ def _security(pod: dict, container: dict) -> list[str]:
     return flags
 
 
-def _volumes(pod: dict, container: dict, docs, files_dir: Path) -> tuple[list[str], dict[str, str], dict[Path, str]]:
+def _volumes(pod: dict, container: dict, docs, files_dir: Path, workload: str) -> tuple[list[str], dict[str, str], dict[Path, str]]:
     """Mounts for the container's volumeMounts: emptyDir -> tmpfs (exec, like a node's disk),
     ConfigMap -> its files bound read-only, claim (or claim template) -> a named volume."""
     sources = {volume["name"]: volume for volume in pod.get("volumes", [])}
@@ -134,7 +134,8 @@ def _volumes(pod: dict, container: dict, docs, files_dir: Path) -> tuple[list[st
     for mount in container.get("volumeMounts", []):
         path, volume = mount["mountPath"], sources.get(mount["name"])
         if volume is None or "persistentVolumeClaim" in volume:  # a StatefulSet's claim template, or a PVC
-            claim = volume["persistentVolumeClaim"]["claimName"] if volume else mount["name"]
+            # A claim template's claims are named <template>-<statefulset>-<ordinal>.
+            claim = volume["persistentVolumeClaim"]["claimName"] if volume else f"{mount['name']}-{workload}-0"
             named[claim] = path
         elif "emptyDir" in volume:
             size = volume["emptyDir"].get("sizeLimit")
@@ -163,7 +164,7 @@ def container_runs(docs, files_dir: Path, namespace: str = "gearshift") -> dict[
         container = pod["containers"][0]
         name = doc["metadata"]["name"]
         component = doc["metadata"]["labels"]["app.kubernetes.io/component"]
-        mounts, named, files = _volumes(pod, container, docs, files_dir / component)
+        mounts, named, files = _volumes(pod, container, docs, files_dir / component, name)
         flags = _security(pod, container)
         limits = container.get("resources", {}).get("limits", {})
         if "memory" in limits:
