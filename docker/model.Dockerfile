@@ -44,8 +44,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     HOME=/tmp \
     HF_HUB_OFFLINE=1 \
     HF_HOME=/var/lib/gearshift/hf \
-    GEARSHIFT_DATA_DIR=/var/lib/gearshift \
-    GEARSHIFT_MODELS_DIR=/opt/gearshift/models
+    GEARSHIFT_DATA_DIR=/var/lib/gearshift
 RUN groupadd --system --gid 10001 gearshift \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin gearshift \
     && install -d -o 10001 -g 10001 /var/lib/gearshift
@@ -53,12 +52,14 @@ COPY --from=builder /opt/venv /opt/venv
 WORKDIR /var/lib/gearshift
 
 FROM runtime AS policy-server
+# Training keeps the default models cache under HOME (/tmp, a writable emptyDir in the Job).
+ENV GEARSHIFT_MODELS_DIR=/opt/gearshift/models
 # Bake the expanded weights (the GGUF as fp32 safetensors, and the default policy's adapter folded
 # in when the adapter ships) into GEARSHIFT_MODELS_DIR: the pod then loads in seconds from a
 # read-only root and fetches or writes nothing at start.
-RUN python -c "from pathlib import Path; from gearshift import weights; d = Path('/opt/gearshift/models'); \
+RUN python -c "import os; from pathlib import Path; from gearshift import weights; d = Path(os.environ['GEARSHIFT_MODELS_DIR']); \
 weights.resolve('smollm2', d); (weights.DEFAULT_ADAPTER / weights.ADAPTER_WEIGHTS).exists() and weights.resolve('default', d)" \
-    && rm -rf /tmp/* && python -c "import os; print(sorted(os.listdir('/opt/gearshift/models')))"
+    && rm -rf /tmp/* && chmod -R a+rX "$GEARSHIFT_MODELS_DIR"  # safetensors writes 0600: the pod's user must read it
 USER 10001:10001
 ENV GEARSHIFT_POLICY_SERVER__HOST=0.0.0.0 GEARSHIFT_POLICY_SERVER__PORT=8400
 EXPOSE 8400

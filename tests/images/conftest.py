@@ -24,6 +24,7 @@ DEPS_IMAGE = "gearshift-test-deps"
 ORDER = ("postgresql", "redis", "policy", "store", "sandbox", "reward", "planner", "router", "executor", "worker")
 # Figures for docs/images.md: `docker run` to ready, per component, written at the end of a run.
 FIGURES = Path(tempfile.gettempdir()) / "gearshift-image-startup.json"
+LOGS = Path(tempfile.gettempdir()) / "gearshift-image-logs"  # every container's log, kept after the run
 
 
 @pytest.fixture(scope="session")
@@ -52,4 +53,4 @@ def stack(docs):
         yield stack
         FIGURES.write_text(json.dumps({c: round(s, 1) for c, s in stack.ready_seconds.items()}, indent=1))
     finally:
-        stack.close()
+        stack.close(logs_dir=LOGS)

@@ -130,6 +130,10 @@ def _volumes(pod: dict, container: dict, docs, files_dir: Path, workload: str) -
     """Mounts for the container's volumeMounts: emptyDir -> tmpfs (exec, like a node's disk),
     ConfigMap -> its files bound read-only, claim (or claim template) -> a named volume."""
     sources = {volume["name"]: volume for volume in pod.get("volumes", [])}
+    context = {**pod.get("securityContext", {}), **container.get("securityContext", {})}
+    # A kubelet makes emptyDirs writable to the pod (0777, fsGroup). The engine gives a tmpfs over
+    # a directory of the image that directory's mode, so owner and group are set instead.
+    owner = f"uid={context.get('runAsUser', 0)},gid={context.get('fsGroup', context.get('runAsGroup', 0))}"
     mounts, named, files = [], {}, {}
     for mount in container.get("volumeMounts", []):
         path, volume = mount["mountPath"], sources.get(mount["name"])
@@ -139,7 +143,7 @@ def _volumes(pod: dict, container: dict, docs, files_dir: Path, workload: str) -
             named[claim] = path
         elif "emptyDir" in volume:
             size = volume["emptyDir"].get("sizeLimit")
-            options = "rw,exec,mode=1777" + (f",size={quantity(size)}" if size else "")
+            options = f"rw,exec,mode=1777,{owner}" + (f",size={quantity(size)}" if size else "")
             mounts += ["--tmpfs", f"{path}:{options}"]
         elif "configMap" in volume:
             config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == volume["configMap"]["name"])

@@ -143,8 +143,13 @@ class Stack:
         result = docker("logs", "--tail", str(tail), self.container(component), check=False)
         return (result.stdout + result.stderr).strip()
 
-    def close(self) -> None:
-        """Removes every container, the network and the volumes this run created."""
+    def close(self, logs_dir: Path | None = None) -> None:
+        """Removes every container, the network and the volumes this run created, first keeping
+        each container's log in logs_dir (what CI shows after a failure)."""
+        if logs_dir:
+            logs_dir.mkdir(parents=True, exist_ok=True)
+            for component in self.started:
+                (logs_dir / f"{component}.log").write_text(self.logs(component, tail=2000))
         containers = docker("ps", "-aq", "--filter", f"label=gearshift-test={self.prefix}", check=False).stdout.split()
         if containers:
             docker("rm", "-f", "-v", *containers, check=False)
