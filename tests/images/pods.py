@@ -11,6 +11,7 @@ Services (a network alias with the Service's name stands in), NetworkPolicies, `
 from __future__ import annotations
 
 import base64
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,9 +61,11 @@ def quantity(text: str | int) -> int:
 
 
 def cpus(text: str | int) -> str:
-    """A CPU quantity ("500m", "2") as --cpus takes it."""
+    """A CPU quantity ("500m", "2") as --cpus takes it: at most this machine's CPUs (the engine
+    refuses more, where a kubelet would not have scheduled the pod)."""
     text = str(text)
-    return str(int(text[:-1]) / 1000) if text.endswith("m") else text
+    wanted = int(text[:-1]) / 1000 if text.endswith("m") else float(text)
+    return f"{min(wanted, os.cpu_count() or 1):g}"
 
 
 def secret_values(docs) -> dict[tuple[str, str], str]:
@@ -156,12 +159,12 @@ def _volumes(pod: dict, container: dict, docs, files_dir: Path, workload: str) -
     return mounts, named, files
 
 
-def container_runs(docs, files_dir: Path, namespace: str = "gearshift") -> dict[str, ContainerRun]:
-    """component -> ContainerRun for every Deployment and StatefulSet the chart renders."""
+def container_runs(docs, files_dir: Path, namespace: str = "gearshift", kinds=("Deployment", "StatefulSet")) -> dict[str, ContainerRun]:
+    """component -> ContainerRun for every workload of these kinds the chart renders."""
     secrets = secret_values(docs)
     runs = {}
     for doc in docs:
-        if doc["kind"] not in ("Deployment", "StatefulSet"):
+        if doc["kind"] not in kinds:
             continue
         pod = pod_spec(doc)
         assert len(pod["containers"]) == 1 and not pod.get("initContainers"), f"{doc['metadata']['name']}: one container expected"

@@ -86,6 +86,34 @@ def test_the_worker_answers_its_liveness_probe(stack: Stack):
     assert stack.probe("worker", probe) is None
 
 
+# Run in the training Job's container in place of the training itself: the job's config as the
+# job reads it, and the store it names answering over the stack's network.
+READ_JOB_CONFIG = """
+import sys, grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from gearshift.training.jobs import load_config
+config = load_config(sys.argv[1], sys.argv[2])
+with grpc.insecure_channel(config.store_addr) as channel:
+    status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30).status
+print(config.output.dir, config.store_addr, health_pb2.HealthCheckResponse.ServingStatus.Name(status))
+"""
+
+
+def test_the_training_job_runs_its_config_in_the_training_image(stack: Stack, docs, tmp_path):
+    run = container_runs(docs, tmp_path, kinds=("Job",))["training"]
+    assert run.entrypoint == ["gearshift", "train"] and run.args[1] == "--config"
+    algorithm, config_path = run.args[0], run.args[2]
+    for path, text in run.files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    run.entrypoint, run.args = ["python", "-c", READ_JOB_CONFIG], [algorithm, config_path]
+    command = run.command(stack.network, stack.prefix)
+    command[command.index("-d")] = "--rm"
+    result = docker(*command[1:], check=False, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.split() == ["/checkpoints/images-sft", "gearshift-store:50051", "SERVING"], result.stdout
+
+
 async def test_a_solve_runs_through_the_containers_and_is_stored_in_postgres(stack: Stack):
     settings = client_settings(stack)
     async with channel(stack.address("executor"), settings) as ch:
