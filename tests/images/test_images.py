@@ -25,6 +25,9 @@ from tests.images.stack import Stack, docker
 from tests.services.sandbox.conftest import run_python
 from tests.services.sandbox.test_hostile import BATTERY, Hostile
 
+# The first test also starts the stack (a minute here); every wait inside has its own deadline.
+pytestmark = pytest.mark.timeout(900)
+
 GRPC_SERVICES = ("store", "sandbox", "reward", "planner", "router", "executor")
 solved: list[str] = []  # trajectory ids the Solve test stored
 
