@@ -10,7 +10,12 @@ SUITE=bookworm
 # The mirror apt already uses for Debian itself (not -security, not third-party repositories).
 MIRROR=${MIRROR:-$(grep -rhoE 'https?://[^ ]+/debian/?( |$)' /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null | head -1 | tr -d ' ' || true)}
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
-command -v debootstrap >/dev/null || { echo "debootstrap missing: apt-get install -y debootstrap" >&2; exit 1; }
+if ! command -v debootstrap >/dev/null; then  # a fresh CI machine has apt but not debootstrap
+  echo "installing debootstrap (apt)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >/dev/null; } \
+    || { echo "debootstrap is missing and apt could not install it" >&2; exit 1; }
+fi
 
 ROOT=$(mktemp -d /tmp/gearshift-base.XXXXXX)
 trap 'rm -rf "$ROOT"' EXIT
