@@ -1,6 +1,7 @@
 # gearshift developer commands. `make help` lists them.
 SHELL := /bin/bash
 VENV ?= .venv
+BASE ?= auto
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 BUF := .tools/npm/node_modules/.bin/buf
@@ -51,7 +52,16 @@ test: lint check-protos check-chart ## Run every check and the whole test suite
 test-fast: ## Unit and integration tests without the real model
 	$(PY) -m pytest -q -m "not model and not vllm"
 
+images: ## Build every image the chart and skaffold use (BASE=auto|local|<image>; docs/images.md)
+	scripts/docker-engine.sh
+	BASE=$(BASE) scripts/build-images.sh
+
+test-images: ## Build the images, run the stack as containers with the chart's pod settings, test it (docs/images.md)
+	scripts/docker-engine.sh
+	BASE=$(BASE) TEST_DEPS=1 scripts/build-images.sh
+	GEARSHIFT_IMAGE_TESTS=1 nice -n 10 $(PY) -m pytest -q -p no:cacheprovider --durations=10 tests/images
+
 up: ## Start the embedded stack (all services + policy server) on localhost
 	$(VENV)/bin/gearshift up
 
-.PHONY: help install demo tools protos lint check-protos check-chart test test-fast up
+.PHONY: help install demo tools protos lint check-protos check-chart test test-fast images test-images up

@@ -1,15 +1,22 @@
-# syntax=docker/dockerfile:1
 # Images without torch: the six gRPC services (target `service`, one image per SERVICE) and the
 # Celery worker that orchestrates training (target `worker`). Build from the repository root so
 # libs/ and the generated protos are in the context:
 #   docker build -f docker/service.Dockerfile --target service --build-arg SERVICE=router -t gearshift-router .
 #   docker build -f docker/service.Dockerfile --target worker -t gearshift-worker .
 # The six services share one dependency set, so one Dockerfile builds all of them: six copies
-# would only drift apart. skaffold.yaml builds each image as its own artifact.
+# would only drift apart. skaffold.yaml builds each image as its own artifact; `make images`
+# builds them all (docs/images.md).
+# PYTHON_IMAGE: the pinned slim image, or where no registry is reachable the same Python built
+# from Debian packages (scripts/build-base-image.sh). EXTRA_CA_CERTS: PEM text of CA certificates
+# that package downloads need (behind a TLS-intercepting proxy); only the builder stage sees it.
 ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS builder
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+ARG EXTRA_CA_CERTS=""
+RUN if [ -n "${EXTRA_CA_CERTS}" ]; then \
+      printf '%s\n' "${EXTRA_CA_CERTS}" > /usr/local/share/ca-certificates/extra.crt && update-ca-certificates >/dev/null; fi
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 \
+    PIP_CERT=/etc/ssl/certs/ca-certificates.crt
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src

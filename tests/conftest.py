@@ -11,6 +11,10 @@ import pytest
 from gearshift.settings import Settings
 from sqlalchemy.engine import make_url
 
+# tests/images runs the built images as containers: only `make test-images` collects it (it needs
+# a container engine and minutes of building), never the plain pytest run of `make test`.
+collect_ignore = [] if os.environ.get("GEARSHIFT_IMAGE_TESTS") == "1" else ["images"]
+
 # The Postgres server tests create their database on (trust auth on the CI machine).
 POSTGRES_SERVER_URL = os.environ.get("GEARSHIFT_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 

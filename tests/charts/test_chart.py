@@ -326,6 +326,23 @@ def test_values_that_would_break_the_platform_are_refused(sets, message):
         render((), sets)
 
 
+@pytest.mark.parametrize("values", ["ci/gpu-agents-a1-values.yaml", "ci/cpu-training-values.yaml"])
+def test_every_rendered_training_config_is_valid_for_its_job(values):
+    """Each Job's and CronJob's --config file validates as the job's own config class (the job
+    would refuse it at start otherwise: output.dir is required, unknown keys are errors)."""
+    from gearshift.training.jobs import BY_NAME
+
+    docs = render((values,))
+    runs = [(d, s) for d, s in workloads(docs) if d["kind"] in ("Job", "CronJob")]
+    assert runs
+    for _, spec in runs:
+        container = spec["containers"][0]
+        config_map = next(v["configMap"]["name"] for v in spec["volumes"] if v["name"] == "config")
+        text = named(docs, "ConfigMap", config_map)["data"]["config.yaml"]
+        config = BY_NAME[container["args"][0]].config_class().model_validate(yaml.safe_load(text))
+        assert str(config.output.dir).startswith("/checkpoints/") and config.store_addr == f"{name('store')}:50051"
+
+
 def test_training_jobs_and_cronjobs_mount_checkpoints_and_use_torchrun_for_several_gpus():
     docs = render(("ci/gpu-agents-a1-values.yaml",))
     (job,) = of_kind(docs, "Job")
@@ -334,7 +351,13 @@ def test_training_jobs_and_cronjobs_mount_checkpoints_and_use_torchrun_for_sever
     assert container["args"] == ["distill", "--config", "/etc/gearshift/train/config.yaml"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 4
     config = named(docs, "ConfigMap", f"{name('train-distill')}-config")
-    assert yaml.safe_load(config["data"]["config.yaml"]) == {"teachers": ["math", "code", "search"]}
+    assert yaml.safe_load(config["data"]["config.yaml"]) == {
+        "teachers": {"math": "smollm2", "code": "smollm2", "search": "smollm2"},
+        "optim": {"max_steps": 200},
+        # Defaults every job needs: its checkpoint directory on the claim, and this release's store.
+        "output": {"dir": "/checkpoints/distill"},
+        "store_addr": f"{name('store')}:50051",
+    }
 
     cpu = render(("ci/cpu-training-values.yaml",))
     (cron,) = of_kind(cpu, "CronJob")

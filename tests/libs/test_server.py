@@ -79,6 +79,24 @@ async def test_token_is_required_when_configured(settings):
             assert reply.mode == Mode.MODE_INSTANT
 
 
+async def test_streaming_calls_carry_the_token_too(settings):
+    """A server-streaming call (as executor Solve, store Export) gets the token like a unary one:
+    grpc.aio files each client interceptor under one call shape only."""
+    from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
+    from gearshift.services.executor.service import build as build_executor
+
+    secured = settings.model_copy(update={"auth_token": SecretStr("s3cret")})
+    async with running(await build_executor(secured), secured) as server:
+        for client, allowed in ((settings, False), (secured, True)):
+            async with channel(f"127.0.0.1:{server.port}", client) as ch:
+                call = executor_pb2_grpc.ExecutorStub(ch).Solve(executor_pb2.SolveRequest(query="hi"), timeout=10)
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    async for _ in call:
+                        pass
+                # Authorized, the executor gets as far as calling the (absent) store or router.
+                assert (err.value.code() != grpc.StatusCode.UNAUTHENTICATED) == allowed, err.value.details()
+
+
 async def test_reflection_lists_the_services_only_when_enabled(settings):
     from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 

@@ -101,8 +101,18 @@ template:
     {{- end }}
 {{- end }}
 
-{{/* The ConfigMap holding one run's --config file. Args: root, name, config. */}}
+{{/*
+The ConfigMap holding one run's --config file. Every job's config needs output.dir and reads and
+registers through the store: unless the values say otherwise, the run writes to
+<checkpoints mountPath>/<run> on the claim and talks to this release's store.
+Args: root, name, run (the run's name), config.
+*/}}
 {{- define "gearshift.trainingConfigMap" -}}
+{{- $defaults := dict
+  "output" (dict "dir" (printf "%s/%s" .root.Values.training.checkpoints.mountPath .run))
+  "store_addr" (printf "%s:%v" (include "gearshift.componentName" (dict "root" .root "name" "store")) .root.Values.ports.grpc)
+-}}
+{{- $config := merge (deepCopy (.config | default dict)) $defaults -}}
 apiVersion: v1
 kind: ConfigMap
 metadata:
@@ -111,5 +121,5 @@ metadata:
     {{- include "gearshift.labels" (dict "root" .root "name" "training") | nindent 4 }}
 data:
   config.yaml: |
-    {{- toYaml (.config | default dict) | nindent 4 }}
+    {{- toYaml $config | nindent 4 }}
 {{- end }}

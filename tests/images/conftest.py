@@ -1,0 +1,56 @@
+"""The stack the image tests run against: the chart rendered with tests/images/values.yaml, each
+Deployment and StatefulSet run as a container with the settings the chart gives its pod, one at
+a time in dependency order, each ready by its own probe. Postgres and Redis run from
+gearshift-test-deps (Debian's packages) since the official images need a registry.
+
+Collected only under `make test-images` (GEARSHIFT_IMAGE_TESTS=1, see tests/conftest.py); there a
+missing engine or image fails, it never skips."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.charts.k8s import render
+from tests.images.pods import container_runs
+from tests.images.stack import Stack, docker, docker_ready
+
+VALUES = Path(__file__).with_name("values.yaml")
+DEPS_IMAGE = "gearshift-test-deps"
+# Start order: what others call first. The policy server loads the model while nothing waits on it.
+ORDER = ("postgresql", "redis", "policy", "store", "sandbox", "reward", "planner", "router", "executor", "worker")
+# Figures for docs/images.md: `docker run` to ready, per component, written at the end of a run.
+FIGURES = Path(tempfile.gettempdir()) / "gearshift-image-startup.json"
+LOGS = Path(tempfile.gettempdir()) / "gearshift-image-logs"  # every container's log, kept after the run
+
+
+@pytest.fixture(scope="session")
+def docs():
+    return render((str(VALUES),))
+
+
+@pytest.fixture(scope="session")
+def stack(docs):
+    why = docker_ready()
+    if why:
+        pytest.fail(why)
+    runs = container_runs(docs, Path(tempfile.mkdtemp(prefix="gearshift-images-")))
+    assert set(ORDER) == set(runs), f"the chart renders {sorted(runs)}; the tests start {sorted(ORDER)}"
+    tag = runs["store"].image.rpartition(":")[2]
+    deps = f"{DEPS_IMAGE}:{tag}"
+    missing = [image for image in {run.image for name, run in runs.items() if name not in ("postgresql", "redis")} | {deps}
+               if docker("image", "inspect", image, check=False).returncode]
+    if missing:
+        pytest.fail(f"images missing: {sorted(missing)} (make images; make test-images builds them all)")
+    stack = Stack(runs, files_dir=Path(tempfile.mkdtemp(prefix="gearshift-images-files-")))
+    try:
+        stack.create_network()
+        for component in ORDER:
+            stack.start(component, image=deps if component in ("postgresql", "redis") else None)
+        yield stack
+        FIGURES.write_text(json.dumps({c: round(s, 1) for c, s in stack.ready_seconds.items()}, indent=1))
+    finally:
+        stack.close(logs_dir=LOGS)

@@ -1,0 +1,186 @@
+"""The chart's pods as `docker run` commands: each rendered workload's container spec (command,
+environment with its Secret and field references, user, read-only root, capabilities, seccomp,
+volumes, resource limits) turned into the engine's flags, so the image tests run what the chart
+renders rather than a copy of it.
+
+What has no engine equivalent is left out on purpose: probes (tests/images runs them itself),
+Services (a network alias with the Service's name stands in), NetworkPolicies, `hostUsers`
+(user namespaces are daemon-wide in the engine) and the scheduling fields.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.charts.k8s import CHART, pod_spec
+
+# Where the kubelet would find a Localhost seccomp profile: the chart ships its own under files/.
+SECCOMP_PROFILES = {"gearshift/sandbox-seccomp.json": CHART / "files" / "sandbox-seccomp.json"}
+_QUANTITY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9}
+
+
+@dataclass
+class ContainerRun:
+    """One pod's container as the engine runs it: `docker run` + flags + image + arguments."""
+
+    name: str  # the workload's name (gearshift-router): container name and network alias
+    component: str
+    image: str
+    entrypoint: list[str] | None  # the container's `command` (replaces the image's ENTRYPOINT)
+    args: list[str]  # the container's `args` (replace the image's CMD)
+    env: dict[str, str]
+    flags: list[str] = field(default_factory=list)  # user, security, resources
+    mounts: list[str] = field(default_factory=list)  # --tmpfs / --mount flags
+    volumes: dict[str, str] = field(default_factory=dict)  # named volume -> mount path (claims)
+    files: dict[Path, str] = field(default_factory=dict)  # ConfigMap/Secret files to write before the run
+    spec: dict = field(default_factory=dict)  # the rendered container, for its probes and ports
+
+    def command(self, network: str, prefix: str, image: str | None = None) -> list[str]:
+        """The `docker run` command line; names and volumes carry the prefix, so a test run owns them."""
+        run = ["docker", "run", "-d", "--name", f"{prefix}{self.name}", "--network", network,
+               "--network-alias", self.name, "--label", f"gearshift-test={prefix}", *self.flags, *self.mounts]
+        for volume, path in self.volumes.items():
+            run += ["--mount", f"type=volume,source={prefix}{volume},target={path}"]
+        for key, value in self.env.items():
+            run += ["-e", f"{key}={value}"]
+        if self.entrypoint:
+            run += ["--entrypoint", self.entrypoint[0]]
+        run.append(image or self.image)
+        return run + (self.entrypoint or [])[1:] + self.args
+
+
+def quantity(text: str | int) -> int:
+    """A Kubernetes quantity ("512Mi", "1Gi", "2") in units (bytes for memory)."""
+    match = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", str(text))
+    assert match, f"not a quantity: {text!r}"
+    return int(float(match[1]) * _QUANTITY.get(match[2], 1))
+
+
+def cpus(text: str | int) -> str:
+    """A CPU quantity ("500m", "2") as --cpus takes it: at most this machine's CPUs (the engine
+    refuses more, where a kubelet would not have scheduled the pod)."""
+    text = str(text)
+    wanted = int(text[:-1]) / 1000 if text.endswith("m") else float(text)
+    return f"{min(wanted, os.cpu_count() or 1):g}"
+
+
+def secret_values(docs) -> dict[tuple[str, str], str]:
+    """(Secret name, key) -> value, from every rendered Secret's data and stringData."""
+    found = {}
+    for doc in docs:
+        if doc["kind"] != "Secret":
+            continue
+        name = doc["metadata"]["name"]
+        for key, value in (doc.get("data") or {}).items():
+            found[name, key] = base64.b64decode(value).decode()
+        for key, value in (doc.get("stringData") or {}).items():
+            found[name, key] = str(value)
+    return found
+
+
+def _env(container: dict, secrets: dict, namespace: str, pod_name: str) -> dict[str, str]:
+    env = {}
+    for item in container.get("env", []):
+        source = item.get("valueFrom")
+        if source is None:
+            env[item["name"]] = str(item.get("value", ""))
+        elif "secretKeyRef" in source:
+            ref = source["secretKeyRef"]
+            assert (ref["name"], ref["key"]) in secrets, f"{item['name']}: the chart renders no Secret {ref['name']} with key {ref['key']}"
+            env[item["name"]] = secrets[ref["name"], ref["key"]]
+        elif "fieldRef" in source:
+            path = source["fieldRef"]["fieldPath"]
+            env[item["name"]] = {"metadata.namespace": namespace, "metadata.name": pod_name}[path]
+        else:
+            raise AssertionError(f"{item['name']}: unsupported env source {source}")
+    for source in container.get("envFrom", []):
+        name = source["secretRef"]["name"]
+        env |= {key: value for (secret, key), value in secrets.items() if secret == name}
+    return env
+
+
+def _security(pod: dict, container: dict) -> list[str]:
+    """The pod's and the container's securityContext (the container's wins) as engine flags."""
+    context = {**pod.get("securityContext", {}), **container.get("securityContext", {})}
+    flags = []
+    if "runAsUser" in context:
+        flags += ["--user", f"{context['runAsUser']}:{context.get('runAsGroup', context['runAsUser'])}"]
+    if "fsGroup" in context:
+        flags += ["--group-add", str(context["fsGroup"])]
+    if context.get("readOnlyRootFilesystem"):
+        flags.append("--read-only")
+    if context.get("allowPrivilegeEscalation") is False:
+        flags += ["--security-opt", "no-new-privileges"]
+    capabilities = context.get("capabilities", {})
+    flags += [f"--cap-drop={cap}" for cap in capabilities.get("drop", [])]
+    flags += [f"--cap-add={cap}" for cap in capabilities.get("add", [])]
+    seccomp = context.get("seccompProfile", {"type": "RuntimeDefault"})
+    if seccomp["type"] == "Localhost":
+        profile = SECCOMP_PROFILES.get(seccomp["localhostProfile"])
+        assert profile and profile.is_file(), f"no seccomp profile for {seccomp['localhostProfile']}"
+        flags += ["--security-opt", f"seccomp={profile}"]
+    elif seccomp["type"] == "Unconfined":
+        flags += ["--security-opt", "seccomp=unconfined"]
+    # RuntimeDefault: the engine's default profile, as the kubelet gives containerd's.
+    return flags
+
+
+def _volumes(pod: dict, container: dict, docs, files_dir: Path, workload: str) -> tuple[list[str], dict[str, str], dict[Path, str]]:
+    """Mounts for the container's volumeMounts: emptyDir -> tmpfs (exec, like a node's disk),
+    ConfigMap -> its files bound read-only, claim (or claim template) -> a named volume."""
+    sources = {volume["name"]: volume for volume in pod.get("volumes", [])}
+    context = {**pod.get("securityContext", {}), **container.get("securityContext", {})}
+    # A kubelet makes emptyDirs writable to the pod (0777, fsGroup). The engine gives a tmpfs over
+    # a directory of the image that directory's mode, so owner and group are set instead.
+    owner = f"uid={context.get('runAsUser', 0)},gid={context.get('fsGroup', context.get('runAsGroup', 0))}"
+    mounts, named, files = [], {}, {}
+    for mount in container.get("volumeMounts", []):
+        path, volume = mount["mountPath"], sources.get(mount["name"])
+        if volume is None or "persistentVolumeClaim" in volume:  # a StatefulSet's claim template, or a PVC
+            # A claim template's claims are named <template>-<statefulset>-<ordinal>.
+            claim = volume["persistentVolumeClaim"]["claimName"] if volume else f"{mount['name']}-{workload}-0"
+            named[claim] = path
+        elif "emptyDir" in volume:
+            size = volume["emptyDir"].get("sizeLimit")
+            options = f"rw,exec,mode=1777,{owner}" + (f",size={quantity(size)}" if size else "")
+            mounts += ["--tmpfs", f"{path}:{options}"]
+        elif "configMap" in volume:
+            config = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == volume["configMap"]["name"])
+            folder = files_dir / mount["name"]
+            for key, text in config.get("data", {}).items():
+                files[folder / key] = text
+            mounts += ["--mount", f"type=bind,source={folder},target={path},readonly"]
+        else:
+            raise AssertionError(f"volume {mount['name']}: unsupported source {sorted(volume)}")
+    return mounts, named, files
+
+
+def container_runs(docs, files_dir: Path, namespace: str = "gearshift", kinds=("Deployment", "StatefulSet")) -> dict[str, ContainerRun]:
+    """component -> ContainerRun for every workload of these kinds the chart renders."""
+    secrets = secret_values(docs)
+    runs = {}
+    for doc in docs:
+        if doc["kind"] not in kinds:
+            continue
+        pod = pod_spec(doc)
+        assert len(pod["containers"]) == 1 and not pod.get("initContainers"), f"{doc['metadata']['name']}: one container expected"
+        container = pod["containers"][0]
+        name = doc["metadata"]["name"]
+        component = doc["metadata"]["labels"]["app.kubernetes.io/component"]
+        mounts, named, files = _volumes(pod, container, docs, files_dir / component, name)
+        flags = _security(pod, container)
+        limits = container.get("resources", {}).get("limits", {})
+        if "memory" in limits:
+            flags += ["--memory", str(quantity(limits["memory"]))]
+        if "cpu" in limits:
+            flags += ["--cpus", cpus(limits["cpu"])]
+        runs[component] = ContainerRun(
+            name=name, component=component, image=container["image"], entrypoint=container.get("command"),
+            args=container.get("args", []), env=_env(container, secrets, namespace, f"{name}-0"),
+            flags=flags, mounts=mounts, volumes=named, files=files, spec=container,
+        )
+    return runs

@@ -1,0 +1,204 @@
+"""The built images, run as the chart runs them (tests/images/conftest.py starts the stack): health
+through the chart's own test pod, metrics ports, a Solve through every container stored in the
+Postgres container, the hostile battery against the sandbox container under the chart's seccomp
+profile, a store restart that keeps every trajectory, and a SIGTERM that drains."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import httpx
+import pytest
+from gearshift.api.common.v1.common_pb2 import Mode
+from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
+from gearshift.api.common.v1.common_pb2 import ToolCall
+from gearshift.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
+from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
+from gearshift.clients import channel
+from gearshift.settings import Settings
+
+from tests.charts.k8s import named
+from tests.images.pods import container_runs
+from tests.images.stack import Stack, docker
+from tests.services.sandbox.conftest import run_python
+from tests.services.sandbox.test_hostile import BATTERY, Hostile
+
+# The first test also starts the stack (a minute here); every wait inside has its own deadline.
+pytestmark = pytest.mark.timeout(900)
+
+GRPC_SERVICES = ("store", "sandbox", "reward", "planner", "router", "executor")
+solved: list[str] = []  # trajectory ids the Solve test stored
+
+
+def client_settings(stack: Stack) -> Settings:
+    """Settings carrying the token the chart gave every service."""
+    return Settings(auth_token=stack.runs["executor"].env["GEARSHIFT_AUTH_TOKEN"])
+
+
+def image_size_mb(image: str) -> float:
+    return int(docker("image", "inspect", "-f", "{{.Size}}", image).stdout) / 1e6
+
+
+def test_service_images_carry_no_torch(stack: Stack):
+    for component in (*GRPC_SERVICES, "worker"):
+        image = stack.runs[component].image
+        found = docker("run", "--rm", "--entrypoint", "python", image, "-c",
+                       "import importlib.util as u; print(u.find_spec('torch') is not None)").stdout.strip()
+        assert found == "False", f"{image} has torch ({image_size_mb(image):.0f} MB)"
+    policy = stack.runs["policy"].image
+    assert docker("run", "--rm", "--entrypoint", "python", policy, "-c", "import torch; print(torch.__version__)").stdout.startswith("2.13.0")
+
+
+def test_images_run_as_the_chart_runs_them(stack: Stack):
+    """Numeric non-root users (runAsNonRoot needs them) and a read-only root in every container."""
+    for component, run in stack.runs.items():
+        user = docker("inspect", "-f", "{{.Config.User}}", stack.container(component)).stdout.strip()
+        assert user.split(":")[0].isdigit() and user.split(":")[0] != "0", f"{component} runs as {user!r}"
+        assert docker("inspect", "-f", "{{.HostConfig.ReadonlyRootfs}}", stack.container(component)).stdout.strip() == "true"
+        probe = stack.exec(component, "sh", "-c", "touch /usr/gearshift-probe 2>&1; id -u")
+        assert "Read-only file system" in probe.stdout, f"{component}: {probe.stdout}"
+
+
+def test_the_chart_health_check_pod_passes(stack: Stack, docs, tmp_path):
+    """`helm test`'s pod (in the router image) run on the stack's network: every service SERVING."""
+    pod = named(docs, "Pod", "gearshift-health-check")
+    container = pod["spec"]["containers"][0]
+    deployment = {"kind": "Deployment", "metadata": {"name": "gearshift-health-check", "labels": {"app.kubernetes.io/component": "health-check"}},
+                  "spec": {"template": {"spec": pod["spec"]}}}
+    run = container_runs([deployment], tmp_path)["health-check"]
+    command = run.command(stack.network, stack.prefix)
+    command[command.index("-d")] = "--rm"
+    result = docker(*command[1:], check=False, timeout=120)
+    report = result.stdout + result.stderr
+    assert result.returncode == 0, report
+    assert sorted(line.split()[0] for line in report.splitlines() if line.endswith("SERVING")) == sorted(GRPC_SERVICES), report
+    assert container["command"][0] == "python"
+
+
+def test_metrics_ports_serve_prometheus_text(stack: Stack):
+    for component in (*GRPC_SERVICES, "policy"):
+        port = "metrics" if component != "policy" else "http"
+        reply = httpx.get(f"http://{stack.address(component, port)}/metrics", timeout=10)
+        assert reply.status_code == 200 and "# TYPE" in reply.text, f"{component}: {reply.status_code} {reply.text[:200]}"
+
+
+def test_the_worker_answers_its_liveness_probe(stack: Stack):
+    probe = stack.runs["worker"].spec["livenessProbe"]
+    assert stack.probe("worker", probe) is None
+
+
+# Run in the training Job's container in place of the training itself: the job's config as the
+# job reads it, and the store it names answering over the stack's network.
+READ_JOB_CONFIG = """
+import sys, grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from gearshift.training.jobs import load_config
+config = load_config(sys.argv[1], sys.argv[2])
+with grpc.insecure_channel(config.store_addr) as channel:
+    status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30).status
+print(config.output.dir, config.store_addr, health_pb2.HealthCheckResponse.ServingStatus.Name(status))
+"""
+
+
+def test_the_training_job_runs_its_config_in_the_training_image(stack: Stack, docs, tmp_path):
+    run = container_runs(docs, tmp_path, kinds=("Job",))["training"]
+    assert run.entrypoint == ["gearshift", "train"] and run.args[1] == "--config"
+    algorithm, config_path = run.args[0], run.args[2]
+    for path, text in run.files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    run.entrypoint, run.args = ["python", "-c", READ_JOB_CONFIG], [algorithm, config_path]
+    command = run.command(stack.network, stack.prefix)
+    command[command.index("-d")] = "--rm"
+    result = docker(*command[1:], check=False, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.split() == ["/checkpoints/images-sft", "gearshift-store:50051", "SERVING"], result.stdout
+
+
+async def test_a_solve_runs_through_the_containers_and_is_stored_in_postgres(stack: Stack):
+    settings = client_settings(stack)
+    async with channel(stack.address("executor"), settings) as ch:
+        stub = executor_pb2_grpc.ExecutorStub(ch)
+        request = executor_pb2.SolveRequest(query="What is 2 + 3?", mode=Mode.MODE_INSTANT, reference_answer="5")
+        events = [event async for event in stub.Solve(request, timeout=240)]
+    kinds = [event.WhichOneof("event") for event in events]
+    assert kinds[0] == "mode_chosen" and kinds[-1] == "final", kinds
+    trajectory = events[-1].final.trajectory
+    assert trajectory.id and trajectory.turns and trajectory.usage.output_tokens > 0
+    assert trajectory.HasField("reward")  # scored by the reward container
+    solved.append(trajectory.id)
+
+    sql = f"SELECT count(*) FROM trajectories WHERE id = '{trajectory.id}'"
+    env = stack.runs["postgresql"].env
+    rows = stack.exec("postgresql", "psql", "-h", "/var/run/postgresql", "-U", env["POSTGRES_USER"], "-d", env["POSTGRES_DB"], "-tAc", sql)
+    assert rows.stdout.strip() == "1", rows.stdout + rows.stderr
+
+
+@pytest.fixture(scope="module")
+async def sandbox_stub(stack: Stack):
+    async with channel(stack.address("sandbox"), client_settings(stack)) as ch:
+        yield sandbox_pb2_grpc.SandboxStub(ch)
+
+
+async def test_the_sandbox_container_isolates_python(sandbox_stub):
+    """Namespaces work under the chart's seccomp profile: python runs (it is refused where they do not)."""
+    result = await run_python(sandbox_stub, "import os\nprint(os.getuid(), os.getpid())")
+    assert not result.is_error and result.output.split() == ["1000", "1"], (result.error, result.output)
+
+
+@pytest.mark.parametrize("program", BATTERY, ids=[h.name for h in BATTERY])
+async def test_hostile_program_is_contained_in_the_container(stack: Stack, sandbox_stub, program: Hostile):
+    # The service's pid as the host sees it, as in tests/services/sandbox (inside the call's own pid
+    # namespace, pid 1 is the call itself).
+    code = program.code.replace("SERVICE_PID", str(stack.state("sandbox")["Pid"]))
+    result = await run_python(sandbox_stub, code, timeout=program.timeout)
+    assert program.contained(result), (f"{program.name}: is_error={result.is_error} error={result.error!r} "
+                                       f"cpu={result.cpu_seconds:.2f} output={result.output[:300]!r}")
+
+
+async def test_the_sandbox_still_answers_after_the_battery(sandbox_stub):
+    started = time.monotonic()
+    result = await run_python(sandbox_stub, "print(6 * 7)")
+    assert result.output == "42\n" and time.monotonic() - started < 5
+
+
+async def test_the_store_restarts_on_its_volume_and_keeps_every_trajectory(stack: Stack):
+    """Postgres and the store are stopped and started again (the database on its named volume, as
+    on the StatefulSet's claim): every stored trajectory is still there, through the store."""
+    assert solved, "the Solve test stored nothing to look for"
+    async with channel(stack.address("store"), client_settings(stack)) as ch:
+        before = await store_pb2_grpc.TrajectoryStoreStub(ch).Query(store_pb2.QueryRequest(), timeout=30)
+    ids = {t.id for t in before.trajectories}
+    assert set(solved) <= ids
+    for component in ("store", "postgresql"):
+        docker("stop", "-t", "30", stack.container(component), timeout=60)
+    for component in ("postgresql", "store"):
+        docker("start", stack.container(component))
+        stack.wait_ready(component)
+    async with channel(stack.address("store"), client_settings(stack)) as ch:
+        store = store_pb2_grpc.TrajectoryStoreStub(ch)
+        after = await store.Query(store_pb2.QueryRequest(), timeout=30)
+        assert {t.id for t in after.trajectories} == ids
+        for trajectory_id in solved:
+            stored = await store.Get(store_pb2.GetRequest(id=trajectory_id), timeout=30)
+            assert stored.trajectory.turns
+
+
+async def test_sigterm_drains_a_call_in_flight(stack: Stack, sandbox_stub):
+    """SIGTERM while a python call runs: the call completes, then the service exits 0."""
+    call = asyncio.ensure_future(run_python(sandbox_stub, "import time\ntime.sleep(2)\nprint('finished')", timeout=10))
+    await asyncio.sleep(0.5)
+    assert not call.done()
+    docker("kill", "--signal", "SIGTERM", stack.container("sandbox"))
+    result = await asyncio.wait_for(call, 30)
+    assert not result.is_error and result.output == "finished\n", (result.error, result.output)
+    exit_code = docker("wait", stack.container("sandbox"), timeout=60).stdout.strip()
+    assert exit_code == "0", stack.logs("sandbox")
+    assert "draining" in stack.logs("sandbox")
+    # Nothing answers any more: the service stopped rather than lingering.
+    with pytest.raises(grpc.aio.AioRpcError) as error:
+        await sandbox_stub.Execute(sandbox_pb2.ExecuteRequest(call=ToolCall(id="c", name="python", arguments_json='{"code": "1"}')),
+                                   timeout=5)
+    assert error.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
