@@ -6,6 +6,10 @@ It is compared, in the same run and process, with the floor: a bare loopback gRP
 round-trip (health Check) times the number of hops the episode makes. Tool execution time
 (reported by the sandbox) is subtracted: it is the tool's, not the executor's.
 
+With one process per service it also reports the CPU time each episode costs the executor
+process and all service processes together (user + system): unlike the wall-clock ratio, that
+figure hardly moves with other load on the machine, so it is the one to compare changes by.
+
     .venv/bin/python benchmarks/executor_overhead.py [--episodes 200] [--postgres URL] [--in-process]
 
 Goal (issue 3): overhead at most 1.5x the floor.
@@ -15,9 +19,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import tempfile
 import time
+import uuid
+
+import psutil
 
 from gearshift.api.common.v1.common_pb2 import Mode
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
@@ -28,14 +36,19 @@ from gearshift.testing.scripted_policy import serve_scripted
 from gearshift.embedded import embedded
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+WARM_UP = 10  # episodes run before the measured ones (their CPU is counted, their latency not)
 BASE_PORT = 57100  # seven consecutive ports for the one-process-per-service stack
 SEARCH_CALL = "<tool_call>\n{'id': 1, 'name': 'web_search', 'arguments': {'query': 'capital of France'}}\n</tool_call>"
 
 # Round-trips on the critical path of each episode shape: client->executor, executor->router,
 # executor->policy per turn, executor->planner->policy per agentic turn (Regulate answers ACT, so
 # no Plan call), executor->sandbox per tool call, executor->store (Put; no reference, no reward).
+# A tagged request names its trajectory id, as evaluation, rollouts and teaching do: the executor
+# first asks the store whether it already ran (Get), one call more (the floor counts it, though
+# the executor overlaps it with routing).
 SHAPES = {
     "instant": {"mode": Mode.MODE_INSTANT, "hops": 1 + 1 + 1 + 1, "turns": 1},
+    "instant, tagged": {"mode": Mode.MODE_INSTANT, "hops": 1 + 1 + 1 + 1 + 1, "turns": 1, "tagged": True},
     "agentic (1 tool turn + answer)": {"mode": Mode.MODE_AGENTIC, "hops": 1 + 1 + 2 * (1 + 2) + 1 + 1, "turns": 2},
 }
 
@@ -65,36 +78,56 @@ async def bare_rtt(address: str, settings: Settings, n: int) -> float:
     return statistics.median(samples)
 
 
-async def episode_times(settings: Settings, mode: int, n: int) -> tuple[float, float]:
+def cpu_seconds(processes: dict[str, psutil.Process]) -> dict[str, float]:
+    """User + system CPU so far of each service process and its live children (sandbox workers)."""
+    def of(process: psutil.Process) -> float:
+        total = 0.0
+        for one in [process, *process.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                times = one.cpu_times()
+                total += times.user + times.system
+        return total
+    return {name: of(process) for name, process in processes.items()}
+
+
+async def episode_times(settings: Settings, mode: int, n: int, tagged: bool = False) -> tuple[float, float]:
     """Median episode latency and median tool time, in seconds."""
     latencies, tool_times = [], []
     async with channel(settings.executor_addr, settings) as ch:
         stub = executor_pb2_grpc.ExecutorStub(ch)
-        for index in range(n + 10):
+        for index in range(n + WARM_UP):
             started = time.perf_counter()
-            async for item in stub.Solve(executor_pb2.SolveRequest(query="What is the capital of France?", mode=mode)):
+            request = executor_pb2.SolveRequest(query="What is the capital of France?", mode=mode)
+            if tagged:
+                request.trajectory_id = str(uuid.uuid4())
+            async for item in stub.Solve(request):
                 final = item
             elapsed = time.perf_counter() - started
             trajectory = final.final.trajectory
             tools = sum(r.wall_seconds for turn in trajectory.turns for r in turn.tool_results)
-            if index >= 10:  # warm-up excluded
+            if index >= WARM_UP:
                 latencies.append(elapsed)
                 tool_times.append(tools)
     return statistics.median(latencies), statistics.median(tool_times)
 
 
-async def measure(stack: Settings, episodes: int) -> None:
+async def measure(stack: Settings, episodes: int, processes: dict[str, psutil.Process] | None = None) -> None:
     rtt = await bare_rtt(stack.executor_addr, stack, episodes * 5)
     print(f"bare loopback gRPC round-trip to the executor (median of {episodes * 5}): {rtt * 1e3:.3f} ms")
-    print(f"{'episode':<32} {'hops':>4} {'median ms':>10} {'tool ms':>8} {'overhead ms':>12} {'floor ms':>9} {'ratio':>6} {'per turn ms':>12}")
+    print(f"{'episode':<32} {'hops':>4} {'median ms':>10} {'tool ms':>8} {'overhead ms':>12} {'floor ms':>9} {'ratio':>6} {'per turn ms':>12}"
+          + (f" {'executor cpu ms':>16} {'services cpu ms':>16}" if processes else ""))
     for name, shape in SHAPES.items():
-        latency, tools = await episode_times(stack, shape["mode"], episodes)
+        before = cpu_seconds(processes) if processes else {}
+        latency, tools = await episode_times(stack, shape["mode"], episodes, shape.get("tagged", False))
         overhead = latency - tools
         floor = rtt * shape["hops"]
-        print(
-            f"{name:<32} {shape['hops']:>4} {latency * 1e3:>10.2f} {tools * 1e3:>8.2f} {overhead * 1e3:>12.2f}"
-            f" {floor * 1e3:>9.2f} {overhead / floor:>6.2f} {overhead / shape['turns'] * 1e3:>12.2f}"
-        )
+        line = (f"{name:<32} {shape['hops']:>4} {latency * 1e3:>10.2f} {tools * 1e3:>8.2f} {overhead * 1e3:>12.2f}"
+                f" {floor * 1e3:>9.2f} {overhead / floor:>6.2f} {overhead / shape['turns'] * 1e3:>12.2f}")
+        if processes:
+            spent = {key: value - before[key] for key, value in cpu_seconds(processes).items()}
+            per_episode = 1e3 / (episodes + WARM_UP)
+            line += f" {spent['executor'] * per_episode:>16.2f} {sum(spent.values()) * per_episode:>16.2f}"
+        print(line)
 
 
 async def main(episodes: int, postgres: str | None, in_process: bool) -> None:
@@ -113,7 +146,8 @@ async def main(episodes: int, postgres: str | None, in_process: bool) -> None:
         stack.start()
         try:
             await asyncio.to_thread(stack.wait_ready)
-            await measure(stack.client_settings(), episodes)
+            processes = {name: psutil.Process(process.pid) for name, process in stack.processes.items()}
+            await measure(stack.client_settings(), episodes, processes)
         finally:
             stack.stop()
 

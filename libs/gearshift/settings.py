@@ -209,6 +209,7 @@ class OrchestrationSettings(BaseModel):
     eval_suite: str = Field("basic_arithmetic", description="Evaluation suite of the promotion gate")
     eval_split: str = Field("test", description="Held-out split the promotion gate evaluates on")
     eval_items: int = Field(20, ge=1, description="Items of the held-out split the gate evaluates")
+    eval_concurrency: int = Field(4, ge=1, description="Episodes the gate runs at once (its policy server batches their turns)")
     gate_modes: list[str] = Field(
         default_factory=lambda: ["auto"], description="Modes the gate decides on (auto: the model routes itself); learned is added where a router is published"
     )

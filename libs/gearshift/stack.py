@@ -77,6 +77,8 @@ class Stack:
         env["GEARSHIFT_LOG_LEVEL"] = self.settings.log_level
         env["GEARSHIFT_POLICY_CLIENT__URL"] = self.policy_url
         env["GEARSHIFT_POLICY_SERVER__PORT"] = str(self.policy_port)
+        if self.settings.database_url:  # given in code (a benchmark's --postgres), not only in the environment
+            env["GEARSHIFT_DATABASE_URL"] = self.settings.database_url
         for spec in SERVICES:
             env[f"GEARSHIFT_{spec.address_setting.upper()}"] = f"{self.settings.host}:{self.ports[spec.name]}"
         return env

@@ -122,15 +122,23 @@ class EpisodeRunner:
 
     async def solve(self, request: executor_pb2.SolveRequest) -> AsyncIterator[executor_pb2.SolveEvent]:
         self._validate(request)
-        stored = await self._already_stored(request.trajectory_id)
+        state = self._new_state(request)
+        # Routing starts beside the idempotency check, a store round-trip on every request that
+        # names its trajectory id (evaluation, rollouts, teaching): the check costs no time then.
+        routed = asyncio.ensure_future(self._route(request, state))
+        try:
+            stored = await self._already_stored(request.trajectory_id)
+        except BaseException:
+            _discard(routed)
+            raise
         if stored is not None:  # an idempotent retry: the episode already ran
+            _discard(routed)
             yield event(ROUTING_TURN, final=executor_pb2.Final(trajectory=stored))
             return
-        state = self._new_state(request)
         started = time.monotonic()
         budget = self._budget(request.budget, started)
         try:
-            async for item in self._run(request, state, budget):
+            async for item in self._run(state, budget, routed):
                 yield item
         except asyncio.CancelledError:
             state.trajectory.status = TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED
@@ -143,10 +151,13 @@ class EpisodeRunner:
         await self._finish(state, request, started, score=bool(request.reference_answer))
         yield event(ROUTING_TURN, final=executor_pb2.Final(trajectory=state.trajectory))
 
-    async def _run(self, request, state: EpisodeState, budget: Budget) -> AsyncIterator[executor_pb2.SolveEvent]:
-        route = await self.down.router.Route(router_pb2.RouteRequest(
+    def _route(self, request: executor_pb2.SolveRequest, state: EpisodeState):
+        return self.down.router.Route(router_pb2.RouteRequest(
             query=request.query, strategy=request.strategy, forced_mode=request.mode, sampling=state.explore,
         ))
+
+    async def _run(self, state: EpisodeState, budget: Budget, routed: asyncio.Future) -> AsyncIterator[executor_pb2.SolveEvent]:
+        route = await routed
         trajectory = state.trajectory
         trajectory.mode = route.mode
         trajectory.routing_strategy = route.strategy
@@ -377,6 +388,13 @@ class EpisodeRunner:
             state.account(None, scored.judge_usage.input_tokens, scored.judge_usage.output_tokens)
         trajectory.cost.CopyFrom(self.costs.price_trajectory(trajectory))  # every model call, a judge's included
         await self.down.store.Put(store_pb2.PutRequest(trajectories=[trajectory]))
+
+
+def _discard(task: asyncio.Future) -> None:
+    """Cancels a call whose answer is no longer wanted, and retrieves its outcome so that asyncio
+    does not report it as an exception nobody read."""
+    task.cancel()
+    task.add_done_callback(lambda done: done.cancelled() or done.exception())
 
 
 def planning_stats(trajectory: Trajectory) -> PlanningStats:

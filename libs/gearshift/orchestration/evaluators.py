@@ -62,10 +62,10 @@ class GateEvaluator:
     names the evaluation config, so a resumed evaluation never mixes budgets or item sets, and
     one that is complete in the store is not started again."""
 
-    def __init__(self, settings: Settings, report_modes: list[str] | None = None, concurrency: int = 1):
+    def __init__(self, settings: Settings, report_modes: list[str] | None = None, concurrency: int | None = None):
         self.settings = settings
         self.report_modes = list(report_modes or [])
-        self.concurrency = concurrency
+        self.concurrency = concurrency or settings.orchestration.eval_concurrency
         self.trajectories: dict[str, list[Trajectory]] = {}
 
     async def gate_modes(self) -> list[str]:
@@ -93,12 +93,16 @@ class GateEvaluator:
         planned = len(get_suite(o.eval_suite).items(o.eval_split, o.eval_items)) * len(modes)
         if sum(t.status not in RETRIED for t in stored) >= planned:
             return stored  # complete: no need to serve the checkpoint again
-        async with embedded(self.settings, POLICY_CALLERS, policy_model=checkpoint.uri) as platform:
+        async with self.serving(checkpoint) as platform:
             await evaluate(platform.settings, o.eval_suite, modes, o.eval_items, split=o.eval_split, run_id=run_id,
                            concurrency=self.concurrency, out_dir=self.settings.data_dir / "eval" / run_id,
                            purpose=Purpose.PURPOSE_GATE)
         async with channel(self.settings.store_addr, self.settings) as ch:
             return await fetch_run(store_pb2_grpc.TrajectoryStoreStub(ch), run_id)
+
+    def serving(self, checkpoint: Checkpoint):
+        """The callers of the policy, with a built-in policy server of their own serving the checkpoint."""
+        return embedded(self.settings, POLICY_CALLERS, policy_model=checkpoint.uri)
 
     def evaluate(self, checkpoint: Checkpoint) -> dict[str, EvalResult]:
         """One result per gate mode, with the per-item outcomes the gate's intervals need."""

@@ -64,6 +64,7 @@ class LoopConfig(BaseModel):
     apo_gamma: int = Field(1, ge=0, description="APO free rollouts per prompt (the model routes itself)")
     apo_learning_rate: float = Field(1e-6, gt=0, description="APO learning rate")
     threads: int = Field(2, ge=1, description="torch threads of the trainers and the policy server")
+    concurrency: int = Field(4, ge=1, description="Episodes in flight at once in every stage that solves (seed, APO rollouts, evaluation, gate), so the policy server batches their turns")
 
 
 DEFAULT_CONFIG = LoopConfig()
@@ -81,6 +82,7 @@ def loop_settings(settings: Settings, config: LoopConfig) -> Settings:
     })
     orchestration = settings.orchestration.model_copy(update={
         "eval_suite": config.suite, "eval_split": HELD_OUT, "eval_items": config.eval_items, "gate_modes": config.gate_modes,
+        "eval_concurrency": config.concurrency,
     })
     planner = settings.planner.model_copy(update={"max_tokens": max(16, config.max_tokens_per_turn)})
     policy = settings.policy_server.model_copy(update={"port": 0, "threads": config.threads})
@@ -137,7 +139,7 @@ def sft_config(config: LoopConfig) -> dict:
 def apo_config(config: LoopConfig, prompts: list[dict]) -> dict:
     return {"prompts": prompts, "rho": config.apo_rho, "gamma": config.apo_gamma, "max_length": 1024, "task_source": "loop-apo",
             "optim": {"max_steps": config.apo_steps, "learning_rate": config.apo_learning_rate, "threads": config.threads},
-            "rollout": {"max_tokens_per_turn": config.max_tokens_per_turn, "max_steps": config.max_steps, "concurrency": 1},
+            "rollout": {"max_tokens_per_turn": config.max_tokens_per_turn, "max_steps": config.max_steps, "concurrency": config.concurrency},
             "output": {"progress": False}}
 
 
@@ -157,7 +159,8 @@ async def run_round(settings: Settings, config: LoopConfig, console: Console | N
     # The store alone first, to find the round's base; then everything, serving that base.
     async with embedded(settings, ("store",)) as probe:
         base = await base_checkpoint(probe.settings, config)
-    round_id = f"round-{steps.digest(config.model_dump(), base.id)}"
+    # Concurrency changes how fast a round runs, not what it computes: it does not name the round.
+    round_id = f"round-{steps.digest(config.model_dump(exclude={'concurrency'}), base.id)}"
     runner = LocalRunner(settings.data_dir / "runs", env={"GEARSHIFT_DATA_DIR": str(settings.data_dir)})
     async with embedded(settings, policy_model=base.uri) as platform:
         stack, server = platform.settings, platform.policy
@@ -166,7 +169,7 @@ async def run_round(settings: Settings, config: LoopConfig, console: Console | N
         with report.stage("seed", f"{suite.name} train split, {config.seed_items} items x {', '.join(config.seed_modes)} (forced)") as fig:
             seed_run = f"loop-seed-{steps.digest(suite.name, config.seed_items, config.seed_modes, config.max_tokens_per_turn, config.max_steps, base.id)}"
             seeded = await evaluate(stack, config.suite, config.seed_modes, config.seed_items, split="train", run_id=seed_run,
-                                    concurrency=1, out_dir=settings.data_dir / "eval" / seed_run, purpose=Purpose.PURPOSE_TRAINING)
+                                    concurrency=config.concurrency, out_dir=settings.data_dir / "eval" / seed_run, purpose=Purpose.PURPOSE_TRAINING)
             fig |= {"run_id": seed_run, "episodes": seeded.summary.planned, "solved_now": seeded.summary.solved,
                     "reused": seeded.summary.skipped, "correct": sum(r.correct for r in seeded.report.modes.values())}
 

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
-Responder = Callable[[dict], str]  # request body -> the text the "model" writes
+# request body -> the text the "model" writes, or an awaitable of it (a model that takes time,
+# during which the endpoint serves other requests)
+Responder = Callable[[dict], str | Awaitable[str]]
 
 
 def _cut(text: str, stop: list[str]) -> str:
@@ -27,7 +30,7 @@ def _usage(body: dict, text: str) -> dict:
     return usage
 
 
-def reply(respond: Responder, model: str, path: str, body: dict) -> tuple[str, bytes]:
+async def reply(respond: Responder, model: str, path: str, body: dict) -> tuple[str, bytes]:
     """(content type, body) of the answer to one request."""
     if path.endswith("/models"):
         return "application/json", json.dumps({"object": "list", "data": [{"id": model, "object": "model"}]}).encode()
@@ -35,7 +38,10 @@ def reply(respond: Responder, model: str, path: str, body: dict) -> tuple[str, b
         return "application/json", b'{"status": "ok"}'
     chat = path.endswith("/chat/completions")
     stop = body.get("stop") or []
-    text = _cut(respond(body), [stop] if isinstance(stop, str) else stop)
+    written = respond(body)
+    if inspect.isawaitable(written):
+        written = await written
+    text = _cut(written, [stop] if isinstance(stop, str) else stop)
     usage = _usage(body, text)
     if not body.get("stream"):
         choice = {"index": 0, "finish_reason": "stop"}
@@ -60,7 +66,7 @@ async def _serve_connection(respond: Responder, model: str, reader: asyncio.Stre
             _, path, _ = head[0].split(" ", 2)
             headers = dict(line.lower().split(":", 1) for line in head[1:] if ":" in line)
             raw = await reader.readexactly(int(headers.get("content-length", "0").strip()))
-            content_type, payload = reply(respond, model, path, json.loads(raw) if raw else {})
+            content_type, payload = await reply(respond, model, path, json.loads(raw) if raw else {})
             writer.write(
                 f"HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload
             )
