@@ -18,7 +18,7 @@ async def test_smollm2_knows_paris_and_switches_checkpoints_without_dropping_a_g
     data_dir = Settings().data_dir  # the model cache is shared across runs; everything else is temporary
     cached = weights.cache_smollm2(Settings(data_dir=data_dir).models_dir)
     copy = shutil.copytree(cached, tmp_path / "checkpoint-copy")
-    settings = Settings(data_dir=data_dir, log_level="WARNING", policy_server=PolicyServerSettings(port=0, threads=2))
+    settings = Settings(data_dir=data_dir, log_level="WARNING", policy_server=PolicyServerSettings(model=weights.SMOLLM2, port=0, threads=2))
     async with running(settings) as server, PolicyClient(server.base_url, "smollm2", timeout=300) as client:
         answer = await client.chat([{"role": "user", "content": "What is the capital of France?"}], max_tokens=40)
         assert "Paris" in answer.content and answer.finish_reason == "stop"
