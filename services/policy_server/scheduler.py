@@ -139,14 +139,19 @@ class Scheduler:
     def waiting(self) -> int:
         return len(self._waiting)
 
+    def _running(self) -> list[Sequence]:
+        """Sequences being prefilled or decoded, each once: read from other threads without the
+        scheduler's lock, a sequence joining its batch is briefly in both lists."""
+        rows = [*self._admitting, *(row for batch in list(self._batches.values()) for row in batch.rows)]
+        return list({id(row): row for row in rows}.values())
+
     @property
     def running(self) -> int:
-        return len(self._admitting) + sum(len(batch.rows) for batch in list(self._batches.values()))
+        return len(self._running())
 
     def in_flight(self, loaded: LoadedModel | None = None) -> int:
         """Sequences queued or running (on the given weights only, when given)."""
-        running = [row for batch in list(self._batches.values()) for row in batch.rows]
-        sequences = list(self._waiting) + list(self._admitting) + running
+        sequences = list(self._waiting) + self._running()
         return sum(1 for s in sequences if loaded is None or s.loaded is loaded)
 
     def close(self) -> None:

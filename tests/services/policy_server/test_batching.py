@@ -206,3 +206,20 @@ async def test_the_token_cap_keeps_requests_that_do_not_fit_together_apart(tiny_
         results = await asyncio.gather(*(g.result() for g in engine.submit(jobs)))
         assert engine.scheduler.stats.largest_batch == 2  # the first two fit together (2 x 71), never all three
         assert [r.text for r in results] == [r.text for r in await alone(engine, jobs)]
+
+
+async def test_a_sequence_joining_its_batch_is_counted_once(tiny_checkpoints):
+    """The count is read from the event loop while the scheduler thread moves a prefilled
+    sequence into its batch: for a moment it sits in both lists, and it must count once."""
+    from gearshift.services.policy_server.scheduler import RunningBatch
+
+    async with engine_on(tiny_checkpoints[0]) as engine:
+        scheduler = engine.scheduler
+        sequence = object.__new__(type("Row", (), {"loaded": engine.current}))
+        scheduler._admitting.append(sequence)
+        scheduler._batches[-1] = RunningBatch(engine.current, rows=[sequence])
+        try:
+            assert scheduler.in_flight() == 1 and scheduler.running == 1
+        finally:
+            scheduler._admitting.remove(sequence)
+            del scheduler._batches[-1]
