@@ -32,13 +32,12 @@ from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.clients import channel
 from gearshift.settings import Settings
 from gearshift.stack import Stack
-from gearshift.testing.scripted_policy import serve_scripted
+from gearshift.testing.scripted_policy import instant_policy, serve_scripted
 from gearshift.embedded import embedded
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 WARM_UP = 10  # episodes run before the measured ones (their CPU is counted, their latency not)
 BASE_PORT = 57100  # seven consecutive ports for the one-process-per-service stack
-SEARCH_CALL = "<tool_call>\n{'id': 1, 'name': 'web_search', 'arguments': {'query': 'capital of France'}}\n</tool_call>"
 
 # Round-trips on the critical path of each episode shape: client->executor, executor->router,
 # executor->policy per turn, executor->planner->policy per agentic turn (Regulate answers ACT, so
@@ -51,18 +50,6 @@ SHAPES = {
     "instant, tagged": {"mode": Mode.MODE_INSTANT, "hops": 1 + 1 + 1 + 1 + 1, "turns": 1, "tagged": True},
     "agentic (1 tool turn + answer)": {"mode": Mode.MODE_AGENTIC, "hops": 1 + 1 + 2 * (1 + 2) + 1 + 1, "turns": 2},
 }
-
-
-def instant_model(body: dict) -> str:
-    messages = body.get("messages") or []
-    last = messages[-1]["content"] if messages else ""
-    if last.startswith("You regulate"):
-        return "ACT"
-    if "<tool_response>" in last:
-        return "<answer>Paris</answer>"
-    if last.rstrip().endswith("<answer>"):
-        return "Paris</answer>"
-    return "Searching.</plan>\n" + SEARCH_CALL
 
 
 async def bare_rtt(address: str, settings: Settings, n: int) -> float:
@@ -133,7 +120,7 @@ async def measure(stack: Settings, episodes: int, processes: dict[str, psutil.Pr
 async def main(episodes: int, postgres: str | None, in_process: bool) -> None:
     settings = Settings(data_dir=tempfile.mkdtemp(prefix="gearshift-bench-"), metrics_port=0, database_url=postgres)
     print(f"store: {'Postgres' if postgres else 'SQLite file'}; policy: ScriptedPolicy stand-in (answers instantly)")
-    async with serve_scripted(instant_model) as policy_url:
+    async with serve_scripted(instant_policy) as policy_url:
         settings = settings.with_policy(policy_url)
         if in_process:
             print("services: all in this process, one event loop")

@@ -33,52 +33,31 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 
 import grpc
 import psutil
-import psycopg
 from gearshift import weights
 from gearshift.api.common.v1.common_pb2 import Mode, TrajectoryStatus
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.clients import channel
 from gearshift.settings import Settings
 from gearshift.stack import Stack
-from sqlalchemy.engine import make_url
+from gearshift.testing.postgres import scratch_database
 
-POSTGRES_SERVER_URL = os.environ.get("GEARSHIFT_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 BASE_PORT = 57500
 STREAMS_PER_CHANNEL = 50
 RSS_SAMPLE_SECONDS = 5.0
-SEARCH_CALL = "<tool_call>\n{'id': 1, 'name': 'web_search', 'arguments': {'query': 'capital of France'}}\n</tool_call>"
 SCRIPTED_MODES = [Mode.MODE_INSTANT, Mode.MODE_REASONING, Mode.MODE_AGENTIC]
 MODEL_MODES = [Mode.MODE_INSTANT, Mode.MODE_REASONING, Mode.MODE_AGENTIC, Mode.MODE_UNSPECIFIED]
 
 
-# The stand-in policy, in a process of its own so that it does not share a core with the load.
-
-
-def instant_model(body: dict) -> str:
-    """Answers every call of an episode at once: the planner's ACT, a tool call, the answer."""
-    messages = body.get("messages") or []
-    last = messages[-1]["content"] if messages else ""
-    if last.startswith("You regulate"):
-        return "ACT"
-    if "<tool_response>" in last:
-        return "<answer>Paris</answer>"
-    if last.rstrip().endswith("<answer>"):
-        return "Paris</answer>"
-    if last.rstrip().endswith("<reasoning>"):
-        return "France's capital is Paris.</reasoning>\n<answer>Paris</answer>"
-    return "Searching.</plan>\n" + SEARCH_CALL
-
-
 async def serve_stand_in() -> None:
-    from gearshift.testing.scripted_policy import serve_scripted
+    """The stand-in policy, in a process of its own so that it does not share a core with the load."""
+    from gearshift.testing.scripted_policy import instant_policy, serve_scripted
 
-    async with serve_scripted(instant_model, model="smollm2") as url:
+    async with serve_scripted(instant_policy, model="smollm2") as url:
         print(url, flush=True)
         await asyncio.Event().wait()
 
@@ -94,20 +73,6 @@ def stand_in_policy() -> Iterator[str]:
 
 
 # Postgres and the stack
-
-
-@contextlib.contextmanager
-def scratch_database() -> Iterator[str]:
-    server = make_url(POSTGRES_SERVER_URL)
-    name = f"gearshift_load_{uuid.uuid4().hex[:12]}"
-    admin = server.set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(admin, autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield server.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with psycopg.connect(admin, autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def rss_mib(stack: Stack) -> dict[str, float]:
@@ -222,7 +187,7 @@ def main() -> None:
     if args.serve_stand_in:
         asyncio.run(serve_stand_in())
         return
-    with scratch_database() as database_url, contextlib.ExitStack() as exits:
+    with scratch_database("gearshift_load") as database_url, contextlib.ExitStack() as exits:
         data_dir = tempfile.mkdtemp(prefix="gearshift-load-")
         # The service processes read their settings from the environment.
         os.environ["GEARSHIFT_DATABASE_URL"] = database_url

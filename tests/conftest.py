@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 
-import psycopg
 import pytest
 from gearshift.settings import Settings
-from sqlalchemy.engine import make_url
+from gearshift.testing.postgres import scratch_database
 
 # tests/images runs the built images as containers: only `make test-images` collects it (it needs
 # a container engine and minutes of building), never the plain pytest run of `make test`.
 collect_ignore = [] if os.environ.get("GEARSHIFT_IMAGE_TESTS") == "1" else ["images"]
 
-# The Postgres server tests create their database on (trust auth on the CI machine).
-POSTGRES_SERVER_URL = os.environ.get("GEARSHIFT_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 
 
 @pytest.fixture
@@ -27,13 +23,5 @@ def settings(tmp_path) -> Settings:
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A fresh, empty Postgres database for this test session, dropped afterwards."""
-    server = make_url(POSTGRES_SERVER_URL)
-    name = f"gearshift_test_{uuid.uuid4().hex[:12]}"
-    admin = server.set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(admin, autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield server.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with psycopg.connect(admin, autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_database("gearshift_test") as url:
+        yield url

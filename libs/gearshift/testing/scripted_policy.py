@@ -4,8 +4,29 @@ It is a stand-in, named as such: it isolates the executor's own logic and overhe
 time (deterministic tool calls in tests, zero-latency turns in benchmarks). End-to-end tests
 use the real policy server with the real model."""
 
+from gearshift.protocol.sr2am import PLAN_HEAD
 from gearshift.teaching.endpoint import Responder, _cut, _usage, reply, serve_function
 
 serve_scripted = serve_function
 
-__all__ = ["Responder", "reply", "serve_scripted", "_cut", "_usage"]
+__all__ = ["Responder", "instant_policy", "reply", "serve_scripted", "_cut", "_usage"]
+
+
+SEARCH_CALL = "<tool_call>\n{'id': 1, 'name': 'web_search', 'arguments': {'query': 'capital of France'}}\n</tool_call>"
+
+
+def instant_policy(body: dict) -> str:
+    """A stand-in answering every call of an episode at once, for the benchmarks of the
+    platform's own overhead: the configurator acts without a plan ("Plan: None"), the agent
+    makes one web_search call, and every mode answers Paris."""
+    messages = body.get("messages") or []
+    last = messages[-1]["content"] if messages else ""
+    if last.endswith(PLAN_HEAD) or last.startswith("You regulate"):  # in the agent's message, or the prompt form
+        return " None" if last.endswith(PLAN_HEAD) else "ACT"
+    if "<tool_response>" in last:
+        return "<answer>Paris</answer>"
+    if last.rstrip().endswith("<answer>"):
+        return "Paris</answer>"
+    if last.rstrip().endswith("<reasoning>"):
+        return "France's capital is Paris.</reasoning>\n<answer>Paris</answer>"
+    return "Searching.</plan>\n" + SEARCH_CALL

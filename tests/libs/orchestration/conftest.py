@@ -3,17 +3,13 @@ database for the orchestration tables, and settings pointing at them."""
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
-import psycopg
 import pytest
 from gearshift import weights
 from gearshift.settings import Settings
 from gearshift.storage import create_store_engine, upgrade_to_head
-from sqlalchemy.engine import make_url
-
-from tests.conftest import POSTGRES_SERVER_URL
+from gearshift.testing.postgres import scratch_database
 
 
 @pytest.fixture(scope="session")
@@ -27,17 +23,10 @@ def tiny_models(tmp_path_factory) -> list[Path]:
 @pytest.fixture
 def orchestration_db():
     """A fresh, migrated Postgres database of its own (the store tests truncate the shared one)."""
-    server = make_url(POSTGRES_SERVER_URL)
-    name = f"gearshift_orch_{uuid.uuid4().hex[:12]}"
-    admin = server.set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(admin, autocommit=True) as connection:
-        connection.execute(f'CREATE DATABASE "{name}"')
-    url = server.set(database=name).render_as_string(hide_password=False)
-    engine = create_store_engine(url, pool_size=2)
-    upgrade_to_head(engine)
-    try:
-        yield engine
-    finally:
-        engine.dispose()
-        with psycopg.connect(admin, autocommit=True) as connection:
-            connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with scratch_database("gearshift_orch") as url:
+        engine = create_store_engine(url, pool_size=2)
+        upgrade_to_head(engine)
+        try:
+            yield engine
+        finally:
+            engine.dispose()
