@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from gearshift.api.common.v1.common_pb2 import Trajectory
-from gearshift.evaluation.report import latest_attempts
+from gearshift.evaluation.report import latest_attempts, markdown_table
 from gearshift.evaluation.runner import FORCED, eval_mode_of
 from gearshift.evaluation.suites import family_of
 from gearshift.protocol.a2fm import REJECTED_CALL_PREFIX
@@ -29,6 +29,14 @@ class Cell:
     calls: int = 0  # tool calls written, parsed or not
     rejected: int = 0  # of those, the ones that did not parse
     chosen: Counter = field(default_factory=Counter)  # mode actually run (auto picks it)
+
+    def merge(self, other: Cell) -> None:
+        self.episodes += other.episodes
+        self.correct += other.correct
+        self.format_valid += other.format_valid
+        self.calls += other.calls
+        self.rejected += other.rejected
+        self.chosen += other.chosen
 
     def add(self, trajectory: Trajectory) -> None:
         self.episodes += 1
@@ -72,12 +80,7 @@ def by_mode(cells: Figures, mode: str) -> Cell:
     total = Cell()
     for (_, m), cell in cells.items():
         if m == mode:
-            total.episodes += cell.episodes
-            total.correct += cell.correct
-            total.format_valid += cell.format_valid
-            total.calls += cell.calls
-            total.rejected += cell.rejected
-            total.chosen += cell.chosen
+            total.merge(cell)
     return total
 
 
@@ -118,12 +121,12 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
+COLUMNS = ("family", "mode", "n", "accuracy (base → trained)", "format valid", "tool calls parse", "picked instant / reasoning / agentic")
+
+
 def markdown(base: Figures, trained: Figures) -> str:
     """Side by side, base then trained, one row per family and mode; then the goals."""
-    lines = [
-        "| family | mode | n | accuracy (base → trained) | format valid | tool calls parse | picked instant / reasoning / agentic |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    rows = []
     for family, mode in sorted(set(base) | set(trained)):
         b, t = base.get((family, mode)), trained.get((family, mode))
 
@@ -131,11 +134,7 @@ def markdown(base: Figures, trained: Figures) -> str:
             return f"{_pct(value(b)) if b else '-'} → {_pct(value(t)) if t else '-'}"
 
         n = "/".join(str(c.episodes) if c else "-" for c in (b, t))
-        picks = "-"
-        if mode not in FORCED and t:
-            picks = " / ".join(_pct(t.share(m)) for m in FORCED)
-        lines.append(f"| {family} | {mode} | {n} | {pair(lambda c: c.accuracy)} | {pair(lambda c: c.validity)} | "
-                     f"{pair(lambda c: c.parsed)} | {picks} |")
-    lines += ["", "| goal | measured | met |", "|---|---|---|"]
-    lines += [f"| {g.name} | {g.measured} | {'yes' if g.met else 'no'} |" for g in goals(base, trained)]
-    return "\n".join(lines) + "\n"
+        picks = " / ".join(_pct(t.share(m)) for m in FORCED) if mode not in FORCED and t else "-"
+        rows.append([family, mode, n, pair(lambda c: c.accuracy), pair(lambda c: c.validity), pair(lambda c: c.parsed), picks])
+    met = [[g.name, g.measured, "yes" if g.met else "no"] for g in goals(base, trained)]
+    return f"{markdown_table(COLUMNS, rows)}\n\n{markdown_table(('goal', 'measured', 'met'), met)}\n"
