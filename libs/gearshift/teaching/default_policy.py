@@ -44,7 +44,7 @@ class Family(BaseModel):
 
 
 class Recipe(BaseModel):
-    """Everything that decides the default policy; its digest names the work directory."""
+    """Everything that decides the default policy; its digest names the training run."""
 
     families: list[Family] = [
         Family(suite="large_multiplication", items=120, modes=["agentic"], teacher="solvers"),
@@ -60,7 +60,7 @@ class Recipe(BaseModel):
     max_tokens_per_turn: int = 48  # a sampled fact that needs more is no instant answer; the solvers write whole turns
     sft: dict = {
         "model": {"base": "smollm2", "lora": True, "lora_rank": 8, "lora_alpha": 16},
-        # About one pass over the ~740 kept trajectories: the format and the routes, not the facts.
+        # About one pass over the ~630 kept trajectories: the format and the routes, not the facts.
         "optim": {"learning_rate": 5e-4, "max_steps": 100, "warmup_steps": 5, "schedule": "linear", "seed": 0, "threads": 2},
         "batch_size": 8,
         "max_length": 768,
