@@ -14,10 +14,11 @@ from gearshift import weights
 from gearshift.api.common.v1.common_pb2 import Sampling, Trajectory
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.embedded import embedded
+from gearshift.errors import FailedPrecondition
 from gearshift.policy_client import PolicyClient
 from gearshift.settings import ExecutorSettings, PolicyServerSettings, Settings
 from gearshift.topology import SERVICE_NAMES
-from gearshift.training import checkpoints
+from gearshift.training import checkpoints, tokenization
 from gearshift.training.config import RolloutConfig
 from gearshift.training.runtime import Run
 
@@ -26,6 +27,22 @@ SERVED_NAME = "policy-in-training"
 
 def sampling(rollout: RolloutConfig) -> Sampling:
     return Sampling(temperature=rollout.temperature, top_p=rollout.top_p)
+
+
+def encode_rollouts(tokenizer, rollouts: list[Trajectory], rollout: RolloutConfig, max_length: int) -> list[tokenization.Encoded]:
+    """The rollouts' tokens and masks, with no end-of-turn target (serving stops at stop words,
+    so the policy never sampled one). With exact_tokens only the sampled tokens are learned, so
+    rollouts that kept none mean a server that does not return them: an error, not silence."""
+    if rollout.exact_tokens and rollouts and not any(turn.sampled for t in rollouts for turn in t.turns):
+        raise FailedPrecondition(
+            "no rollout kept its sampled token ids: serve the policy with the built-in server or vLLM and keep "
+            "GEARSHIFT_POLICY_CLIENT__RETURN_TOKEN_IDS on, or set rollout.exact_tokens: false"
+        )
+    return [
+        tokenization.encode(tokenizer, t.query, tokenization.assistant_segments(t), end_of_turn=False, max_length=max_length,
+                            exact=rollout.exact_tokens)
+        for t in rollouts
+    ]
 
 
 @contextlib.asynccontextmanager

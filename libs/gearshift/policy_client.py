@@ -46,6 +46,7 @@ class Completion:
     text: str
     finish_reason: str | None
     usage: Usage
+    token_ids: list[int] | None = None  # the sampled ids, where the server returns them
 
 
 @dataclass
@@ -78,17 +79,20 @@ class ChatCompletion:
     finish_reason: str | None
     usage: Usage
     message: dict = field(default_factory=dict)  # the raw assistant message, to append to the history
+    token_ids: list[int] | None = None  # the sampled ids, where the server returns them
 
 
 @dataclass
 class StreamChunk:
-    """A piece of a streamed reply. The last chunk carries finish_reason and usage."""
+    """A piece of a streamed reply. The last chunk carries finish_reason, usage and all the
+    sampled token ids (where the server returns them)."""
 
     text: str = ""
     reasoning: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str | None = None
     usage: Usage | None = None
+    token_ids: list[int] | None = None
 
 
 def _error_message(text: str, reason: str) -> str:
@@ -132,11 +136,13 @@ class PolicyClient:
         retries: int = 3,
         backoff: float = 0.5,
         connect_timeout: float = 5.0,
+        token_ids: bool = False,
     ):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.retries = retries
         self.backoff = backoff
+        self._token_ids = {"return_token_ids": True} if token_ids else {}
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=timeout)
         self._http: aiohttp.ClientSession | None = None  # made on first use, inside the running loop
@@ -151,6 +157,7 @@ class PolicyClient:
             timeout=client.timeout_seconds,
             retries=client.retries,
             backoff=client.backoff_seconds,
+            token_ids=client.return_token_ids,
         )
 
     async def __aenter__(self) -> PolicyClient:
@@ -261,7 +268,7 @@ class PolicyClient:
                 response.close()
 
     def _body(self, max_tokens: int, temperature: float, top_p: float, stop, seed, extra: dict) -> dict:
-        body = {"model": self.model, "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, **extra}
+        body = {"model": self.model, "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, **self._token_ids, **extra}
         if stop:
             body["stop"] = list(stop)
         if seed is not None:
@@ -285,7 +292,7 @@ class PolicyClient:
         body = self._body(max_tokens, temperature, top_p, stop, seed, extra) | {"prompt": prompt}
         reply = await self._post("/completions", body)
         choice = (reply.get("choices") or [{}])[0]
-        return Completion(choice.get("text") or "", choice.get("finish_reason"), Usage.of(reply.get("usage")))
+        return Completion(choice.get("text") or "", choice.get("finish_reason"), Usage.of(reply.get("usage")), choice.get("token_ids"))
 
     async def chat(
         self,
@@ -313,6 +320,7 @@ class PolicyClient:
             finish_reason=choice.get("finish_reason"),
             usage=Usage.of(reply.get("usage")),
             message=message,
+            token_ids=choice.get("token_ids"),
         )
 
     async def stream(
@@ -332,14 +340,15 @@ class PolicyClient:
         """
         body = self._body(max_tokens, temperature, top_p, stop, seed, extra)
         body |= {"prompt": prompt, "stream": True, "stream_options": {"include_usage": True}}
-        finish, usage = None, None
+        finish, usage, ids = None, None, _TokenIds()
         async for event in self._events("/completions", body):
             usage = Usage.of(event["usage"]) if event.get("usage") else usage
             for choice in event.get("choices") or []:
                 finish = choice.get("finish_reason") or finish
+                ids.add(choice)
                 if choice.get("text"):
                     yield StreamChunk(text=choice["text"])
-        yield StreamChunk(finish_reason=finish, usage=usage)
+        yield StreamChunk(finish_reason=finish, usage=usage, token_ids=ids.all)
 
     async def stream_chat(
         self,
@@ -359,20 +368,21 @@ class PolicyClient:
         body = self._body(max_tokens, temperature, top_p, stop, seed, extra)
         body |= {"messages": messages, "stream": True, "stream_options": {"include_usage": True}}
         body |= _tool_fields(tools, tool_choice)
-        finish, usage = None, None
+        finish, usage, ids = None, None, _TokenIds()
         pending: dict[int, dict] = {}  # vLLM sends a call's arguments in several deltas
         async for event in self._events("/chat/completions", body):
             usage = Usage.of(event["usage"]) if event.get("usage") else usage
             for choice in event.get("choices") or []:
                 delta = choice.get("delta") or {}
                 finish = choice.get("finish_reason") or finish
+                ids.add(choice)
                 for call in delta.get("tool_calls") or []:
                     _merge_call(pending.setdefault(call.get("index", 0), {"function": {"arguments": ""}}), call)
                 text, reasoning = delta.get("content") or "", delta.get("reasoning_content") or delta.get("reasoning") or ""
                 if text or reasoning:
                     yield StreamChunk(text=text, reasoning=reasoning)
         calls = [ToolCall.of(call) for _, call in sorted(pending.items())]
-        yield StreamChunk(tool_calls=calls, finish_reason=finish, usage=usage)
+        yield StreamChunk(tool_calls=calls, finish_reason=finish, usage=usage, token_ids=ids.all)
 
     async def models(self) -> list[str]:
         """The model names the server serves."""
@@ -419,6 +429,17 @@ def sampling_options(sampling=None) -> dict:
 def requested_sampling(request):
     """The request's sampling field, or None when the caller left it unset."""
     return request.sampling if request.HasField("sampling") else None
+
+
+class _TokenIds:
+    """A streamed reply's sampled ids: each chunk's token_ids are the ones new since the last."""
+
+    def __init__(self):
+        self.all: list[int] | None = None
+
+    def add(self, choice: dict) -> None:
+        if choice.get("token_ids") is not None:
+            self.all = (self.all or []) + list(choice["token_ids"])
 
 
 def _tool_fields(tools: list[dict] | None, tool_choice: str | dict | None) -> dict:

@@ -97,6 +97,11 @@ class PolicyClientSettings(BaseModel):
     timeout_seconds: float = Field(120.0, gt=0, description="Timeout of one HTTP request")
     retries: int = Field(3, ge=0, description="Retries on connection errors, 5xx and 429")
     backoff_seconds: float = Field(0.5, ge=0, description="First retry delay, doubled per retry")
+    return_token_ids: bool = Field(
+        True,
+        description="Ask for the sampled token ids (vLLM's return_token_ids; the built-in server honours it too), which "
+        "trajectories keep for training on exactly the sampled tokens; turn off for a server that rejects the field",
+    )
 
 
 class PolicyServerSettings(BaseModel):

@@ -39,6 +39,7 @@ from gearshift.errors import GearshiftError, InvalidArgument
 from gearshift.policy_client import PolicyClient
 from gearshift.pricing import CostTable
 from gearshift.protocol import a2fm, prompts
+from gearshift.protocol.sampled import sampled_span, shifted
 from gearshift.protocol.sr2am import plan_block, plan_block_separator
 from gearshift.settings import ExecutorSettings, Limits
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -162,6 +163,8 @@ class EpisodeRunner:
         trajectory.mode = route.mode
         trajectory.routing_strategy = route.strategy
         trajectory.routing_rationale = route.rationale
+        if route.HasField("sampled"):
+            trajectory.routing_sampled.append(route.sampled)
         state.account(None, route.usage.input_tokens, route.usage.output_tokens)
         yield event(ROUTING_TURN, mode_chosen=executor_pb2.ModeChosen(mode=route.mode, strategy=route.strategy, rationale=route.rationale))
         state.transcript = a2fm.episode_prefix(route.mode, route.rationale)
@@ -240,24 +243,28 @@ class EpisodeRunner:
         decision = await self.down.planner.Regulate(planner_pb2.RegulateRequest(state=belief, sampling=state.explore))
         state.account(turn, decision.usage.input_tokens, decision.usage.output_tokens)
         turn.plan_decision = decision.decision
+        samples = [decision.sampled] if decision.HasField("sampled") else []
         if decision.decision == PlanDecision.PLAN_DECISION_PLAN_NEW:
             planned = await self.down.planner.Plan(planner_pb2.PlanRequest(state=belief, sampling=state.explore))
             state.account(turn, planned.usage.input_tokens, planned.usage.output_tokens)
             if planned.plan.steps:
                 state.plan, state.plan_progress = planned.plan, 0
                 turn.plan.CopyFrom(planned.plan)
+                samples += [planned.sampled] if planned.HasField("sampled") else []
             else:
                 turn.plan_decision = PlanDecision.PLAN_DECISION_ACT  # the planner produced nothing usable
+                samples = []  # the block is the platform's, not what was sampled
         block, opener = plan_block(turn.plan_decision, turn.plan, first_turn=not turn.index)
         state.transcript += block  # the agent's own reasoning (SR2AM): learned in training
         turn.output += block
+        turn.sampled.extend(shifted(span, len(plan_block_separator(first_turn=not turn.index))) for span in samples)
         state.inject(turn, opener)
         return event(turn.index, plan=executor_pb2.PlanMade(decision=turn.plan_decision, plan=turn.plan))
 
     async def _generate(self, state: EpisodeState, turn: Turn, stop: list[str]) -> AsyncIterator[executor_pb2.SolveEvent]:
         """Continues the assistant turn, streaming chunks; closes a tag the stop word cut."""
         remaining = self.config.max_tokens_per_turn
-        text, finish, usage = [], None, None
+        text, finish, usage, token_ids = [], None, None, None
         async for chunk in self.policy.stream_chat(
             prompts.messages(state.trajectory.query, state.transcript),
             max_tokens=remaining,
@@ -270,12 +277,15 @@ class EpisodeRunner:
             if chunk.text:
                 text.append(chunk.text)
                 yield event(turn.index, chunk=executor_pb2.OutputChunk(text=chunk.text))
-            finish, usage = chunk.finish_reason or finish, chunk.usage or usage
+            finish, usage, token_ids = chunk.finish_reason or finish, chunk.usage or usage, chunk.token_ids or token_ids
         output = "".join(text)
         if finish == "stop":
-            output += _closing_tag(state.transcript + output, stop)
+            output += _closing_tag(state.transcript + output, stop)  # the stop word the model sampled
         state.last_finish = finish
         state.transcript += output
+        span = sampled_span(len(turn.output), len(turn.output) + len(output), token_ids)
+        if span is not None:
+            turn.sampled.append(span)
         turn.output += output
         if usage is not None:
             state.account(turn, usage.prompt_tokens, usage.completion_tokens)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gearshift.api.common.v1.common_pb2 import Plan, PlanDecision, Turn
+from gearshift.api.common.v1.common_pb2 import Plan, PlanDecision, SampledSpan, Turn
 from gearshift.errors import InvalidArgument
 from gearshift.policy_client import PolicyClient, sampling_options
 from gearshift.protocol import prompts
-from gearshift.protocol.sr2am import PLAN_HEAD, PLAN_OPENER, parse_plan_block, render_plan
+from gearshift.protocol.sampled import sampled_span
+from gearshift.protocol.sr2am import PLAN_HEAD, PLAN_OPENER, parse_plan_block, plan_block, render_plan
 from gearshift.settings import PlannerSettings
 
 REGULATE_PROMPT = """You regulate an agent's planning. Decide for the next turn:
@@ -60,6 +61,7 @@ class Decision:
     rationale: str
     input_tokens: int = 0
     output_tokens: int = 0
+    sampled: SampledSpan | None = None  # what the policy sampled of the decision's plan block
 
 
 @dataclass
@@ -68,6 +70,7 @@ class PlanResult:
     text: str
     input_tokens: int = 0
     output_tokens: int = 0
+    sampled: SampledSpan | None = None  # what the policy sampled of the plan block
 
 
 def last_result(history: list[Turn]) -> str:
@@ -137,12 +140,15 @@ class SimulativePlanner:
                                            **(sampling or sampling_options()))
             decision = parse_decision(reply.content or "")
         usable = decision is not None and not (decision == PlanDecision.PLAN_DECISION_CONTINUE and belief.progress >= len(belief.plan.steps))
+        sampled = None
         if usable:
             rationale = f"policy chose {PlanDecision.Name(decision)}"
+            if belief.transcript:  # the policy continued its own "Plan:": the block's decision is its sample
+                sampled = sampled_span(len(PLAN_HEAD), len(decision_text(decision)), reply.token_ids)
         else:
             decision = rule_decision(belief)
             rationale = f"policy reply {reply.content!r:.40} was not a usable decision; rule chose {PlanDecision.Name(decision)}"
-        return Decision(decision, rationale, reply.usage.prompt_tokens, reply.usage.completion_tokens)
+        return Decision(decision, rationale, reply.usage.prompt_tokens, reply.usage.completion_tokens, sampled)
 
     async def plan(self, belief: Belief, max_horizon: int, sampling: dict | None = None) -> PlanResult:
         """A simulative plan of at most max_horizon steps; sampling defaults to greedy."""
@@ -165,7 +171,17 @@ class SimulativePlanner:
         text = opener + (reply.content or "")
         parsed = parse_plan_block(text)
         plan = complete_steps(parsed.plan, horizon) if parsed else Plan()
-        return PlanResult(plan, text, reply.usage.prompt_tokens, reply.usage.completion_tokens)
+        # In the agent's message the plan is its own sample, up to the line plan_block ends it with.
+        sampled = sampled_span(len(opener), len(render_plan(plan)) + 1, reply.token_ids) if belief.transcript and plan.steps else None
+        return PlanResult(plan, text, reply.usage.prompt_tokens, reply.usage.completion_tokens, sampled)
+
+
+def decision_text(decision: int) -> str:
+    """The start of a turn's plan block that the decision writes (sr2am.plan_block): the whole
+    block for CONTINUE and ACT, the opener a new plan continues from for PLAN_NEW."""
+    if decision == PlanDecision.PLAN_DECISION_PLAN_NEW:
+        return PLAN_OPENER
+    return plan_block(decision, Plan(), first_turn=True)[0]
 
 
 def complete_steps(plan: Plan, horizon: int) -> Plan:

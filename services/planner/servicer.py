@@ -30,6 +30,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             decision=decision.decision,
             rationale=decision.rationale,
             usage=TokenUsage(input_tokens=decision.input_tokens, output_tokens=decision.output_tokens),
+            sampled=decision.sampled,
         )
 
     async def Plan(self, request: planner_pb2.PlanRequest, context) -> planner_pb2.PlanResponse:
@@ -40,4 +41,5 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             plan=result.plan,
             text=result.text,
             usage=TokenUsage(input_tokens=result.input_tokens, output_tokens=result.output_tokens),
+            sampled=result.sampled,
         )

@@ -19,7 +19,7 @@ from gearshift.errors import GearshiftError, InvalidArgument, NotFound, Resource
 from gearshift.services.policy_server.core import Generation, PolicyEngine
 from gearshift.services.policy_server.generation import GenerationResult
 from gearshift.services.policy_server.parsing import OutputSplitter, Piece, split_output
-from gearshift.services.policy_server.schemas import ChatCompletionRequest, CompletionRequest, LoadRequest
+from gearshift.services.policy_server.schemas import ChatCompletionRequest, CompletionRequest, LoadRequest, SamplingFields
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -54,6 +54,12 @@ def _usage(results: list[GenerationResult]) -> dict:
         "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
     }
+
+
+def _token_ids(body: SamplingFields, result: GenerationResult) -> dict:
+    """vLLM's return_token_ids: a choice's sampled ids. Streamed, vLLM sends each chunk's new ids;
+    this server sends them all with the finishing chunk, which adds up to the same list."""
+    return {"token_ids": result.token_ids} if body.return_token_ids else {}
 
 
 def _sse(payload: dict | str) -> str:
@@ -150,14 +156,15 @@ def create_app(engine: PolicyEngine) -> FastAPI:
         meta = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": engine.served_name}
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _stream(_completion_events(generations[0], meta, include_usage))
+            return _stream(_completion_events(generations[0], meta, include_usage, body.return_token_ids))
 
         async def results_of_all() -> list[GenerationResult]:
             return list(await asyncio.gather(*(generation.result() for generation in generations)))
 
         results = await _unless_disconnected(request, results_of_all())
         choices = [
-            {"index": i, "text": r.text, "finish_reason": r.finish_reason, "logprobs": None} for i, r in enumerate(results)
+            {"index": i, "text": r.text, "finish_reason": r.finish_reason, "logprobs": None} | _token_ids(body, r)
+            for i, r in enumerate(results)
         ]
         return {**meta, "choices": choices, "usage": _usage(results)}
 
@@ -168,14 +175,14 @@ def create_app(engine: PolicyEngine) -> FastAPI:
         meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": engine.served_name}
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _stream(_chat_events(generation, parse_tools, meta, include_usage, raw=body.continue_final_message))
+            return _stream(_chat_events(generation, parse_tools, meta, include_usage, body.return_token_ids, raw=body.continue_final_message))
         result = await _unless_disconnected(request, generation.result())
-        output = split_output(result.text, parse_tools, parse_reasoning=not body.continue_final_message)
+        output = split_output(result.text, parse_tools, raw=body.continue_final_message)
         message = {"role": "assistant", "content": output.content, "reasoning_content": output.reasoning_content}
         if output.tool_calls:
             message["tool_calls"] = output.tool_calls
         finish = "tool_calls" if output.tool_calls else result.finish_reason
-        choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+        choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None} | _token_ids(body, result)
         return {**meta, "object": "chat.completion", "choices": [choice], "usage": _usage([result])}
 
     registry = CollectorRegistry()
@@ -228,11 +235,12 @@ async def _guarded(events: AsyncIterator[str]) -> AsyncIterator[str]:
     yield _sse("[DONE]")
 
 
-async def _completion_events(generation: Generation, meta: dict, include_usage: bool) -> AsyncIterator[str]:
+async def _completion_events(generation: Generation, meta: dict, include_usage: bool, token_ids: bool) -> AsyncIterator[str]:
     async def events() -> AsyncIterator[str]:
         async for item in generation.items():
             if isinstance(item, GenerationResult):
-                yield _sse({**meta, "choices": [{"index": 0, "text": "", "finish_reason": item.finish_reason}]})
+                ids = {"token_ids": item.token_ids} if token_ids else {}
+                yield _sse({**meta, "choices": [{"index": 0, "text": "", "finish_reason": item.finish_reason} | ids]})
                 if include_usage:
                     yield _sse({**meta, "choices": [], "usage": _usage([item])})
             else:
@@ -249,12 +257,13 @@ def _delta(piece: Piece, call_index: int) -> dict:
 
 
 async def _chat_events(
-    generation: Generation, parse_tools: bool, meta: dict, include_usage: bool, raw: bool = False
+    generation: Generation, parse_tools: bool, meta: dict, include_usage: bool, token_ids: bool, raw: bool = False
 ) -> AsyncIterator[str]:
     meta = {**meta, "object": "chat.completion.chunk"}
 
-    def chunk(delta: dict, finish: str | None = None) -> str:
-        return _sse({**meta, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+    def chunk(delta: dict, finish: str | None = None, ids: list[int] | None = None) -> str:
+        extra = {"token_ids": ids} if ids is not None else {}
+        return _sse({**meta, "choices": [{"index": 0, "delta": delta, "finish_reason": finish} | extra]})
 
     async def events() -> AsyncIterator[str]:
         splitter = OutputSplitter(parse_tools, parse_reasoning=not raw)
@@ -266,7 +275,7 @@ async def _chat_events(
                 yield chunk(_delta(piece, calls))
                 calls += piece.kind == "tool_call"
             if final:
-                yield chunk({}, "tool_calls" if calls else item.finish_reason)
+                yield chunk({}, "tool_calls" if calls else item.finish_reason, item.token_ids if token_ids else None)
                 if include_usage:
                     yield _sse({**meta, "choices": [], "usage": _usage([item])})
 

@@ -33,6 +33,7 @@ class GenerationResult:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    token_ids: list[int] = field(default_factory=list)  # the sampled tokens (a stop word's included)
 
 
 def pick_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:

@@ -188,11 +188,14 @@ class ChatOutput:
     tool_calls: list[dict]
 
 
-def split_output(text: str, parse_tools: bool, parse_reasoning: bool = True) -> ChatOutput:
-    """The whole-text form of OutputSplitter, for non-streamed replies."""
-    splitter = OutputSplitter(parse_tools, parse_reasoning)
+def split_output(text: str, parse_tools: bool, raw: bool = False) -> ChatOutput:
+    """The whole-text form of OutputSplitter, for non-streamed replies. raw (a continued
+    assistant message): the text comes back as generated, whitespace and tags included, as the
+    stream sends it: a leading newline can be what the continuation says."""
+    splitter = OutputSplitter(parse_tools, parse_reasoning=not raw)
     pieces = splitter.feed(text) + splitter.finish()
-    content = "".join(p.text for p in pieces if p.kind == "content").strip()
-    reasoning = "".join(p.text for p in pieces if p.kind == "reasoning").strip()
+    trim = (lambda s: s) if raw else str.strip
+    content = trim("".join(p.text for p in pieces if p.kind == "content"))
+    reasoning = trim("".join(p.text for p in pieces if p.kind == "reasoning"))
     calls = [p.call for p in pieces if p.kind == "tool_call"]
     return ChatOutput(content or None, reasoning or None, calls)

@@ -80,7 +80,9 @@ class Sequence:
 
     def result(self) -> GenerationResult:
         out = self.output
-        return GenerationResult(out.text, out.finish_reason or "length", len(self.prompt_ids), len(out.tokens), self.cached_tokens)
+        return GenerationResult(
+            out.text, out.finish_reason or "length", len(self.prompt_ids), len(out.tokens), self.cached_tokens, list(out.tokens)
+        )
 
 
 @dataclass

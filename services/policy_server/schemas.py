@@ -28,6 +28,7 @@ class SamplingFields(BaseModel):
     stream: bool = Field(False, description="Server-sent events, one chunk per piece of text")
     stream_options: StreamOptions | None = None
     ignore_eos: bool = Field(False, description="vLLM extension: keep going past end-of-sequence")
+    return_token_ids: bool = Field(False, description="vLLM extension: each choice carries the sampled token_ids")
 
     @field_validator("stop")
     @classmethod

@@ -7,11 +7,12 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gearshift.api.common.v1.common_pb2 import RoutingStrategy
+from gearshift.api.common.v1.common_pb2 import RoutingStrategy, SampledSpan
 from gearshift.errors import FailedPrecondition, InvalidArgument
 from gearshift.policy_client import PolicyClient, sampling_options
 from gearshift.protocol import a2fm, prompts
 from gearshift.protocol.modes import MODE_OF, NAME_OF
+from gearshift.protocol.sampled import sampled_span
 from gearshift.settings import RouterSettings
 
 RATIONALE_CHARS = 300  # one sentence; longer rationales are cut
@@ -30,6 +31,7 @@ class ModeDecision:
     output_tokens: int = 0
     attempts: int = 0
     router_version: str = ""
+    sampled: SampledSpan | None = None  # what the policy sampled of the routing head
 
 
 class LearnedRouter(Protocol):
@@ -74,7 +76,7 @@ class ModeRouter:
         if self.policy is None:
             raise FailedPrecondition("model routing needs a policy server")
         input_tokens = output_tokens = 0
-        rationale = ""
+        rationale = opening = ""
         for attempt in range(1, self.config.max_attempts + 1):
             if attempt == 1:
                 reply = await self.policy.chat(
@@ -98,8 +100,11 @@ class ModeRouter:
             mode, said = a2fm.parse_classification(text)
             if mode is not None:
                 rationale = said.split("\n")[0][:RATIONALE_CHARS]
-                return ModeDecision(mode, RoutingStrategy.ROUTING_STRATEGY_MODEL, rationale, a2fm.episode_prefix(mode, rationale),
-                                    input_tokens=input_tokens, output_tokens=output_tokens, attempts=attempt)
+                prefix = a2fm.episode_prefix(mode, rationale)
+                head = len(prefix) - len(prompts.MODE_OPENERS[mode])  # rationale and classification block
+                return ModeDecision(mode, RoutingStrategy.ROUTING_STRATEGY_MODEL, rationale, prefix,
+                                    input_tokens=input_tokens, output_tokens=output_tokens, attempts=attempt,
+                                    sampled=sampled_span(len(opening), head, reply.token_ids))
         mode = MODE_OF[self.config.fallback_mode]
         note = f"No known label after {self.config.max_attempts} attempts; fell back to {self.config.fallback_mode}."
         return ModeDecision(mode, RoutingStrategy.ROUTING_STRATEGY_FALLBACK, note, a2fm.episode_prefix(mode, note),

@@ -36,4 +36,5 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             assistant_prefix=decision.assistant_prefix,
             attempts=decision.attempts,
             router_version=decision.router_version,
+            sampled=decision.sampled,
         )

@@ -10,9 +10,11 @@ from gearshift.api.common.v1.common_pb2 import Mode, RoutingStrategy, Trajectory
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.clients import channel
 from gearshift.embedded import embedded
-from gearshift.protocol.a2fm import render_transcript
+from gearshift.protocol.a2fm import episode_prefix, render_transcript
 from gearshift.protocol.modes import mode_name
 from gearshift.settings import ExecutorSettings, PlannerSettings, RouterSettings
+from gearshift.training.tokenization import sampled_prefix
+from transformers import AutoTokenizer
 
 QUESTION, REFERENCE = "What is the capital of France?", "Paris"
 SMALL = {
@@ -81,22 +83,37 @@ async def solve_the_demo(settings) -> list[Trajectory]:
                 for q, r, _ in DEMO_QUESTIONS]
 
 
-async def check_the_demo(settings, postgres_url) -> None:
+async def check_the_demo(settings, postgres_url, smollm2_dir) -> None:
     """The default policy routes and answers each demo question itself (none is in its training
-    data), each in the mode one would expect."""
+    data), each in the mode one would expect; every model call kept the token ids it sampled."""
     from gearshift.cli.platform import DEMO_QUESTIONS
 
     solved = await solve_the_demo(settings.model_copy(update={"database_url": postgres_url}))
     outcome = [(mode_name(t.mode), t.reward.correct, t.reward.format_valid) for t in solved]
     assert outcome == [(mode, True, True) for _, _, mode in DEMO_QUESTIONS], [t.answer for t in solved]
+    check_sampled_tokens(solved, AutoTokenizer.from_pretrained(smollm2_dir))
+
+
+def check_sampled_tokens(trajectories: list[Trajectory], tokenizer) -> None:
+    """The routing head and each turn kept what the policy sampled, and the ids decode to the
+    stored text all through, short of the line the platform ends a block with."""
+    for trajectory in trajectories:
+        assert trajectory.routing_sampled and all(turn.sampled for turn in trajectory.turns)
+        head = episode_prefix(trajectory.mode, trajectory.routing_rationale)
+        kept = [head[s.start : s.end] for s in trajectory.routing_sampled]
+        kept += [turn.output[s.start : s.end] for turn in trajectory.turns for s in turn.sampled]
+        spans = list(trajectory.routing_sampled) + [s for turn in trajectory.turns for s in turn.sampled]
+        for text, span in zip(kept, spans):
+            _, chars = sampled_prefix(tokenizer, tuple(span.token_ids), text)
+            assert text[chars:] in ("", "\n"), (text, tokenizer.decode(span.token_ids))
 
 
 @pytest.mark.model
-async def test_the_builtin_server_serves_the_default_policy_folded(settings, postgres_url, builtin_default_policy):
-    await check_the_demo(settings.with_policy(builtin_default_policy), postgres_url)
+async def test_the_builtin_server_serves_the_default_policy_folded(settings, postgres_url, builtin_default_policy, smollm2_dir):
+    await check_the_demo(settings.with_policy(builtin_default_policy), postgres_url, smollm2_dir)
 
 
 @pytest.mark.model
 @pytest.mark.vllm
-async def test_vllm_serves_the_default_policy_as_a_lora_module(settings, postgres_url, vllm_policy):
-    await check_the_demo(settings.with_policy(vllm_policy, model="default"), postgres_url)
+async def test_vllm_serves_the_default_policy_as_a_lora_module(settings, postgres_url, vllm_policy, smollm2_dir):
+    await check_the_demo(settings.with_policy(vllm_policy, model="default"), postgres_url, smollm2_dir)

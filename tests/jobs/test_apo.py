@@ -8,6 +8,7 @@ from gearshift.api.common.v1.common_pb2 import Mode, RoutingStrategy
 from gearshift.jobs.apo import trainer
 from gearshift.jobs.apo.config import APOConfig, APOPrompt
 from gearshift.jobs.apo.rollouts import Group, group_requests
+from gearshift.training.config import RolloutConfig
 from gearshift.training.results import read_metrics
 from gearshift.training.runtime import Run
 
@@ -39,10 +40,11 @@ def test_group_requests_force_each_mode_rho_times_then_gamma_free(tiny_dir):
 
 
 def test_policy_loss_falls_on_a_fixed_rollout_batch(tiny_dir, tmp_path):
-    cfg = config(tiny_dir, tmp_path / "out", updates_per_batch=8, optim={"learning_rate": 3e-3, "max_steps": 1, "threads": 1})
+    cfg = config(tiny_dir, tmp_path / "out", updates_per_batch=8, optim={"learning_rate": 3e-3, "max_steps": 1, "threads": 1},
+                 rollout={"exact_tokens": False})  # hand-written rollouts keep no sampled ids
     run = Run.start("apo", cfg)
     groups = [Group(APOPrompt(query="q", reference_answer="a"), [routed_instant(), forced_agentic()], [1.0, 0.0], 1.0, [True, False])]
-    rollouts = trainer.encode_groups(run.tokenizer, groups, cfg.max_length)
+    rollouts = trainer.encode_groups(run.tokenizer, groups, cfg)
     assert rollouts.advantages.tolist() == pytest.approx([0.7071, -0.7071], abs=1e-3)
     results = trainer.apo_update(run, rollouts, cfg)
     values = [r.loss.item() for r in results]
@@ -115,7 +117,7 @@ async def test_rollout_rewards_and_advantages_match_a_hand_computation(settings,
     assert informative(groups, None) == [two, mountain]
     assert informative(groups, (0.125, 0.5)) == [mountain]  # 2+2's pass rate 0.75 is outside
     run = Run.start("apo", config(tiny_dir, settings.data_dir / "run"))
-    batch = trainer.encode_groups(run.tokenizer, [two, mountain], cfg.max_length)
+    batch = trainer.encode_groups(run.tokenizer, [two, mountain], cfg.model_copy(update={"rollout": RolloutConfig(exact_tokens=False)}))
     # Group z-scores with the sample std: [1, 0, 1, 0] -> mean 0.5, std sqrt(1/3); [1, 0, 0, 0] ->
     # mean 0.25, std 0.5.
     assert batch.advantages.tolist() == pytest.approx([0.8660, -0.8660, 0.8660, -0.8660, 1.5, -0.5, -0.5, -0.5], abs=1e-3)

@@ -5,7 +5,9 @@ import pytest
 import torch
 from gearshift.jobs.distill import trainer
 from gearshift.jobs.distill.config import DistillConfig, Prompt
+from gearshift.jobs.on_policy import encode_rollouts
 from gearshift.training import forward, tokenization
+from gearshift.training.config import RolloutConfig
 from gearshift.training.results import read_metrics
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -74,7 +76,7 @@ def test_tool_responses_and_injected_text_are_never_targets(tiny_dir):
     from tests.libs.training.trajectories import forced_agentic
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
-    encoded = trainer.encode_rollout(tokenizer, forced_agentic(), 4096)
+    encoded = encode_rollouts(tokenizer, [forced_agentic()], RolloutConfig(exact_tokens=False), 4096)[0]
     learned = tokenizer.decode([t for t, target in zip(encoded.input_ids, encoded.target) if target])
     assert "Results for tool call" not in learned and "toolcalling_agent" not in learned and "<plan>" not in learned
     assert learned.startswith("Plan: None\nmultiply</plan>")

@@ -5,7 +5,7 @@ Per step and prompt: rho forced rollouts for each mode (the executor injects the
 and gamma free rollouts, all through the executor and sandbox as in serving, with the policy
 server serving the current training weights; rewards from the reward service (APO, or SR2AM's
 tiered reward); group z-score advantages; logprobs recomputed with the training model on each
-rollout's tokens, tool responses and injected text masked; loss = clipped ratio with
+rollout's tokens, tool responses, injected text and text the policy did not sample masked; loss = clipped ratio with
 eps_low/eps_high, per-trajectory token mean, then group mean (+ optional k3 KL to a reference).
 
 By default the services run in this process and the built-in policy server serves the very
@@ -31,7 +31,7 @@ import torch
 from gearshift.evaluation.suites import SUITES
 from gearshift.jobs.apo.config import APOConfig, APOPrompt
 from gearshift.jobs.apo.rollouts import Group, collect, informative
-from gearshift.jobs.on_policy import reload_remote, rollout_services
+from gearshift.jobs.on_policy import encode_rollouts, reload_remote, rollout_services
 from gearshift.settings import Settings
 from gearshift.training import advantages, checkpoints, data, forward, losses, tokenization
 from gearshift.training.results import register
@@ -69,21 +69,19 @@ class RolloutBatch:
     rewards: torch.Tensor
     groups: torch.Tensor
     advantages: torch.Tensor
+    unsampled: int = 0  # learned text the policy did not sample (masked with rollout.exact_tokens)
 
 
-def encode_groups(tokenizer, groups: list[Group], max_length: int) -> RolloutBatch:
-    """Tokens and masks of every rollout (no end-of-turn target: serving stops at stop words,
-    so the policy never sampled one)."""
-    encoded, rewards, group_ids = [], [], []
-    for index, group in enumerate(groups):
-        for rollout, reward in zip(group.rollouts, group.rewards):
-            segments = tokenization.assistant_segments(rollout)
-            encoded.append(tokenization.encode(tokenizer, rollout.query, segments, end_of_turn=False, max_length=max_length))
-            rewards.append(reward)
-            group_ids.append(index)
+def encode_groups(tokenizer, groups: list[Group], config: APOConfig) -> RolloutBatch:
+    """Tokens and masks of every rollout (on_policy.encode_rollouts), with group and reward."""
+    rollouts = [rollout for group in groups for rollout in group.rollouts]
+    encoded = encode_rollouts(tokenizer, rollouts, config.rollout, config.max_length)
+    rewards = [reward for group in groups for reward in group.rewards]
+    group_ids = [index for index, group in enumerate(groups) for _ in group.rollouts]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     reward_tensor, group_tensor = torch.tensor(rewards), torch.tensor(group_ids)
-    return RolloutBatch(tokenization.collate(encoded, pad_id), reward_tensor, group_tensor, advantages.group_zscore(reward_tensor, group_tensor))
+    return RolloutBatch(tokenization.collate(encoded, pad_id), reward_tensor, group_tensor,
+                        advantages.group_zscore(reward_tensor, group_tensor), sum(e.unsampled for e in encoded))
 
 
 def rollout_logprobs(model, batch: tokenization.Batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,10 +145,12 @@ async def train_async(config: APOConfig, on_step: StepCallback | None = None) ->
                 log.info("step %d: all %d groups dropped (equal rewards or outside the pass-rate window)", step, len(groups))
                 run.record(step, 0.0, metrics | {"tokens": 0, "updated": False}, started)
                 continue
-            rollouts = encode_groups(run.tokenizer, kept, config.max_length)
+            rollouts = encode_groups(run.tokenizer, kept, config)
             results = apo_update(run, rollouts, config, reference)
             metrics |= {
                 "tokens": rollouts.batch.tokens,
+                "target_tokens": int(rollouts.batch.target_mask.sum()),
+                "unsampled_tokens": rollouts.unsampled,
                 "updated": True,
                 "rewards": rollouts.rewards.tolist(),
                 "advantages": rollouts.advantages.tolist(),

@@ -27,7 +27,7 @@ from gearshift.api.common.v1.common_pb2 import Mode, Purpose, Trajectory
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.clients import channel
 from gearshift.jobs.distill.config import DistillConfig, Prompt
-from gearshift.jobs.on_policy import reload_remote, rollout_services, sampling, solve
+from gearshift.jobs.on_policy import encode_rollouts, reload_remote, rollout_services, sampling, solve
 from gearshift.protocol.modes import MODE_OF
 from gearshift.settings import Settings
 from gearshift.training import checkpoints, data, forward, losses, tokenization
@@ -79,13 +79,6 @@ async def student_rollouts(stack: Settings, prompts: list[Prompt], config: Disti
         return list(await asyncio.gather(*(solve(stub, request, slots) for request in requests)))
 
 
-def encode_rollout(tokenizer, trajectory: Trajectory, max_length: int) -> tokenization.Encoded:
-    """The student's episode with what it wrote as targets (no end-of-turn target: serving
-    stops at stop words, so the student never sampled one)."""
-    return tokenization.encode(tokenizer, trajectory.query, tokenization.assistant_segments(trajectory), end_of_turn=False,
-                               max_length=max_length)
-
-
 def teacher_logits(student: forward.TargetLogits, batch: tokenization.Batch, owners: list[str], teachers: dict) -> torch.Tensor:
     """The teachers' logits at the student's target positions: row i scored by owners[i]'s
     teacher. Rows ascend in both, so each teacher's sub-batch targets come in the student's order."""
@@ -115,7 +108,7 @@ async def train_async(config: DistillConfig, on_step: StepCallback | None = None
             picked = [prompts[i] for i in draw.sample(range(len(prompts)), k=min(config.batch_size, len(prompts)))]
             episodes = await student_rollouts(stack, picked, config, run_id, step)
             rollout_ids += [t.id for t in episodes]
-            encoded = [encode_rollout(run.tokenizer, t, config.max_length) for t in episodes]
+            encoded = encode_rollouts(run.tokenizer, episodes, config.rollout, config.max_length)
             usable = [(p, e) for p, e in zip(picked, encoded) if e.target_count]
             if not usable:
                 run.record(step, 0.0, {"tokens": 0, "sampled_tokens": 0, "updated": False}, started)

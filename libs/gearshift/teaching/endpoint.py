@@ -23,6 +23,14 @@ def _cut(text: str, stop: list[str]) -> str:
     return text[: min(hits)] if hits else text
 
 
+def _stand_in_ids(written: str, text: str, stop: list[str]) -> list[int]:
+    """return_token_ids for a "model" without a tokenizer: one id per character (its code
+    point) of the text up to and including the stop word that ended it, as a real server's ids
+    run past the stop. Tests read back from them which text a kept span holds."""
+    ended_by = next((word for word in stop if word and written.startswith(text + word)), "")
+    return [ord(c) for c in text + ended_by]
+
+
 def _usage(body: dict, text: str) -> dict:
     prompt = body.get("prompt") or json.dumps(body.get("messages", []))
     usage = {"prompt_tokens": max(1, len(str(prompt)) // 4), "completion_tokens": max(1, len(text) // 4)}
@@ -30,8 +38,9 @@ def _usage(body: dict, text: str) -> dict:
     return usage
 
 
-async def reply(respond: Responder, model: str, path: str, body: dict) -> tuple[str, bytes]:
-    """(content type, body) of the answer to one request."""
+async def reply(respond: Responder, model: str, path: str, body: dict, stand_in_ids: bool = False) -> tuple[str, bytes]:
+    """(content type, body) of the answer to one request; stand_in_ids: honour return_token_ids
+    with _stand_in_ids (test stand-ins only: a trainer would take them for real tokens)."""
     if path.endswith("/models"):
         return "application/json", json.dumps({"object": "list", "data": [{"id": model, "object": "model"}]}).encode()
     if path.endswith("/health"):
@@ -41,14 +50,16 @@ async def reply(respond: Responder, model: str, path: str, body: dict) -> tuple[
     written = respond(body)
     if inspect.isawaitable(written):
         written = await written
-    text = _cut(written, [stop] if isinstance(stop, str) else stop)
+    stop = [stop] if isinstance(stop, str) else stop
+    text = _cut(written, stop)
     usage = _usage(body, text)
+    ids = {"token_ids": _stand_in_ids(written, text, stop)} if stand_in_ids and body.get("return_token_ids") else {}
     if not body.get("stream"):
-        choice = {"index": 0, "finish_reason": "stop"}
+        choice = {"index": 0, "finish_reason": "stop"} | ids
         choice |= {"message": {"role": "assistant", "content": text}} if chat else {"text": text}
         return "application/json", json.dumps({"id": "scripted", "model": model, "choices": [choice], "usage": usage}).encode()
     piece = {"delta": {"content": text}} if chat else {"text": text}
-    done = {"delta": {}} if chat else {"text": ""}
+    done = ({"delta": {}} if chat else {"text": ""}) | ids
     events = [
         {"choices": [{"index": 0, **piece, "finish_reason": None}]},
         {"choices": [{"index": 0, **done, "finish_reason": "stop"}]},
@@ -57,7 +68,8 @@ async def reply(respond: Responder, model: str, path: str, body: dict) -> tuple[
     return "text/event-stream", "".join(f"data: {json.dumps(e)}\n\n" for e in events).encode() + b"data: [DONE]\n\n"
 
 
-async def _serve_connection(respond: Responder, model: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _serve_connection(respond: Responder, model: str, stand_in_ids: bool, reader: asyncio.StreamReader,
+                            writer: asyncio.StreamWriter) -> None:
     """A minimal HTTP/1.1 keep-alive loop: enough for httpx, and nearly free, so the stand-in
     adds as little as possible to what a benchmark measures."""
     try:
@@ -66,7 +78,7 @@ async def _serve_connection(respond: Responder, model: str, reader: asyncio.Stre
             _, path, _ = head[0].split(" ", 2)
             headers = dict(line.lower().split(":", 1) for line in head[1:] if ":" in line)
             raw = await reader.readexactly(int(headers.get("content-length", "0").strip()))
-            content_type, payload = await reply(respond, model, path, json.loads(raw) if raw else {})
+            content_type, payload = await reply(respond, model, path, json.loads(raw) if raw else {}, stand_in_ids)
             writer.write(
                 f"HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload
             )
@@ -78,10 +90,10 @@ async def _serve_connection(respond: Responder, model: str, reader: asyncio.Stre
 
 
 @contextlib.asynccontextmanager
-async def serve_function(respond: Responder, model: str = "scripted") -> AsyncIterator[str]:
+async def serve_function(respond: Responder, model: str = "scripted", stand_in_ids: bool = False) -> AsyncIterator[str]:
     """Serves `respond` as a model on a free loopback port; yields its base URL (…/v1)."""
     server = await asyncio.start_server(
-        lambda reader, writer: _serve_connection(respond, model, reader, writer), "127.0.0.1", 0
+        lambda reader, writer: _serve_connection(respond, model, stand_in_ids, reader, writer), "127.0.0.1", 0
     )
     port = server.sockets[0].getsockname()[1]
     try:

@@ -4,10 +4,13 @@ It is a stand-in, named as such: it isolates the executor's own logic and overhe
 time (deterministic tool calls in tests, zero-latency turns in benchmarks). End-to-end tests
 use the real policy server with the real model."""
 
+import functools
+
 from gearshift.protocol.sr2am import PLAN_HEAD
 from gearshift.teaching.endpoint import Responder, _cut, _usage, reply, serve_function
 
-serve_scripted = serve_function
+# Its token ids are stand-ins too: one per character, its code point (endpoint._stand_in_ids).
+serve_scripted = functools.partial(serve_function, stand_in_ids=True)
 
 __all__ = ["Responder", "instant_policy", "reply", "serve_scripted", "_cut", "_usage"]
 

@@ -119,3 +119,6 @@ class RolloutConfig(Strict):
     max_tokens_per_turn: int = Field(128, ge=8, description="Tokens per policy turn in the in-process stack")
     max_steps: int = Field(0, ge=0, description="Turn budget per rollout (0: the mode's default)")
     concurrency: int = Field(12, ge=1, description="Rollouts in flight at once")
+    exact_tokens: bool = Field(
+        True, description="Learn only the tokens the policy sampled (kept with each turn); false: the re-tokenised text's"
+    )

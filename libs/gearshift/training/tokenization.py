@@ -15,7 +15,10 @@ model should choose (route_targets): one model learns to route, then to answer i
 
 Each piece is tokenized on its own, so no token straddles a learned and a masked piece (the
 whole text tokenized at once merges, e.g., the ">" ending a tool call with the "<" opening the
-tool response); a generated piece gets the tokens the model emits for that text.
+tool response). Where the trajectory kept what the policy sampled (SampledSpan), a piece gets the
+very token ids sampled, as far as they decode to its text; the rest of a learned piece is text
+the platform wrote for the policy (the "Plan:" head, a re-rendered plan, a cut rationale), and
+on-policy training (exact=True) masks it: the policy ratio is taken on sampled tokens only.
 """
 
 from __future__ import annotations
@@ -33,18 +36,23 @@ from gearshift.protocol import a2fm, prompts
 
 @dataclass(frozen=True)
 class Segment:
-    """A piece of the assistant turn and whether the loss learns it."""
+    """A piece of the assistant turn, whether the loss learns it, and the token ids the policy
+    sampled from its start, where kept."""
 
     text: str
     target: bool
+    sampled: tuple[int, ...] | None = None
 
 
 @dataclass
 class Encoded:
-    """Token ids of prompt + assistant turn; target[i] says token i is learned (predicted from i-1)."""
+    """Token ids of prompt + assistant turn; target[i] says token i is learned (predicted from i-1).
+    unsampled counts the tokens of learned pieces that the policy did not sample (re-tokenised
+    text; masked when encoded exact)."""
 
     input_ids: list[int]
     target: list[bool]
+    unsampled: int = 0
 
     @property
     def target_count(self) -> int:
@@ -81,10 +89,8 @@ def assistant_segments(trajectory: Trajectory, learn_routing: bool | None = None
     if learn_routing is None:
         learn_routing = trajectory.routing_strategy == RoutingStrategy.ROUTING_STRATEGY_MODEL
     head = f"{trajectory.routing_rationale}\n" if trajectory.routing_rationale else ""
-    pieces = [
-        Segment(head + a2fm.classification_block(trajectory.mode), target=learn_routing),
-        Segment(prompts.MODE_OPENERS[trajectory.mode], target=False),
-    ]
+    pieces = _cut(head + a2fm.classification_block(trajectory.mode), learn_routing, trajectory.routing_sampled, [])
+    pieces.append(Segment(prompts.MODE_OPENERS[trajectory.mode], target=False))
     for turn in trajectory.turns:
         pieces += turn_segments(turn)
         pieces.append(Segment(a2fm.tool_response_of(turn.tool_results), target=False))
@@ -94,13 +100,20 @@ def assistant_segments(trajectory: Trajectory, learn_routing: bool | None = None
 def turn_segments(turn) -> list[Segment]:
     """A turn's output: what the executor injected (its recorded spans: the <plan> opener, the
     forced-answer opener) masked, the rest learned (the SR2AM plan block is the agent's own
-    reasoning)."""
-    spans = list(zip(turn.injected_spans[::2], turn.injected_spans[1::2]))
+    reasoning), cut where the policy's samples begin."""
+    return _cut(turn.output, True, turn.sampled, list(zip(turn.injected_spans[::2], turn.injected_spans[1::2])))
+
+
+def _cut(text: str, target: bool, sampled, injected: list[tuple[int, int]]) -> list[Segment]:
+    """text in pieces: the injected spans masked, the sampled spans with their ids, the rest as
+    target says. The spans do not overlap (each is a different call's text)."""
+    spans = [(start, end, False, None) for start, end in injected]
+    spans += [(span.start, span.end, target, tuple(span.token_ids)) for span in sampled]
     pieces, at = [], 0
-    for start, end in sorted(spans):
-        pieces += [Segment(turn.output[at:start], target=True), Segment(turn.output[start:end], target=False)]
+    for start, end, learned, ids in sorted(spans, key=lambda span: span[0]):
+        pieces += [Segment(text[at:start], target), Segment(text[start:end], learned, ids)]
         at = end
-    return pieces + [Segment(turn.output[at:], target=True)]
+    return pieces + [Segment(text[at:], target)]
 
 
 def prompt_text(tokenizer, query: str) -> str:
@@ -117,28 +130,55 @@ def _end_of_turn(tokenizer) -> str:
     return whole[len(opened):].rstrip()
 
 
-def encode(tokenizer, query: str, segments: list[Segment], end_of_turn: bool, max_length: int | None = None) -> Encoded:
-    """Tokenizes prompt + segments (+ the end-of-turn marker as a target when end_of_turn)."""
+def encode(tokenizer, query: str, segments: list[Segment], end_of_turn: bool, max_length: int | None = None,
+           exact: bool = False) -> Encoded:
+    """Tokenizes prompt + segments (+ the end-of-turn marker as a target when end_of_turn). A
+    piece's sampled ids are used as far as they decode to its text; exact: only sampled tokens
+    are learned."""
     ids = _ids(tokenizer, prompt_text(tokenizer, query))
     target = [False] * len(ids)
+    unsampled = 0
     pieces = list(segments) + ([Segment(_end_of_turn(tokenizer), True)] if end_of_turn else [])
     for piece in pieces:
-        piece_ids = _ids(tokenizer, piece.text)
-        ids += piece_ids
-        target += [piece.target] * len(piece_ids)
+        sampled, chars = sampled_prefix(tokenizer, piece.sampled or (), piece.text)
+        rest = _ids(tokenizer, piece.text[chars:]) if chars < len(piece.text) else []
+        ids += sampled + rest
+        target += [piece.target] * len(sampled) + [piece.target and not exact] * len(rest)
+        unsampled += len(rest) if piece.target else 0
     if max_length is not None:
         ids, target = ids[:max_length], target[:max_length]
-    return Encoded(ids, target)
+    return Encoded(ids, target, unsampled)
+
+
+def sampled_prefix(tokenizer, sampled: tuple[int, ...], text: str) -> tuple[list[int], int]:
+    """The longest prefix of the sampled ids whose decoding is a prefix of text, and how many
+    characters of text it covers. The ids may run past the text (a stop word's last token, a
+    plan the platform cut) or part from it (text the platform rewrote)."""
+    if not sampled:
+        return [], 0
+
+    def decoded(n: int) -> str:
+        return tokenizer.decode(sampled[:n], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    low, high = 0, len(sampled)  # decoded(low) is a prefix of text; search the largest such n
+    while low < high:
+        middle = (low + high + 1) // 2
+        if text.startswith(decoded(middle)):
+            low = middle
+        else:
+            high = middle - 1
+    return list(sampled[:low]), len(decoded(low))
 
 
 def _ids(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def encode_trajectory(tokenizer, trajectory: Trajectory, max_length: int | None = None, learn_routing: bool | None = None) -> Encoded:
+def encode_trajectory(tokenizer, trajectory: Trajectory, max_length: int | None = None, learn_routing: bool | None = None,
+                      exact: bool = False) -> Encoded:
     """A stored trajectory with its masks; a completed one also learns to end its turn."""
     completed = trajectory.status == TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED
-    return encode(tokenizer, trajectory.query, assistant_segments(trajectory, learn_routing), completed, max_length)
+    return encode(tokenizer, trajectory.query, assistant_segments(trajectory, learn_routing), completed, max_length, exact)
 
 
 @dataclass

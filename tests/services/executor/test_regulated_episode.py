@@ -94,6 +94,30 @@ async def test_training_masks_exactly_what_the_executor_injected(episode):
     assert "391</answer>" in learned and "Results for tool call" not in learned
 
 
+async def test_each_sample_is_kept_where_its_text_landed(episode):
+    """Every model call's token ids are kept at the text it wrote (the stand-in's ids are its
+    characters): the routing head, the configurator's decision after "Plan:", the plan, each
+    generation with the stop word it closed. Where the platform wrote on (the line ending a
+    block) the text runs past the sample; the openers it injected are in no span."""
+    trajectory, _, _ = episode
+    (routing,) = trajectory.routing_sampled
+    head = a2fm.episode_prefix(trajectory.mode, trajectory.routing_rationale)
+    kept = [(head[routing.start : routing.end], routing)] + [
+        (turn.output[span.start : span.end], span) for turn in trajectory.turns for span in turn.sampled
+    ]
+    said = [(text, "".join(map(chr, span.token_ids))) for text, span in kept]  # (kept text, what the ids say)
+    assert [len(turn.sampled) for turn in trajectory.turns] == [3, 2, 2, 1]  # decision, plan, generation; ...; forced answer
+    assert said[0][1].startswith("Arithmetic is safer") and said[0][0] == said[0][1] + "\n"
+    assert said[1] == ("\n- Current State:", "\n- Current State:")  # turn 0: PLAN_NEW ...
+    assert said[2] == (PLAN + "\n", PLAN)  # ... its plan ...
+    assert said[3][0] == said[3][1] and said[3][1].endswith(CALL.format(n=1))  # ... and the call, stop word included
+    assert said[4] == ("\n\n", "\n\n") and said[6] == (" None\n", " None")  # CONTINUE, ACT
+    assert said[-1] == ("391</answer>", "391</answer>")  # the forced answer, after the injected opener
+    for turn in trajectory.turns:
+        for start, end in zip(turn.injected_spans[::2], turn.injected_spans[1::2]):
+            assert all(span.end <= start or span.start >= end for span in turn.sampled)
+
+
 async def test_usage_and_cost_are_the_sum_of_every_model_call(episode):
     trajectory, model, configured = episode
     kinds = {"route": 0, "regulate": 0, "plan": 0, "generate": 0}

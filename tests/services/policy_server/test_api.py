@@ -252,6 +252,43 @@ async def test_continuing_the_assistant_message_equals_completing_its_rendered_p
     assert not message.get("reasoning_content")
 
 
+async def test_a_continuation_comes_back_raw_whitespace_included(http, tokenizer):
+    """A continued message's leading whitespace is part of what the model said ("Plan:" then a
+    newline opens a new plan): the plain reply keeps it, as the stream and a completion do."""
+    messages = [{"role": "user", "content": "Go."}, {"role": "assistant", "content": "Plan:"}]
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, continue_final_message=True)
+    chat = {"messages": messages, "continue_final_message": True, "add_generation_prompt": False}
+    for seed in range(40):
+        sampled = {"max_tokens": 6, "temperature": 1.0, "seed": seed, "ignore_eos": True}
+        text = (await complete(http, prompt=rendered, **sampled))["choices"][0]["text"]
+        if text[:1].isspace():
+            break
+    assert text[:1].isspace(), "no seed gave a continuation that starts with whitespace"
+    reply = await http.post("/chat/completions", json=chat | sampled)
+    assert reply.json()["choices"][0]["message"]["content"] == text
+    streamed = await http.post("/chat/completions", json=chat | sampled | {"stream": True})
+    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in sse_events(streamed.text)[:-1] if e["choices"]) == text
+
+
+async def test_return_token_ids_gives_the_sampled_ids_plain_and_streamed(http, tokenizer):
+    """vLLM's return_token_ids: the ids the text was sampled as, a stop word's included; streamed,
+    the chunks' ids add up to the same list."""
+    sampled = {"max_tokens": 30, "temperature": 1.0, "seed": 11, "ignore_eos": True, "return_token_ids": True}
+    full = (await complete(http, **sampled))["choices"][0]
+    assert tokenizer.decode(full["token_ids"]) == full["text"] and len(full["token_ids"]) == 30
+    stop = full["text"][len(full["text"]) // 2 : len(full["text"]) // 2 + 3]
+    cut = (await complete(http, stop=[stop], **sampled))["choices"][0]
+    assert cut["finish_reason"] == "stop" and tokenizer.decode(cut["token_ids"]).startswith(cut["text"] + stop)
+    assert cut["token_ids"] == full["token_ids"][: len(cut["token_ids"])]
+    chat = {"messages": [{"role": "user", "content": "Say something."}], **sampled}
+    plain = (await http.post("/chat/completions", json=chat)).json()["choices"][0]
+    streamed = sse_events((await http.post("/chat/completions", json=chat | {"stream": True})).text)[:-1]
+    assert [i for e in streamed for c in e["choices"] for i in c.get("token_ids") or []] == plain["token_ids"]
+    assert tokenizer.decode(plain["token_ids"]).strip() == plain["message"]["content"]  # a new message is trimmed
+    without = (await complete(http, **{k: v for k, v in sampled.items() if k != "return_token_ids"}))["choices"][0]
+    assert "token_ids" not in without
+
+
 @pytest.mark.parametrize(
     ("body", "hint"),
     [

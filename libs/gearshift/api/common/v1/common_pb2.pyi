@@ -157,7 +157,7 @@ class Plan(_message.Message):
     def __init__(self, steps: _Optional[_Iterable[_Union[PlanStep, _Mapping]]] = ...) -> None: ...
 
 class Turn(_message.Message):
-    __slots__ = ("index", "plan_decision", "plan", "output", "tool_calls", "tool_results", "usage", "wall_seconds", "injected_spans")
+    __slots__ = ("index", "plan_decision", "plan", "output", "tool_calls", "tool_results", "usage", "wall_seconds", "injected_spans", "sampled")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     PLAN_DECISION_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +167,7 @@ class Turn(_message.Message):
     USAGE_FIELD_NUMBER: _ClassVar[int]
     WALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     INJECTED_SPANS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_FIELD_NUMBER: _ClassVar[int]
     index: int
     plan_decision: PlanDecision
     plan: Plan
@@ -176,7 +177,18 @@ class Turn(_message.Message):
     usage: TokenUsage
     wall_seconds: float
     injected_spans: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, index: _Optional[int] = ..., plan_decision: _Optional[_Union[PlanDecision, str]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., output: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_results: _Optional[_Iterable[_Union[ToolResult, _Mapping]]] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., wall_seconds: _Optional[float] = ..., injected_spans: _Optional[_Iterable[int]] = ...) -> None: ...
+    sampled: _containers.RepeatedCompositeFieldContainer[SampledSpan]
+    def __init__(self, index: _Optional[int] = ..., plan_decision: _Optional[_Union[PlanDecision, str]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., output: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_results: _Optional[_Iterable[_Union[ToolResult, _Mapping]]] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., wall_seconds: _Optional[float] = ..., injected_spans: _Optional[_Iterable[int]] = ..., sampled: _Optional[_Iterable[_Union[SampledSpan, _Mapping]]] = ...) -> None: ...
+
+class SampledSpan(_message.Message):
+    __slots__ = ("start", "end", "token_ids")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    end: int
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Reward(_message.Message):
     __slots__ = ("value", "correct", "format_valid", "kind", "verifier", "components")
@@ -212,7 +224,7 @@ class PlanningStats(_message.Message):
     def __init__(self, planning_frequency: _Optional[float] = ..., mean_plan_depth: _Optional[float] = ..., reasoning_tokens: _Optional[int] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("id", "query", "mode", "requested_mode", "routing_strategy", "routing_rationale", "turns", "answer", "reference_answer", "status", "usage", "cost", "reward", "planning", "task_source", "split", "run_id", "model_version", "labels", "created_at", "wall_seconds", "purpose")
+    __slots__ = ("id", "query", "mode", "requested_mode", "routing_strategy", "routing_rationale", "turns", "answer", "reference_answer", "status", "usage", "cost", "reward", "planning", "task_source", "split", "run_id", "model_version", "labels", "created_at", "wall_seconds", "purpose", "routing_sampled")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -242,6 +254,7 @@ class Trajectory(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     WALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PURPOSE_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_SAMPLED_FIELD_NUMBER: _ClassVar[int]
     id: str
     query: str
     mode: Mode
@@ -264,7 +277,8 @@ class Trajectory(_message.Message):
     created_at: _timestamp_pb2.Timestamp
     wall_seconds: float
     purpose: Purpose
-    def __init__(self, id: _Optional[str] = ..., query: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., requested_mode: _Optional[_Union[Mode, str]] = ..., routing_strategy: _Optional[_Union[RoutingStrategy, str]] = ..., routing_rationale: _Optional[str] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., answer: _Optional[str] = ..., reference_answer: _Optional[str] = ..., status: _Optional[_Union[TrajectoryStatus, str]] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., cost: _Optional[_Union[Cost, _Mapping]] = ..., reward: _Optional[_Union[Reward, _Mapping]] = ..., planning: _Optional[_Union[PlanningStats, _Mapping]] = ..., task_source: _Optional[str] = ..., split: _Optional[str] = ..., run_id: _Optional[str] = ..., model_version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., wall_seconds: _Optional[float] = ..., purpose: _Optional[_Union[Purpose, str]] = ...) -> None: ...
+    routing_sampled: _containers.RepeatedCompositeFieldContainer[SampledSpan]
+    def __init__(self, id: _Optional[str] = ..., query: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., requested_mode: _Optional[_Union[Mode, str]] = ..., routing_strategy: _Optional[_Union[RoutingStrategy, str]] = ..., routing_rationale: _Optional[str] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., answer: _Optional[str] = ..., reference_answer: _Optional[str] = ..., status: _Optional[_Union[TrajectoryStatus, str]] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., cost: _Optional[_Union[Cost, _Mapping]] = ..., reward: _Optional[_Union[Reward, _Mapping]] = ..., planning: _Optional[_Union[PlanningStats, _Mapping]] = ..., task_source: _Optional[str] = ..., split: _Optional[str] = ..., run_id: _Optional[str] = ..., model_version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., wall_seconds: _Optional[float] = ..., purpose: _Optional[_Union[Purpose, str]] = ..., routing_sampled: _Optional[_Iterable[_Union[SampledSpan, _Mapping]]] = ...) -> None: ...
 
 class Checkpoint(_message.Message):
     __slots__ = ("id", "kind", "uri", "parent_id", "job", "config_json", "code_version", "dataset_snapshot", "trajectory_ids", "eval_metrics", "status", "created_at")

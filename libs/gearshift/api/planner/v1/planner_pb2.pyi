@@ -30,14 +30,16 @@ class RegulateRequest(_message.Message):
     def __init__(self, state: _Optional[_Union[BeliefState, _Mapping]] = ..., sampling: _Optional[_Union[_common_pb2.Sampling, _Mapping]] = ...) -> None: ...
 
 class RegulateResponse(_message.Message):
-    __slots__ = ("decision", "rationale", "usage")
+    __slots__ = ("decision", "rationale", "usage", "sampled")
     DECISION_FIELD_NUMBER: _ClassVar[int]
     RATIONALE_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_FIELD_NUMBER: _ClassVar[int]
     decision: _common_pb2.PlanDecision
     rationale: str
     usage: _common_pb2.TokenUsage
-    def __init__(self, decision: _Optional[_Union[_common_pb2.PlanDecision, str]] = ..., rationale: _Optional[str] = ..., usage: _Optional[_Union[_common_pb2.TokenUsage, _Mapping]] = ...) -> None: ...
+    sampled: _common_pb2.SampledSpan
+    def __init__(self, decision: _Optional[_Union[_common_pb2.PlanDecision, str]] = ..., rationale: _Optional[str] = ..., usage: _Optional[_Union[_common_pb2.TokenUsage, _Mapping]] = ..., sampled: _Optional[_Union[_common_pb2.SampledSpan, _Mapping]] = ...) -> None: ...
 
 class PlanRequest(_message.Message):
     __slots__ = ("state", "max_horizon", "sampling")
@@ -50,11 +52,13 @@ class PlanRequest(_message.Message):
     def __init__(self, state: _Optional[_Union[BeliefState, _Mapping]] = ..., max_horizon: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.Sampling, _Mapping]] = ...) -> None: ...
 
 class PlanResponse(_message.Message):
-    __slots__ = ("plan", "text", "usage")
+    __slots__ = ("plan", "text", "usage", "sampled")
     PLAN_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_FIELD_NUMBER: _ClassVar[int]
     plan: _common_pb2.Plan
     text: str
     usage: _common_pb2.TokenUsage
-    def __init__(self, plan: _Optional[_Union[_common_pb2.Plan, _Mapping]] = ..., text: _Optional[str] = ..., usage: _Optional[_Union[_common_pb2.TokenUsage, _Mapping]] = ...) -> None: ...
+    sampled: _common_pb2.SampledSpan
+    def __init__(self, plan: _Optional[_Union[_common_pb2.Plan, _Mapping]] = ..., text: _Optional[str] = ..., usage: _Optional[_Union[_common_pb2.TokenUsage, _Mapping]] = ..., sampled: _Optional[_Union[_common_pb2.SampledSpan, _Mapping]] = ...) -> None: ...

@@ -30,7 +30,7 @@ class ModeScore(_message.Message):
     def __init__(self, mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., score: _Optional[float] = ..., expected_cost_of_pass_usd: _Optional[float] = ...) -> None: ...
 
 class RouteResponse(_message.Message):
-    __slots__ = ("mode", "strategy", "rationale", "scores", "usage", "assistant_prefix", "attempts", "router_version")
+    __slots__ = ("mode", "strategy", "rationale", "scores", "usage", "assistant_prefix", "attempts", "router_version", "sampled")
     MODE_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     RATIONALE_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class RouteResponse(_message.Message):
     ASSISTANT_PREFIX_FIELD_NUMBER: _ClassVar[int]
     ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
     ROUTER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_FIELD_NUMBER: _ClassVar[int]
     mode: _common_pb2.Mode
     strategy: _common_pb2.RoutingStrategy
     rationale: str
@@ -47,4 +48,5 @@ class RouteResponse(_message.Message):
     assistant_prefix: str
     attempts: int
     router_version: str
-    def __init__(self, mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., strategy: _Optional[_Union[_common_pb2.RoutingStrategy, str]] = ..., rationale: _Optional[str] = ..., scores: _Optional[_Iterable[_Union[ModeScore, _Mapping]]] = ..., usage: _Optional[_Union[_common_pb2.TokenUsage, _Mapping]] = ..., assistant_prefix: _Optional[str] = ..., attempts: _Optional[int] = ..., router_version: _Optional[str] = ...) -> None: ...
+    sampled: _common_pb2.SampledSpan
+    def __init__(self, mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., strategy: _Optional[_Union[_common_pb2.RoutingStrategy, str]] = ..., rationale: _Optional[str] = ..., scores: _Optional[_Iterable[_Union[ModeScore, _Mapping]]] = ..., usage: _Optional[_Union[_common_pb2.TokenUsage, _Mapping]] = ..., assistant_prefix: _Optional[str] = ..., attempts: _Optional[int] = ..., router_version: _Optional[str] = ..., sampled: _Optional[_Union[_common_pb2.SampledSpan, _Mapping]] = ...) -> None: ...
