@@ -16,9 +16,9 @@ order every round (the machine is shared: quote medians and ratios):
 - builtin: the built-in server with its default settings (batching, prefix cache);
 - builtin-unbatched: the same server as it was before batching: one generation at a time
   (max_batch_size 1) and no prefix cache;
-- vllm: vLLM's CPU build (--enforce-eager, float32, as the end-to-end tests run it).
+- vllm: vLLM's CPU build (--enforce-eager, float32 as the end-to-end tests run it, or --dtype).
 
-    .venv/bin/python benchmarks/policy_server.py [--rounds 3] [--tokens 64] [--threads 2] [--no-vllm] [--gguf]
+    .venv/bin/python benchmarks/policy_server.py [--rounds 3] [--tokens 64] [--threads 2] [--dtype float32] [--no-vllm] [--gguf]
 
 Goals (issue 13): builtin at 8 concurrent requests at least vllm's tokens/s; builtin single
 stream no slower than builtin-unbatched; the episode at least 1.5x faster with the prefix cache
@@ -118,14 +118,14 @@ class Server:
                 self.process.kill()
 
 
-def builtin(name: str, checkpoint: Path, data_dir: Path, port: int, threads: int, **policy) -> Server:
+def builtin(name: str, checkpoint: Path, data_dir: Path, port: int, threads: int, dtype: str, **policy) -> Server:
     env = dict(os.environ, GEARSHIFT_DATA_DIR=str(data_dir), GEARSHIFT_LOG_LEVEL="WARNING", GEARSHIFT_METRICS_PORT="0")
-    settings = {"model": str(checkpoint), "port": port, "threads": threads, **policy}
+    settings = {"model": str(checkpoint), "port": port, "threads": threads, "dtype": dtype, **policy}
     env |= {f"GEARSHIFT_POLICY_SERVER__{key.upper()}": str(value) for key, value in settings.items()}
     return Server(name, [sys.executable, "-m", "gearshift.services.policy_server"], env, port)
 
 
-def vllm(checkpoint: Path, port: int, threads: int) -> Server:
+def vllm(checkpoint: Path, port: int, threads: int, dtype: str) -> Server:
     env = dict(
         os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="2", VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}",
         HF_HUB_OFFLINE="1",
@@ -133,7 +133,7 @@ def vllm(checkpoint: Path, port: int, threads: int) -> Server:
     command = [
         str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint),
         "--served-model-name", "smollm2", "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager",
+        "--dtype", dtype, "--max-model-len", "2048", "--enforce-eager",
     ]
     return Server("vllm", command, env, port)
 
@@ -282,6 +282,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every measurement (medians are quoted)")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per streamed completion")
     parser.add_argument("--threads", type=int, default=2, help="threads per server (torch / vLLM OpenMP)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="weights' dtype, every server")
     parser.add_argument("--no-vllm", action="store_true", help="measure the built-in server only")
     parser.add_argument("--gguf", action="store_true", help="also time expanding the GGUF to safetensors")
     args = parser.parse_args()
@@ -290,11 +291,11 @@ def main() -> None:
         scratch = Path(scratch)
         expansion = expand_gguf(scratch / "models") if args.gguf else {}
         servers = [
-            builtin("builtin", checkpoint, scratch, BASE_PORT, args.threads),
-            builtin("builtin-unbatched", checkpoint, scratch, BASE_PORT + 1, args.threads, max_batch_size=1, prefix_cache_mib=0),
+            builtin("builtin", checkpoint, scratch, BASE_PORT, args.threads, args.dtype),
+            builtin("builtin-unbatched", checkpoint, scratch, BASE_PORT + 1, args.threads, args.dtype, max_batch_size=1, prefix_cache_mib=0),
         ]
         if not args.no_vllm:
-            servers.append(vllm(checkpoint, BASE_PORT + 2, args.threads))
+            servers.append(vllm(checkpoint, BASE_PORT + 2, args.threads, args.dtype))
         with started(servers, scratch):
             figures = expansion | asyncio.run(measure(servers, args.rounds, args.tokens))
             copy = shutil.copytree(checkpoint, scratch / "checkpoint-copy")

@@ -23,17 +23,21 @@ from gearshift.settings import Settings
 from gearshift.training import tokenization
 from transformers import AutoTokenizer
 
+BUDGET = executor_pb2.Budget(max_steps=3, max_tokens=1500)  # sampled at temperature 1, episodes can ramble
+
 
 async def rollouts(episodes: int, temperature: float) -> list:
     settings = Settings(log_level="WARNING")
-    items = get_suite("headline").items("train")[:episodes]
+    items = get_suite("headline").items("train", episodes)
     async with embedded(settings, policy_model=weights.DEFAULT) as platform, channel(platform.settings.executor_addr, platform.settings) as ch:
         stub = executor_pb2_grpc.ExecutorStub(ch)
         sampling = Sampling(temperature=temperature, top_p=1.0)
 
         async def one(item):
-            request = executor_pb2.SolveRequest(query=item.question, reference_answer=item.answer, sampling=sampling)
-            return [event async for event in stub.Solve(request)][-1].final.trajectory
+            request = executor_pb2.SolveRequest(query=item.question, reference_answer=item.answer, sampling=sampling, budget=BUDGET)
+            trajectory = [event async for event in stub.Solve(request)][-1].final.trajectory
+            print(f"  {len(trajectory.turns)} turn(s), {trajectory.usage.output_tokens} tokens out", flush=True)
+            return trajectory
 
         return list(await asyncio.gather(*(one(item) for item in items)))
 

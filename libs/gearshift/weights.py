@@ -182,13 +182,14 @@ def resolve(source: str, models_dir: Path) -> Path:
     return path
 
 
-def load(source: str, models_dir: Path) -> LoadedModel:
-    """Loads a model for generation in eval mode; the slow part of a hot switch."""
+def load(source: str, models_dir: Path, dtype: str = "float32") -> LoadedModel:
+    """Loads a model for generation in eval mode, its weights in dtype ("float32", "bfloat16");
+    the slow part of a hot switch."""
     started = time.perf_counter()
     models_dir.mkdir(parents=True, exist_ok=True)
     path = resolve(source, models_dir)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=getattr(torch, dtype))
     model.eval()
     elapsed = time.perf_counter() - started
     log.info("loaded %s from %s in %.2f s", source, path, elapsed)

@@ -130,7 +130,7 @@ class PolicyEngine:
     async def start(cls, settings: PolicyServerSettings, models_dir: Path) -> PolicyEngine:
         """Loads the configured model (off the event loop) and returns a ready engine."""
         cls._pin_threads(settings.threads)
-        loaded = await asyncio.to_thread(weights.load, settings.model, models_dir)
+        loaded = await asyncio.to_thread(weights.load, settings.model, models_dir, settings.dtype)
         return cls(loaded, settings, models_dir)
 
     @staticmethod
@@ -244,7 +244,7 @@ class PolicyEngine:
         """Loads another checkpoint and makes it current without touching running generations."""
         async with self._switching:
             started = time.perf_counter()
-            loaded = await asyncio.to_thread(weights.load, source, self.models_dir)
+            loaded = await asyncio.to_thread(weights.load, source, self.models_dir, self.settings.dtype)
             swap_started = time.perf_counter()
             in_flight = self.scheduler.in_flight(self._current)
             self._current = loaded

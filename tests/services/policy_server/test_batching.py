@@ -223,3 +223,16 @@ async def test_a_sequence_joining_its_batch_is_counted_once(tiny_checkpoints):
         finally:
             scheduler._admitting.remove(sequence)
             del scheduler._batches[-1]
+
+
+async def test_bfloat16_weights_batch_like_they_decode_alone(tiny_checkpoints):
+    """dtype bfloat16: the weights (and so the KV cache) are bfloat16, and batching still gives
+    each row what it gets alone."""
+    import torch
+
+    async with engine_on(tiny_checkpoints[0], dtype="bfloat16", prefix_cache_mib=0) as engine:
+        assert next(engine.current.model.parameters()).dtype == torch.bfloat16
+        jobs = [completion(engine, p, max_tokens=24, temperature=0, ignore_eos=True) for p in PROMPTS]
+        solo = await alone(engine, jobs)
+        batched = await asyncio.gather(*(g.result() for g in engine.submit(jobs)))
+    assert [r.text for r in batched] == [r.text for r in solo] and all(r.completion_tokens == 24 for r in solo)
