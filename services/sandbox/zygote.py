@@ -364,8 +364,8 @@ def _serve_calls(ctl: socket.socket, ready: dict) -> None:
         except (OSError, ValueError):  # the code closed its own stdout
             marked = False
         _send(ctl, {"ok": ok, "error": error, "marked": marked})
-        if not request.get("keep"):
-            os._exit(0)
+        # A one-off call's worker does not exit here: it waits (on the next read) for the service
+        # to measure its CPU and kill it. Gone, its reaped children's time would go with it.
 
 
 # --- the zygote ----------------------------------------------------------------------------
