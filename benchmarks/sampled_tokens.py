@@ -45,15 +45,16 @@ async def rollouts(episodes: int, temperature: float) -> list:
 def report(trajectories: list, tokenizer) -> None:
     spans = differs = sampled_tokens = learned_exact = learned_loose = unsampled = 0
     for trajectory in trajectories:
-        for segment in tokenization.assistant_segments(trajectory):
+        segments = tokenization.assistant_segments(trajectory)
+        for segment in segments:
             if segment.sampled is None or not segment.target:
                 continue
             ids, chars = tokenization.sampled_prefix(tokenizer, segment.sampled, segment.text)
             spans += 1
             sampled_tokens += len(ids)
             differs += tokenizer(segment.text[:chars], add_special_tokens=False)["input_ids"] != ids
-        exact = tokenization.encode(tokenizer, trajectory.query, tokenization.assistant_segments(trajectory), False, exact=True)
-        loose = tokenization.encode(tokenizer, trajectory.query, tokenization.assistant_segments(trajectory), False)
+        exact = tokenization.encode(tokenizer, trajectory.query, segments, False, exact=True)
+        loose = tokenization.encode(tokenizer, trajectory.query, segments, False)
         learned_exact += exact.target_count
         learned_loose += loose.target_count
         unsampled += exact.unsampled

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gearshift.api.common.v1.common_pb2 import Trajectory, TrajectoryStatus
-from gearshift.evaluation.report import CHOSEN, ModeReport, json_safe, markdown_table, mode_report, usd
+from gearshift.evaluation.report import CHOSEN, ModeReport, json_safe, markdown_table, mode_report, pyplot, save_figure, usd
 from gearshift.evaluation.runner import FORCED, MODES, ROUTED, eval_mode_of
 from gearshift.evaluation.suites import family_of
 from gearshift.protocol.modes import mode_name
@@ -245,17 +245,8 @@ def markdown(report: HeadlineReport) -> str:
     return "\n\n".join(parts) + "\n"
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_accuracy_cost_of_pass(report: HeadlineReport, path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in report.modes.values():
         if not math.isfinite(r.cost_of_pass_usd):
@@ -269,9 +260,7 @@ def plot_accuracy_cost_of_pass(report: HeadlineReport, path: Path) -> None:
     ax.set_ylim(-0.05, 1.05)
     ax.set_title(f"accuracy against cost of pass · {report.run_id}")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def _clipped(value: float) -> float:
@@ -280,7 +269,7 @@ def _clipped(value: float) -> float:
 
 
 def plot_reductions(report: HeadlineReport, path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     rows = [(f"{a} vs {f}", r) for a, by_forced in report.reductions.items() for f, r in by_forced.items()]
     fig, ax = plt.subplots(figsize=(6, 0.5 * len(rows) + 1.5))
     for y, (_, r) in enumerate(rows):
@@ -292,13 +281,11 @@ def plot_reductions(report: HeadlineReport, path: Path) -> None:
     ax.set_yticks(range(len(rows)), [name for name, _ in rows])
     ax.set_xlabel("cost-of-pass reduction (95% paired CI)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_mode_share_by_family(report: HeadlineReport, path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     routed = list(report.mode_share_by_family.items())
     fig, axes = plt.subplots(1, len(routed), figsize=(5 * len(routed), 4), squeeze=False)
     for ax, (mode, by_family) in zip(axes[0], routed):
@@ -313,9 +300,7 @@ def plot_mode_share_by_family(report: HeadlineReport, path: Path) -> None:
         ax.set_ylim(0, 1)
         ax.tick_params(axis="x", labelrotation=20)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def to_json(report: HeadlineReport) -> dict:

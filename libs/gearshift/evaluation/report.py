@@ -239,12 +239,24 @@ def json_safe(value):
     return value
 
 
-def plot_accuracy_cost(report: RunReport, path: Path) -> None:
+def pyplot():
+    """matplotlib's pyplot on the file-only backend (no display here), imported when first drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def save_figure(fig, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    pyplot().close(fig)
+
+
+def plot_accuracy_cost(report: RunReport, path: Path) -> None:
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in report.modes.values():
         ax.scatter(r.mean_cost_usd, r.pass_at_1, s=60)
@@ -254,9 +266,7 @@ def plot_accuracy_cost(report: RunReport, path: Path) -> None:
     ax.set_ylim(-0.05, 1.05)
     ax.set_title(f"accuracy against cost · {report.run_id}")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_mode_share(report: RunReport, path: Path) -> bool:
@@ -264,11 +274,7 @@ def plot_mode_share(report: RunReport, path: Path) -> bool:
     routed = [r for r in report.modes.values() if r.mode_share_by_difficulty]
     if not routed:
         return False
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(routed), figsize=(5 * len(routed), 4), squeeze=False)
     for ax, r in zip(axes[0], routed):
         difficulties = list(r.mode_share_by_difficulty)
@@ -282,9 +288,7 @@ def plot_mode_share(report: RunReport, path: Path) -> bool:
         ax.set_ylabel("share of episodes")
         ax.set_ylim(0, 1)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 
