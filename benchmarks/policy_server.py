@@ -18,7 +18,10 @@ order every round (the machine is shared: quote medians and ratios):
   (max_batch_size 1) and no prefix cache;
 - vllm: vLLM's CPU build (--enforce-eager, float32 as the end-to-end tests run it, or --dtype).
 
-    .venv/bin/python benchmarks/policy_server.py [--rounds 3] [--tokens 64] [--threads 2] [--dtype float32] [--no-vllm] [--gguf]
+    .venv/bin/python benchmarks/policy_server.py [--rounds 3] [--tokens 64] [--threads 2] [--dtype float32] [--spin-wait] [--no-vllm] [--gguf]
+
+--spin-wait starts both built-in servers with spin_wait (their idle OpenMP thread spins between
+kernels, as vLLM's engine threads do): what a server with its cores to itself gets.
 
 Goals (issue 13): builtin at 8 concurrent requests at least vllm's tokens/s; builtin single
 stream no slower than builtin-unbatched; the episode at least 1.5x faster with the prefix cache
@@ -283,6 +286,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="tokens per streamed completion")
     parser.add_argument("--threads", type=int, default=2, help="threads per server (torch / vLLM OpenMP)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="weights' dtype, every server")
+    parser.add_argument("--spin-wait", action="store_true", help="built-in servers with spin_wait (cores to themselves)")
     parser.add_argument("--no-vllm", action="store_true", help="measure the built-in server only")
     parser.add_argument("--gguf", action="store_true", help="also time expanding the GGUF to safetensors")
     args = parser.parse_args()
@@ -291,8 +295,11 @@ def main() -> None:
         scratch = Path(scratch)
         expansion = expand_gguf(scratch / "models") if args.gguf else {}
         servers = [
-            builtin("builtin", checkpoint, scratch, BASE_PORT, args.threads, args.dtype),
-            builtin("builtin-unbatched", checkpoint, scratch, BASE_PORT + 1, args.threads, args.dtype, max_batch_size=1, prefix_cache_mib=0),
+            builtin("builtin", checkpoint, scratch, BASE_PORT, args.threads, args.dtype, spin_wait=args.spin_wait),
+            builtin(
+                "builtin-unbatched", checkpoint, scratch, BASE_PORT + 1, args.threads, args.dtype,
+                max_batch_size=1, prefix_cache_mib=0, spin_wait=args.spin_wait,
+            ),
         ]
         if not args.no_vllm:
             servers.append(vllm(checkpoint, BASE_PORT + 2, args.threads, args.dtype))

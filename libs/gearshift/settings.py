@@ -123,6 +123,12 @@ class PolicyServerSettings(BaseModel):
         "served 1.23x (1 stream) to 1.60x (8 streams) the tokens/s of float32 (docs/policy-server.md); float32 is what "
         "the default policy's figures were measured with",
     )
+    spin_wait: bool = Field(
+        False,
+        description="Let torch's idle OpenMP thread spin ~0.25 ms between kernels instead of sleeping: 1.7x the tokens/s of "
+        "one stream and 1.3x of eight when the server has its cores to itself, a third to a half when another process "
+        "competes for them (docs/policy-server.md). Read when the server process starts",
+    )
     max_tokens_cap: int = Field(4096, description="Largest max_tokens a request may ask for")
     default_max_tokens: int = Field(256, description="max_tokens when a request gives none")
     max_prompt_chars: int = Field(200_000, description="Longest accepted prompt (all messages together)")

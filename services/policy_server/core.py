@@ -131,7 +131,9 @@ class PolicyEngine:
         """Loads the configured model (off the event loop) and returns a ready engine."""
         cls._pin_threads(settings.threads)
         loaded = await asyncio.to_thread(weights.load, settings.model, models_dir, settings.dtype)
-        return cls(loaded, settings, models_dir)
+        engine = cls(loaded, settings, models_dir)
+        engine.scheduler.prepare(loaded)
+        return engine
 
     @staticmethod
     def _pin_threads(threads: int) -> None:
@@ -245,6 +247,7 @@ class PolicyEngine:
         async with self._switching:
             started = time.perf_counter()
             loaded = await asyncio.to_thread(weights.load, source, self.models_dir, self.settings.dtype)
+            self.scheduler.prepare(loaded)
             swap_started = time.perf_counter()
             in_flight = self.scheduler.in_flight(self._current)
             self._current = loaded

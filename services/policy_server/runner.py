@@ -1,14 +1,19 @@
-"""The two model calls of the scheduler, on transformers' Llama-style models: prefill (one prompt,
-after whatever prefix the prefix cache supplied) and decode (one token for every row of a batch).
-Synchronous torch code; the scheduler thread calls it."""
+"""The two model calls of the scheduler: prefill (one prompt, after whatever prefix the prefix
+cache supplied; transformers' forward) and decode (one token for every row of a batch; the
+hand-written Llama step where the model is one, transformers' forward otherwise). Synchronous
+torch code; the scheduler thread calls it."""
 
 from __future__ import annotations
 
 import inspect
+import weakref
 from functools import cache
 
 import torch
 from gearshift.services.policy_server.batch_cache import BatchCache, RowKV
+from gearshift.services.policy_server.llama_decoder import LlamaDecoder, supports
+
+_decoders: weakref.WeakKeyDictionary[torch.nn.Module, LlamaDecoder] = weakref.WeakKeyDictionary()
 
 
 @cache
@@ -48,6 +53,16 @@ def prefill(model: torch.nn.Module, prompt_ids: list[int], prefix: RowKV | None,
     return logits[0], cache
 
 
+def prepare(model: torch.nn.Module) -> None:
+    """Builds the model's hand-written decode step, relaying its weights in place: only for
+    weights the server loaded itself (a trainer's module must keep its parameters), and never
+    while a forward runs. Without it, decode() runs transformers' forward."""
+    if model not in _decoders and supports(model):
+        _decoders[model] = LlamaDecoder(model)
+
+
 def decode(model: torch.nn.Module, cache: BatchCache, tokens: list[int]) -> torch.Tensor:
     """One step: feeds each row its next token; returns logits [rows, vocab]."""
+    if decoder := _decoders.get(model):
+        return decoder.decode(cache, tokens)
     return _forward(model, cache, torch.tensor(tokens)[:, None], attention_mask=cache.decode_mask(), position_ids=cache.positions())

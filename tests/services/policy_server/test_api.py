@@ -302,3 +302,20 @@ async def test_return_token_ids_gives_the_sampled_ids_plain_and_streamed(http, t
 async def test_bad_continuations_are_400(http, body, hint):
     response = await http.post("/chat/completions", json=body)
     assert response.status_code == 400 and hint in response.json()["error"]["message"]
+
+
+def test_the_wait_policy_is_set_before_torch_loads_unless_the_environment_chose(monkeypatch):
+    import os
+
+    from gearshift.services.policy_server import openmp
+
+    for spin, expected in ((False, {"OMP_WAIT_POLICY": "PASSIVE"}), (True, {"GOMP_SPINCOUNT": openmp.SPIN_COUNT})):
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+        monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+        openmp.set_wait_policy(spin)
+        assert {key: os.environ.get(key) for key in expected} == expected
+        assert len({"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & set(os.environ)) == 1
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    monkeypatch.delenv("GOMP_SPINCOUNT")
+    openmp.set_wait_policy(True)
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE" and "GOMP_SPINCOUNT" not in os.environ

@@ -1,5 +1,6 @@
 """The padded batch KV cache against the model run one sequence at a time: rows of different
-lengths (left padding, masks, position ids), rows joining and leaving mid-way."""
+lengths (left padding, masks, position ids), rows joining and leaving mid-way; on transformers'
+forward and on the hand-written decode step, which must give transformers' logits."""
 
 from __future__ import annotations
 
@@ -13,10 +14,15 @@ PROMPTS = ["Hi", "The quick brown fox jumps over the lazy dog", "Once upon a tim
 STEPS = 6
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_checkpoints):
+@pytest.fixture(scope="module", params=["transformers", "hand-written"])
+def tiny(request, tiny_checkpoints):
+    """The tiny model decoding through transformers' forward, or prepared (relaid weights, the
+    hand-written step) as the server prepares what it loads."""
     torch.set_num_threads(1)
-    return weights.load(str(tiny_checkpoints[0]), tiny_checkpoints[0].parent)
+    loaded = weights.load(str(tiny_checkpoints[0]), tiny_checkpoints[0].parent)
+    if request.param == "hand-written":
+        runner.prepare(loaded.model)
+    return loaded
 
 
 def solo_logits(model, prompt_ids: list[int], fed: list[int]) -> list[torch.Tensor]:
@@ -72,3 +78,23 @@ def test_buffers_grow_when_the_columns_run_out(tiny):
     batch.reserve(1)
     assert batch.buffers[0][0].shape[-2] > capacity
     assert torch.equal(batch.row(0)[0][0][:, :, :3], torch.ones(1, 2, 3, 4))  # the tokens moved with the buffer
+
+
+@torch.inference_mode()
+def test_the_hand_written_step_gives_the_logits_of_transformers(tiny_checkpoints):
+    reference = weights.load(str(tiny_checkpoints[0]), tiny_checkpoints[0].parent).model
+    prepared = weights.load(str(tiny_checkpoints[0]), tiny_checkpoints[0].parent).model
+    runner.prepare(prepared)
+    assert prepared.lm_head.weight is prepared.model.embed_tokens.weight  # still tied, to the relaid storage
+    ids = [list(range(10 + row, 13 + 6 * row)) for row in range(3)]  # 3, 8 and 13 tokens: padded rows
+    caches = {}
+    for name, model in (("reference", reference), ("prepared", prepared)):
+        rows = [runner.prefill(model, prompt, None, reserve=STEPS)[1].row(0) for prompt in ids]
+        caches[name] = BatchCache.of_rows(rows)
+    for step in range(STEPS):
+        tokens = [200 + 11 * row + step for row in range(3)]
+        expected = runner.decode(reference, caches["reference"], tokens)
+        got = runner.decode(prepared, caches["prepared"], tokens)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+    # prefill (transformers' forward) reads the relaid weights as it read the originals
+    torch.testing.assert_close(runner.prefill(prepared, ids[2], None, 0)[0], runner.prefill(reference, ids[2], None, 0)[0])

@@ -236,3 +236,26 @@ async def test_bfloat16_weights_batch_like_they_decode_alone(tiny_checkpoints):
         solo = await alone(engine, jobs)
         batched = await asyncio.gather(*(g.result() for g in engine.submit(jobs)))
     assert [r.text for r in batched] == [r.text for r in solo] and all(r.completion_tokens == 24 for r in solo)
+
+
+async def test_the_server_decodes_what_it_loaded_with_the_hand_written_step_and_leaves_a_trainers_module_alone(tiny_checkpoints):
+    from gearshift import weights
+    from gearshift.services.policy_server import runner
+
+    async with engine_on(tiny_checkpoints[0]) as engine:
+        await engine.generate_all(completion(engine, "Hi", max_tokens=4))
+        assert engine.current.model in runner._decoders
+        await engine.switch(str(tiny_checkpoints[1]))
+        await engine.generate_all(completion(engine, "Hi", max_tokens=4))
+        assert engine.current.model in runner._decoders  # switched-to weights too
+
+    # A trainer serves the module it is updating: its parameters must stay the optimizer's.
+    trained = weights.load(str(tiny_checkpoints[0]), tiny_checkpoints[0].parent)
+    parameters = [(name, id(p), p.requires_grad) for name, p in trained.model.named_parameters()]
+    engine = PolicyEngine(trained, PolicyServerSettings(model="training", port=0, threads=1), tiny_checkpoints[0].parent)
+    try:
+        await engine.generate_all(completion(engine, "Hi", max_tokens=4))
+    finally:
+        engine.close()
+    assert trained.model not in runner._decoders
+    assert [(name, id(p), p.requires_grad) for name, p in trained.model.named_parameters()] == parameters
