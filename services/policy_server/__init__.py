@@ -4,10 +4,9 @@ API (completions, chat completions with tools and reasoning, streaming, hot chec
 Run it with `gearshift serve-policy` or `python -m gearshift.services.policy_server`.
 """
 
-import os
+from gearshift.services.policy_server.openmp import set_wait_policy
+from gearshift.settings import get_settings
 
-# OpenMP threads that spin between torch ops make a shared CPU crawl: when another process holds
-# one core, the spinning thread burns the other while the op waits for its partner (measured on
-# two shared cores: a batch-of-8 decode step took 0.9-1.5 s spinning, 0.17-0.29 s sleeping).
-# libgomp reads this once, when torch loads, so it is set here, before anything imports torch.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# libgomp reads its wait policy once, when torch loads: set here, before anything imports torch
+# (a process that already has torch keeps what it has).
+set_wait_policy(get_settings().policy_server.spin_wait)

@@ -4,11 +4,13 @@ transformers' forward is general; a decode step of a small model on a CPU pays f
 one runs five parallel kernels a layer instead of eight (q, k and v are one matmul, gate and up
 another; attention is one SDPA call with grouped heads) and about a third of the torch calls.
 Each parallel kernel wakes the idle OpenMP thread, which sleeps between kernels on purpose
-(OMP_WAIT_POLICY=PASSIVE, see __main__), so kernel count is time: one stream ran 1.3x faster.
+(see openmp.py), so kernel count is time.
 
 The weights are relaid once, in place: each matrix is stored transposed ([in, out], contiguous),
 where a float32 matmul with a few rows reads it 1.5x faster. transformers' modules are pointed
 at views of the same storage, so prefill (transformers' forward) and this step share one copy.
+The rest (norms, an untied embedding) is copied too: from_pretrained maps the checkpoint file,
+and the mapping, resident once read, is released only when no weight lives in it any more.
 """
 
 from __future__ import annotations
@@ -44,6 +46,12 @@ def _transposed(*linears: torch.nn.Linear) -> torch.Tensor:
     return stacked
 
 
+def _copied(module: torch.nn.Module) -> torch.Tensor:
+    """The module's weight, moved to memory of its own."""
+    module.weight = torch.nn.Parameter(module.weight.detach().clone(), requires_grad=False)
+    return module.weight
+
+
 @dataclass
 class _Layer:
     input_norm: torch.Tensor
@@ -64,13 +72,13 @@ class LlamaDecoder:
         self.hidden, self.intermediate, self.eps = config.hidden_size, config.intermediate_size, config.rms_norm_eps
         self.rotary = model.model.rotary_emb
         self.embed = model.model.embed_tokens
-        self.final_norm = model.model.norm.weight
+        self.final_norm = _copied(model.model.norm)
         self.layers = [
             _Layer(
-                layer.input_layernorm.weight,
+                _copied(layer.input_layernorm),
                 _transposed(layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj),
                 _transposed(layer.self_attn.o_proj),
-                layer.post_attention_layernorm.weight,
+                _copied(layer.post_attention_layernorm),
                 _transposed(layer.mlp.gate_proj, layer.mlp.up_proj),
                 _transposed(layer.mlp.down_proj),
             )
@@ -80,6 +88,8 @@ class LlamaDecoder:
         self.lm_head = _transposed(model.lm_head)
         if tied:  # lookups read the embedding's rows from the same (now strided) storage
             model.model.embed_tokens.weight = model.lm_head.weight
+        else:
+            _copied(model.model.embed_tokens)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """transformers' LlamaRMSNorm: normalised in float32, scaled in the model's dtype."""

@@ -1,6 +1,4 @@
-"""How torch's idle OpenMP thread waits between kernels. libgomp reads this once, when torch
-loads, so the policy server's entry points call it before anything imports torch (the embedded
-stack, which runs the server inside a process that already has torch, keeps what it has).
+"""How torch's idle OpenMP thread waits between kernels (the package sets it on import).
 
 Sleeping is the default: when another process holds one of the cores, a spinning thread burns the
 other while the kernel waits for its partner (a decode step took 0.9-1.5 s spinning, 0.17-0.29 s

@@ -33,9 +33,6 @@ def serve(service: str, port: int | None) -> None:
 @click.option("--port", type=int, default=None, help="HTTP port (default: GEARSHIFT_POLICY_SERVER__PORT, 8400)")
 def serve_policy(model: str | None, port: int | None) -> None:
     """Run the built-in OpenAI-compatible policy server in the foreground."""
-    from gearshift.services.policy_server.openmp import set_wait_policy
-
-    set_wait_policy(get_settings().policy_server.spin_wait)  # before anything imports torch
     from gearshift.services.policy_server.server import main as serve_policy_main
 
     serve_policy_main(model, port)
