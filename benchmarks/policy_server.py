@@ -18,10 +18,11 @@ order every round (the machine is shared: quote medians and ratios):
   (max_batch_size 1) and no prefix cache;
 - vllm: vLLM's CPU build (--enforce-eager, float32 as the end-to-end tests run it, or --dtype).
 
-    .venv/bin/python benchmarks/policy_server.py [--rounds 3] [--tokens 64] [--threads 2] [--dtype float32] [--spin-wait] [--no-vllm] [--gguf]
+    .venv/bin/python benchmarks/policy_server.py [--rounds 3] [--tokens 64] [--threads 2] [--dtype float32] [--spin-wait] [--busy 1] [--no-vllm] [--gguf]
 
 --spin-wait starts both built-in servers with spin_wait (their idle OpenMP thread spins between
-kernels, as vLLM's engine threads do): what a server with its cores to itself gets.
+kernels): what a server with its cores to itself gets. --busy N runs N busy-looping processes
+beside the servers while they are measured: a machine shared with other work.
 
 Goals (issue 13): builtin at 8 concurrent requests at least vllm's tokens/s; builtin single
 stream no slower than builtin-unbatched; the episode at least 1.5x faster with the prefix cache
@@ -139,6 +140,18 @@ def vllm(checkpoint: Path, port: int, threads: int, dtype: str) -> Server:
         "--dtype", dtype, "--max-model-len", "2048", "--enforce-eager",
     ]
     return Server("vllm", command, env, port)
+
+
+@contextlib.contextmanager
+def busy(processes: int) -> Iterator[None]:
+    """Processes that burn a core each until the block exits."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
 
 
 @contextlib.contextmanager
@@ -287,6 +300,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="threads per server (torch / vLLM OpenMP)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="weights' dtype, every server")
     parser.add_argument("--spin-wait", action="store_true", help="built-in servers with spin_wait (cores to themselves)")
+    parser.add_argument("--busy", type=int, default=0, help="busy-looping processes beside the servers while measuring")
     parser.add_argument("--no-vllm", action="store_true", help="measure the built-in server only")
     parser.add_argument("--gguf", action="store_true", help="also time expanding the GGUF to safetensors")
     args = parser.parse_args()
@@ -303,7 +317,7 @@ def main() -> None:
         ]
         if not args.no_vllm:
             servers.append(vllm(checkpoint, BASE_PORT + 2, args.threads, args.dtype))
-        with started(servers, scratch):
+        with started(servers, scratch), busy(args.busy):
             figures = expansion | asyncio.run(measure(servers, args.rounds, args.tokens))
             copy = shutil.copytree(checkpoint, scratch / "checkpoint-copy")
             figures["switch"] = asyncio.run(switch_in_flight(servers[0].url, copy))
@@ -311,6 +325,7 @@ def main() -> None:
     figures["ratios"] = ratios(figures["medians"], [server.name for server in servers])
     figures["load_average_1min"] = round(os.getloadavg()[0], 2)
     figures["cpus"] = os.cpu_count()
+    figures["busy_processes"] = args.busy
     print(json.dumps(figures, indent=2))
 
 
