@@ -14,7 +14,7 @@ import httpx
 import pytest
 from gearshift.topology import SERVICE_NAMES, SERVICES
 
-BASE_PORT = 56500  # one gRPC port per service from here; metrics on port + 1000
+BASE_PORT = 26500  # one gRPC port per service from here, metrics on port + 1000: below the ephemeral range (32768-60999), where a client socket of another test cannot take them
 
 pytestmark = pytest.mark.slow
 
