@@ -53,6 +53,44 @@ def prefill(model: torch.nn.Module, prompt_ids: list[int], prefix: RowKV | None,
     return logits[0], cache
 
 
+def prefill_together(
+    model: torch.nn.Module, prompts: list[list[int]], prefixes: list[RowKV | None], reserves: list[int]
+) -> list[tuple[torch.Tensor, BatchCache]]:
+    """prefill() of several prompts in one forward: their weights are read once, not once each.
+
+    Cached prefixes sit right-aligned before column `width`; each prompt's remaining tokens are
+    fed left-padded to the longest, so a row's prefix and its new tokens are apart by its padding.
+    The mask lets a token see its row's prefix and the row's earlier tokens (a padding token sees
+    itself, so that no attention row is empty); each row is then copied out without the gap."""
+    if len(prompts) == 1:
+        return [prefill(model, prompts[0], prefixes[0], reserves[0])]
+    done = [prefix[0][0].shape[-2] if prefix else 0 for prefix in prefixes]
+    new = [len(prompt) - start for prompt, start in zip(prompts, done)]
+    cache = BatchCache.of_rows([prefix or empty_row(model) for prefix in prefixes], headroom=max(new))
+    width, columns = cache.width, max(new)
+    input_ids = torch.zeros((len(prompts), columns), dtype=torch.long)
+    positions = torch.zeros((len(prompts), columns), dtype=torch.long)
+    mask = torch.zeros((len(prompts), 1, columns, width + columns), dtype=torch.bool)
+    causal = torch.ones(columns, columns, dtype=torch.bool).tril()
+    for row, (prompt, start, count) in enumerate(zip(prompts, done, new)):
+        pad = columns - count
+        input_ids[row, pad:] = torch.tensor(prompt[start:])
+        positions[row, pad:] = torch.arange(start, len(prompt))
+        mask[row, 0, :, width - start : width] = True
+        mask[row, 0, :, width:] = causal
+        mask[row, 0, :, width : width + pad] = False
+        mask[row, 0, torch.arange(pad), torch.arange(width, width + pad)] = True
+    logits = _forward(model, cache, input_ids, attention_mask=mask, position_ids=positions)
+    rows = []
+    for row, (start, count, reserve) in enumerate(zip(done, new, reserves)):
+        kept = [
+            tuple(torch.cat((part[row : row + 1, :, width - start : width], part[row : row + 1, :, width + columns - count : width + columns]), -2) for part in layer)
+            for layer in cache.buffers
+        ]
+        rows.append((logits[row], BatchCache.of_rows([kept], headroom=reserve)))
+    return rows
+
+
 def prepare(model: torch.nn.Module) -> None:
     """Builds the model's hand-written decode step, relaying its weights in place: only for
     weights the server loaded itself (a trainer's module must keep its parameters), and never

@@ -32,6 +32,7 @@ from gearshift.weights import LoadedModel
 
 log = logging.getLogger("gearshift.policy_server.scheduler")
 MIB = 1024 * 1024
+PREFILL_TOKENS = 2048  # padded prompt tokens one prefill forward takes: its activations stay small
 
 
 class QueueFull(ResourceExhausted):
@@ -40,6 +41,20 @@ class QueueFull(ResourceExhausted):
     def __init__(self, message: str, retry_after_seconds: int):
         super().__init__(message)
         self.retry_after_seconds = retry_after_seconds
+
+
+def _prefill_groups(sequences: list[Sequence]) -> list[list[Sequence]]:
+    """Consecutive sequences on the same weights, as many per group as keep the group's padded
+    prompt tokens within PREFILL_TOKENS (a longer prompt is a group of its own)."""
+    groups: list[list[Sequence]] = []
+    for sequence in sequences:
+        group = groups[-1] if groups else []
+        longest = max([len(sequence.prompt_ids)] + [len(s.prompt_ids) for s in group])
+        if group and group[0].loaded is sequence.loaded and (len(group) + 1) * longest <= PREFILL_TOKENS:
+            group.append(sequence)
+        else:
+            groups.append([sequence])
+    return groups
 
 
 @dataclass(eq=False)  # compared by identity: rows are found in and removed from lists
@@ -231,23 +246,23 @@ class Scheduler:
         return (len(rows) + 1) * longest <= self.settings.max_batch_tokens
 
     def _admit(self) -> None:
-        """Prefills waiting sequences, first come first served, while they fit; then adds the
-        ones that go on to their batches."""
+        """Prefills waiting sequences, first come first served, while they fit (newcomers on the
+        same weights together, up to PREFILL_TOKENS); then adds the ones that go on to their batches."""
         self._forget_old_prefixes()
-        prefilled: list[tuple[Sequence, BatchCache]] = []
         while True:
             with self._wake:
                 if not self._waiting or not self._fits(self._waiting[0]):
                     break
-                sequence = self._waiting.popleft()
-                self._admitting.append(sequence)  # counted against the caps and in flight from now on
-            cache = self._prefill(sequence)
-            if cache is None or sequence.finished:
+                self._admitting.append(self._waiting.popleft())  # counted against the caps and in flight from now on
+        prefilled: list[tuple[Sequence, BatchCache]] = []
+        for group in _prefill_groups(self._admitting):
+            for sequence, cache in zip(group, self._prefill(group)):
+                if cache is not None and not sequence.finished:
+                    prefilled.append((sequence, cache))
+                    continue
                 self._admitting.remove(sequence)
                 if cache is not None:
                     sequence.deliver(sequence.result())
-                continue
-            prefilled.append((sequence, cache))
         for sequence, cache in prefilled:
             batch = self._batches.setdefault(id(sequence.loaded), RunningBatch(sequence.loaded))
             batch.rows.append(sequence)
@@ -263,21 +278,26 @@ class Scheduler:
             self.prefix_cache.keep_only(current)
             self._cache_owner = current
 
-    def _prefill(self, sequence: Sequence) -> BatchCache | None:
-        """Computes the prompt (after any cached prefix) and picks the first token; returns the
-        one-row cache, or None when it failed (the requester got the exception)."""
+    def _prefill(self, group: list[Sequence]) -> list[BatchCache | None]:
+        """Computes the group's prompts (after any cached prefixes) in one forward and picks each
+        one's first token; returns their one-row caches, or Nones when it failed (the requesters
+        got the exception)."""
         try:
-            prefix = self.prefix_cache.lookup(sequence.loaded, sequence.prompt_ids)
-            sequence.cached_tokens = prefix[0][0].shape[-2] if prefix else 0
-            logits, cache = runner.prefill(sequence.loaded.model, sequence.prompt_ids, prefix, reserve=sequence.params.max_tokens)
-            if sequence.loaded is self._cache_owner:
-                self.prefix_cache.store(sequence.loaded, sequence.prompt_ids, cache.row(0))
-            sequence.take(logits)
-        except Exception as exc:  # handed to the requester, which reports it; the others go on
+            prefixes = [self.prefix_cache.lookup(sequence.loaded, sequence.prompt_ids) for sequence in group]
+            computed = runner.prefill_together(
+                group[0].loaded.model, [s.prompt_ids for s in group], prefixes, [s.params.max_tokens for s in group]
+            )
+            for sequence, prefix, (logits, cache) in zip(group, prefixes, computed):
+                sequence.cached_tokens = prefix[0][0].shape[-2] if prefix else 0
+                if sequence.loaded is self._cache_owner:
+                    self.prefix_cache.store(sequence.loaded, sequence.prompt_ids, cache.row(0))
+                sequence.take(logits)
+        except Exception as exc:  # handed to the requesters, which report it; the others go on
             log.exception("prefill failed")
-            sequence.deliver(exc)
-            return None
-        return cache
+            for sequence in group:
+                sequence.deliver(exc)
+            return [None] * len(group)
+        return [cache for _, cache in computed]
 
     def _join(self, batch: RunningBatch, newcomers: list[BatchCache]) -> None:
         """Rebuilds the batch's cache with the newcomers' rows after its own (one copy for all)."""

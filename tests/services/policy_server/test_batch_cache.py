@@ -60,6 +60,21 @@ def test_rows_of_different_lengths_decode_as_they_would_alone(tiny):
 
 
 @torch.inference_mode()
+def test_prompts_prefilled_together_give_the_logits_and_keys_of_each_alone(tiny):
+    model, prompts = tiny.model, [tiny.tokenizer(p)["input_ids"] for p in PROMPTS]
+    alone = [runner.prefill(model, prompt, None, reserve=STEPS) for prompt in prompts]
+    # two resume from cached prefixes of different lengths, as prefix-cache hits do
+    prefixes = [None, [(k[:, :, :4], v[:, :, :4]) for k, v in alone[1][1].row(0)], None, [(k[:, :, :2], v[:, :, :2]) for k, v in alone[3][1].row(0)]]
+    together = runner.prefill_together(model, prompts, prefixes, [STEPS] * len(prompts))
+    for (logits, cache), (solo_logits, solo_cache) in zip(together, alone, strict=True):
+        torch.testing.assert_close(logits, solo_logits, atol=1e-5, rtol=1e-4)
+        assert cache.lengths == solo_cache.lengths
+        for (keys, values), (solo_keys, solo_values) in zip(cache.row(0), solo_cache.row(0)):
+            torch.testing.assert_close(keys, solo_keys, atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(values, solo_values, atol=1e-5, rtol=1e-4)
+
+
+@torch.inference_mode()
 def test_a_cached_prefix_gives_the_logits_of_the_whole_prompt(tiny):
     model = tiny.model
     prompt = tiny.tokenizer(PROMPTS[2])["input_ids"]
