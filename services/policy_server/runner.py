@@ -64,15 +64,15 @@ def prefill_together(
     itself, so that no attention row is empty); each row is then copied out without the gap."""
     if len(prompts) == 1:
         return [prefill(model, prompts[0], prefixes[0], reserves[0])]
-    done = [prefix[0][0].shape[-2] if prefix else 0 for prefix in prefixes]
-    new = [len(prompt) - start for prompt, start in zip(prompts, done)]
+    cached = [prefix[0][0].shape[-2] if prefix else 0 for prefix in prefixes]
+    new = [len(prompt) - start for prompt, start in zip(prompts, cached)]
     cache = BatchCache.of_rows([prefix or empty_row(model) for prefix in prefixes], headroom=max(new))
     width, columns = cache.width, max(new)
     input_ids = torch.zeros((len(prompts), columns), dtype=torch.long)
     positions = torch.zeros((len(prompts), columns), dtype=torch.long)
     mask = torch.zeros((len(prompts), 1, columns, width + columns), dtype=torch.bool)
     causal = torch.ones(columns, columns, dtype=torch.bool).tril()
-    for row, (prompt, start, count) in enumerate(zip(prompts, done, new)):
+    for row, (prompt, start, count) in enumerate(zip(prompts, cached, new)):
         pad = columns - count
         input_ids[row, pad:] = torch.tensor(prompt[start:])
         positions[row, pad:] = torch.arange(start, len(prompt))
@@ -82,9 +82,10 @@ def prefill_together(
         mask[row, 0, torch.arange(pad), torch.arange(width, width + pad)] = True
     logits = _forward(model, cache, input_ids, attention_mask=mask, position_ids=positions)
     rows = []
-    for row, (start, count, reserve) in enumerate(zip(done, new, reserves)):
+    for row, (start, count, reserve) in enumerate(zip(cached, new, reserves)):
+        prefix_columns, new_columns = slice(width - start, width), slice(width + columns - count, width + columns)
         kept = [
-            tuple(torch.cat((part[row : row + 1, :, width - start : width], part[row : row + 1, :, width + columns - count : width + columns]), -2) for part in layer)
+            tuple(torch.cat((part[row : row + 1, :, prefix_columns], part[row : row + 1, :, new_columns]), -2) for part in layer)
             for layer in cache.buffers
         ]
         rows.append((logits[row], BatchCache.of_rows([kept], headroom=reserve)))

@@ -156,7 +156,7 @@ class Scheduler:
     def prepare(self, loaded: LoadedModel) -> None:
         """Has the thread build the hand-written decode step of weights this server loaded, before
         its next step. On this thread, not the loader's: relaid on the loading thread, the same
-        weights decoded 1.3-1.8x slower in the server (measured, docs/policy-server.md)."""
+        weights decoded 1.1-1.8x slower in the server (measured, docs/policy-server.md)."""
         with self._wake:
             self._to_prepare.append(loaded)
             self._wake.notify()
