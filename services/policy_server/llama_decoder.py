@@ -120,4 +120,8 @@ class LlamaDecoder:
             gate, up = (self._norm(x, layer.post_norm) @ layer.gate_up).split(self.intermediate, -1)
             x = x + (F.silu(gate) * up) @ layer.down
         cache.advance(1)
-        return self._norm(x, self.final_norm) @ self.lm_head
+        return self.head(self._norm(x, self.final_norm))
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [rows, vocab] of normalised hidden states [rows, hidden]."""
+        return hidden @ self.lm_head

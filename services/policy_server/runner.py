@@ -35,11 +35,13 @@ def empty_row(model: torch.nn.Module) -> RowKV:
 def _forward(model: torch.nn.Module, cache: BatchCache, input_ids: torch.Tensor, **inputs) -> torch.Tensor:
     """Runs the model over input_ids after the cache's columns; returns the last position's logits."""
     cache.reserve(input_ids.shape[1])
-    output = model(
-        input_ids=input_ids, use_cache=True, logits_to_keep=1, **{_cache_argument(type(model)): cache.for_forward()}, **inputs
-    )
+    inputs |= {"input_ids": input_ids, "use_cache": True, _cache_argument(type(model)): cache.for_forward()}
+    if decoder := _decoders.get(model):  # its own head: transformers' copies a relaid head's weight on every call
+        logits = decoder.head(model.model(**inputs).last_hidden_state[:, -1])
+    else:
+        logits = model(logits_to_keep=1, **inputs).logits[:, -1]
     cache.advance(input_ids.shape[1])
-    return output.logits[:, -1]
+    return logits
 
 
 def prefill(model: torch.nn.Module, prompt_ids: list[int], prefix: RowKV | None, reserve: int) -> tuple[torch.Tensor, BatchCache]:
