@@ -119,9 +119,9 @@ class PolicyServerSettings(BaseModel):
     threads: int = Field(2, description="torch intra-op threads used for generation")
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32",
-        description="Weights' dtype. bfloat16 halves the memory each decode step reads, but on a CPU with avx512_bf16 it "
-        "served about float32's tokens/s (1.07x at 1 stream, 1.00x at 8: its prefill is slower; docs/policy-server.md); "
-        "float32 is what the default policy's figures were measured with",
+        description="Weights' dtype. bfloat16 halves the memory each decode step reads: on a CPU with avx512_bf16 it "
+        "served about float32's tokens/s at 1 stream and 1.4-1.5x at 8 (docs/policy-server.md); float32 is what the "
+        "default policy's figures were measured with",
     )
     spin_wait: bool = Field(
         False,
