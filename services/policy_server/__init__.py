@@ -5,8 +5,9 @@ Run it with `gearshift serve-policy` or `python -m gearshift.services.policy_ser
 """
 
 from gearshift.services.policy_server.openmp import set_wait_policy
-from gearshift.settings import get_settings
+from gearshift.settings import Settings
 
 # libgomp reads its wait policy once, when torch loads: set here, before anything imports torch
-# (a process that already has torch keeps what it has).
-set_wait_policy(get_settings().policy_server.spin_wait)
+# (a process that already has torch keeps what it has). Settings(), not get_settings(): importing
+# must not fix the settings cache.
+set_wait_policy(Settings().policy_server.spin_wait)
