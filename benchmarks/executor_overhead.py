@@ -37,7 +37,7 @@ from gearshift.embedded import embedded
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 WARM_UP = 10  # episodes run before the measured ones (their CPU is counted, their latency not)
-BASE_PORT = 57100  # seven consecutive ports for the one-process-per-service stack
+BASE_PORT = 23100  # seven consecutive ports for the one-process-per-service stack, below the ephemeral range
 
 # Round-trips on the critical path of each episode shape: client->executor, executor->router,
 # executor->policy per turn, executor->planner->policy per agentic turn (Regulate answers ACT, so

@@ -46,7 +46,7 @@ from gearshift.settings import Settings
 from gearshift.stack import Stack
 from gearshift.testing.postgres import scratch_database
 
-BASE_PORT = 57500
+BASE_PORT = 23500  # below the ephemeral range (32768-60999): no client socket can hold it
 STREAMS_PER_CHANNEL = 50
 RSS_SAMPLE_SECONDS = 5.0
 SCRIPTED_MODES = [Mode.MODE_INSTANT, Mode.MODE_REASONING, Mode.MODE_AGENTIC]

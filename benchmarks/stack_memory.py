@@ -19,7 +19,7 @@ from gearshift.api.executor.v1 import executor_pb2
 from gearshift.settings import get_settings
 from gearshift.stack import Stack
 
-BASE_PORT = 57300
+BASE_PORT = 23300  # below the ephemeral range (32768-60999): no client socket can hold it
 
 
 def rss_kib(pid: int) -> int:
