@@ -125,9 +125,9 @@ class PolicyServerSettings(BaseModel):
     )
     spin_wait: bool = Field(
         False,
-        description="Let torch's idle OpenMP thread spin ~0.25 ms between kernels instead of sleeping: 1.26x the tokens/s "
-        "of one stream and 1.20x of eight when the server has its cores to itself, 0.39x and 0.61x with one busy process "
-        "beside (docs/policy-server.md). Read when the server process starts",
+        description="Let torch's idle OpenMP thread spin ~0.25 ms between kernels instead of sleeping: 1.2-1.3x the tokens/s "
+        "of one stream and 1.1-1.2x of eight when the server has its cores to itself, 0.39x and 0.61x with one busy "
+        "process beside (docs/policy-server.md). Read when the server process starts",
     )
     max_tokens_cap: int = Field(4096, description="Largest max_tokens a request may ask for")
     default_max_tokens: int = Field(256, description="max_tokens when a request gives none")
