@@ -31,9 +31,9 @@ def batch(model: torch.nn.Module, rows: int, steps: int) -> BatchCache:
     return BatchCache.of_rows([runner.prefill(model, prompt, None, reserve=steps)[1].row(0) for prompt in prompts], headroom=steps)
 
 
-def timed(step, cache: BatchCache, rows: int) -> float:
+def timed(model: torch.nn.Module, cache: BatchCache) -> float:
     started = time.perf_counter()
-    step(cache, [5] * rows)
+    runner.decode(model, cache, [5] * cache.rows)
     return time.perf_counter() - started
 
 
@@ -55,8 +55,8 @@ def main() -> None:
         caches = batch(reference, rows, args.steps), batch(prepared, rows, args.steps)
         samples = {"transformers": [], "hand_written": []}
         for _ in range(args.steps):
-            samples["transformers"].append(timed(lambda c, t: runner.decode(reference, c, t), caches[0], rows))
-            samples["hand_written"].append(timed(lambda c, t: runner.decode(prepared, c, t), caches[1], rows))
+            samples["transformers"].append(timed(reference, caches[0]))
+            samples["hand_written"].append(timed(prepared, caches[1]))
         medians = {name: statistics.median(times[5:]) for name, times in samples.items()}
         figures[f"rows_{rows}"] = {
             "step_ms": {name: round(seconds * 1000, 1) for name, seconds in medians.items()},

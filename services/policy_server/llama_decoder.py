@@ -8,8 +8,8 @@ Each parallel kernel wakes the idle OpenMP thread, which sleeps between kernels 
 
 The weights are relaid once, in place: the fused matrices are copied together, in float32
 transposed ([in, out], contiguous), where a matmul with a few rows reads them 1.5x faster.
-transformers' modules are pointed at views of the same storage, so prefill (transformers'
-forward) and this step share one copy.
+transformers' modules are pointed at views of the same storage, so prefill (transformers' model
+body, then this step's head) and this step share one copy.
 The rest (norms, an untied embedding) is copied too: from_pretrained maps the checkpoint file,
 and the mapping, resident once read, is released only when no weight lives in it any more.
 """

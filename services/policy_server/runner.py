@@ -1,7 +1,7 @@
-"""The two model calls of the scheduler: prefill (one prompt, after whatever prefix the prefix
-cache supplied; transformers' forward) and decode (one token for every row of a batch; the
-hand-written Llama step where the model is one, transformers' forward otherwise). Synchronous
-torch code; the scheduler thread calls it."""
+"""The two model calls of the scheduler: prefill (prompts, after whatever prefix the prefix cache
+supplied each; transformers' forward) and decode (one token for every row of a batch; the
+hand-written Llama step where the model was prepared for it, transformers' forward otherwise).
+Synchronous torch code; the scheduler thread calls it."""
 
 from __future__ import annotations
 
@@ -79,8 +79,7 @@ def prefill_together(
         input_ids[row, pad:] = torch.tensor(prompt[start:])
         positions[row, pad:] = torch.arange(start, len(prompt))
         mask[row, 0, :, width - start : width] = True
-        mask[row, 0, :, width:] = causal
-        mask[row, 0, :, width : width + pad] = False
+        mask[row, 0, :, width + pad :] = causal[:, pad:]
         mask[row, 0, torch.arange(pad), torch.arange(width, width + pad)] = True
     logits = _forward(model, cache, input_ids, attention_mask=mask, position_ids=positions)
     rows = []
