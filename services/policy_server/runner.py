@@ -1,6 +1,6 @@
 """The two model calls of the scheduler: prefill (prompts, after whatever prefix the prefix cache
-supplied each; transformers' forward) and decode (one token for every row of a batch; the
-hand-written Llama step where the model was prepared for it, transformers' forward otherwise).
+supplied each) and decode (one token for every row of a batch). Both run the hand-written Llama
+forward where the model was prepared for it, transformers' forward otherwise.
 Synchronous torch code; the scheduler thread calls it."""
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ def empty_row(model: torch.nn.Module) -> RowKV:
     return [(empty, empty) for _ in range(config.num_hidden_layers)]
 
 
-def _forward(model: torch.nn.Module, cache: BatchCache, input_ids: torch.Tensor, **inputs) -> torch.Tensor:
-    """Runs the model over input_ids after the cache's columns; returns the last position's logits."""
+def _forward(model: torch.nn.Module, cache: BatchCache, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Runs the model over input_ids [rows, new] after the cache's columns; returns the last
+    position's logits (see LlamaDecoder.forward for the arguments)."""
+    if decoder := _decoders.get(model):
+        return decoder.forward(cache, input_ids, positions, mask)
     cache.reserve(input_ids.shape[1])
-    inputs |= {"input_ids": input_ids, "use_cache": True, _cache_argument(type(model)): cache.for_forward()}
-    if decoder := _decoders.get(model):  # its own head: transformers' copies a relaid head's weight on every call
-        logits = decoder.head(model.model(**inputs).last_hidden_state[:, -1])
-    else:
-        logits = model(logits_to_keep=1, **inputs).logits[:, -1]
+    inputs = {"attention_mask": mask, "position_ids": positions, "use_cache": True, _cache_argument(type(model)): cache.for_forward()}
+    logits = model(input_ids=input_ids, logits_to_keep=1, **inputs).logits[:, -1]
     cache.advance(input_ids.shape[1])
     return logits
 
@@ -51,7 +51,9 @@ def prefill(model: torch.nn.Module, prompt_ids: list[int], prefix: RowKV | None,
     start = prefix[0][0].shape[-2] if prefix else 0
     remaining = len(prompt_ids) - start
     cache = BatchCache.of_rows([prefix or empty_row(model)], headroom=remaining + reserve)
-    logits = _forward(model, cache, torch.tensor([prompt_ids[start:]]))
+    positions = torch.arange(start, len(prompt_ids))[None]
+    mask = torch.ones(remaining, start + remaining, dtype=torch.bool).tril(start)[None, None]  # the prefix, then causal
+    logits = _forward(model, cache, torch.tensor([prompt_ids[start:]]), positions, mask)
     return logits[0], cache
 
 
@@ -81,7 +83,7 @@ def prefill_together(
         mask[row, 0, :, width - start : width] = True
         mask[row, 0, :, width + pad :] = causal[:, pad:]
         mask[row, 0, torch.arange(pad), torch.arange(width, width + pad)] = True
-    logits = _forward(model, cache, input_ids, attention_mask=mask, position_ids=positions)
+    logits = _forward(model, cache, input_ids, positions, mask)
     rows = []
     for row, (start, count, reserve) in enumerate(zip(cached, new, reserves)):
         prefix_columns, new_columns = slice(width - start, width), slice(width + columns - count, width + columns)
@@ -94,15 +96,14 @@ def prefill_together(
 
 
 def prepare(model: torch.nn.Module) -> None:
-    """Builds the model's hand-written decode step, relaying its weights in place: only for
-    weights the server loaded itself (a trainer's module must keep its parameters), and never
-    while a forward runs. Without it, decode() runs transformers' forward."""
+    """Builds the model's hand-written forward, which takes over its weights: only for weights
+    the server loaded itself (a trainer's module must keep its parameters), and never while a
+    forward runs. A prepared model runs only through prefill and decode here; an unprepared one
+    runs transformers' forward."""
     if model not in _decoders and supports(model):
         _decoders[model] = LlamaDecoder(model)
 
 
 def decode(model: torch.nn.Module, cache: BatchCache, tokens: list[int]) -> torch.Tensor:
     """One step: feeds each row its next token; returns logits [rows, vocab]."""
-    if decoder := _decoders.get(model):
-        return decoder.decode(cache, tokens)
-    return _forward(model, cache, torch.tensor(tokens)[:, None], attention_mask=cache.decode_mask(), position_ids=cache.positions())
+    return _forward(model, cache, torch.tensor(tokens)[:, None], cache.positions(), cache.decode_mask())
