@@ -96,8 +96,13 @@ class LlamaDecoder:
             )
             for layer in model.model.layers
         ]
-        self.embedding = _copied(model.model.embed_tokens)  # a tied head keeps its rows for lookups
+        tied = model.lm_head.weight is model.model.embed_tokens.weight
         self.head = _Matmul(model.lm_head)
+        if tied:  # lookups read the head's own matrix, strided where it is stored [in, out]
+            self.embedding = self.head.rows if self.head.rows is not None else self.head.columns.t()
+            model.model.embed_tokens.weight = None
+        else:
+            self.embedding = _copied(model.model.embed_tokens)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """transformers' LlamaRMSNorm: normalised in float32, scaled in the model's dtype."""
