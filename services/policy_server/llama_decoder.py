@@ -110,14 +110,16 @@ class LlamaDecoder:
 
     def forward(self, cache: BatchCache, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """Feeds each row its tokens [rows, new] after the cache's columns, at their positions
-        [rows, new]; mask [rows, 1, new, width + new] says which columns a token sees (None: all).
-        Returns the last new position's logits [rows, vocab]."""
+        [rows, new]; mask [rows, 1, new, width + new] says which columns a token sees (None:
+        every column before it, in a cache that was empty). Returns the last new position's
+        logits [rows, vocab]."""
         (rows, new), heads, kv_heads, head_dim = input_ids.shape, self.heads, self.kv_heads, self.head_dim
         cache.reserve(new)
         start, end = cache.width, cache.width + new
         x = F.embedding(input_ids, self.embedding)
         cos, sin = (part[:, :, None] for part in self.rotary(x, positions))  # [rows, new, 1, head_dim]
         half, rotated = head_dim // 2, (heads + kv_heads) * head_dim
+        causal = mask is None and new > 1  # SDPA's causal kernel: 2x faster than the same mask given
         for layer, (keys, values) in zip(self.layers, cache.buffers):
             qkv = layer.qkv(self._norm(x, layer.input_norm))
             qk = qkv[..., :rotated].view(rows, new, heads + kv_heads, head_dim)  # RoPE once for q and k
@@ -125,7 +127,7 @@ class LlamaDecoder:
             keys[:, :, start:end] = qk[:, heads:]
             values[:, :, start:end] = qkv[..., rotated:].view(rows, new, kv_heads, head_dim).transpose(1, 2)
             attention = F.scaled_dot_product_attention(
-                qk[:, :heads], keys[:, :, :end], values[:, :, :end], attn_mask=mask, enable_gqa=True
+                qk[:, :heads], keys[:, :, :end], values[:, :, :end], attn_mask=mask, is_causal=causal, enable_gqa=True
             )
             x = x + layer.out(attention.transpose(1, 2).reshape(rows, new, heads * head_dim))
             gate, up = layer.gate_up(self._norm(x, layer.post_norm)).split(self.intermediate, -1)
