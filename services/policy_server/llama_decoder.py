@@ -46,9 +46,11 @@ class _Matmul:
         rows = torch.cat([linear.weight.detach() for linear in linears])
         for linear in linears:
             linear.weight = None
-        self.rows, self.columns, self.packed = rows, None, None
         if rows.dtype == torch.float32 and torch.backends.mkldnn.is_available():
-            self.rows, self.columns, self.packed = None, rows.t().contiguous(), torch.ops.mkldnn._reorder_linear_weight(rows, None)
+            self.rows, self.columns = None, rows.t().contiguous()
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(rows, None)
+        else:
+            self.rows, self.columns, self.packed = rows, None, None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:

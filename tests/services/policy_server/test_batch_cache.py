@@ -100,7 +100,7 @@ def test_the_hand_written_step_gives_the_logits_of_transformers(tiny_checkpoints
     reference = weights.load(str(tiny_checkpoints[0]), tiny_checkpoints[0].parent).model
     prepared = weights.load(str(tiny_checkpoints[0]), tiny_checkpoints[0].parent).model
     runner.prepare(prepared)
-    assert prepared.lm_head.weight is None  # the step holds the weights now, in one copy
+    assert prepared.lm_head.weight is None  # the hand-written forward holds the weights now
     ids = [list(range(10 + row, 13 + 6 * row)) for row in range(3)]  # 3, 8 and 13 tokens: padded rows
     caches = {}
     for name, model in (("reference", reference), ("prepared", prepared)):
