@@ -92,6 +92,7 @@ class EngineCollector:
         yield GaugeMetricFamily("gearshift_policy_running", "Generations in the running batch", value=scheduler.running)
         yield GaugeMetricFamily("gearshift_policy_waiting", "Generations waiting for a batch slot", value=scheduler.waiting)
         yield CounterMetricFamily("gearshift_policy_decode_steps", "Batched decode steps", value=scheduler.stats.steps)
+        yield GaugeMetricFamily("gearshift_policy_threads", "OpenMP threads decode steps run on", value=scheduler.tuner.threads)
         yield CounterMetricFamily("gearshift_policy_rejected", "Requests answered 429 (queue full)", value=scheduler.stats.rejected)
         prefixes = scheduler.prefix_cache
         yield CounterMetricFamily(

@@ -20,6 +20,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from gearshift.services.policy_server.batch_cache import BatchCache
+from gearshift.services.policy_server.openmp import spinning
+
+_SPINNING = spinning()  # libgomp read its wait policy when torch loaded, before this import
 
 
 def supports(model: torch.nn.Module) -> bool:
@@ -37,10 +40,11 @@ def supports(model: torch.nn.Module) -> bool:
 class _Matmul:
     """Linears applied as one matmul, x @ [W1; W2; ...].T; each linear's weight is emptied.
 
-    float32 keeps two layouts, twice the memory, for speed: MKL reads the transposed [in, out]
-    matrix fastest for one row (a single stream's step), and oneDNN's packed matrix for several
-    (a batch) 1.6-2x faster than MKL reads a plain one. bfloat16 (whose packing needs AVX-512
-    or AVX-NE-CONVERT) keeps the checkpoint's [out, in] rows, which oneDNN reads directly."""
+    float32 keeps two layouts, twice the memory, for speed: oneDNN's packed matrix for several
+    rows (a batch; 1.6-2x faster than MKL reads a plain one) and for one row when OpenMP threads
+    spin (1.06-1.09x); MKL's transposed [in, out] for one row otherwise (with a sleeping or no
+    partner thread, oneDNN is about 1.25x slower than MKL's gemv). bfloat16 (whose packing needs
+    AVX-512 or AVX-NE-CONVERT) keeps the checkpoint's [out, in] rows, which oneDNN reads directly."""
 
     def __init__(self, *linears: torch.nn.Linear):
         rows = torch.cat([linear.weight.detach() for linear in linears])
@@ -56,9 +60,14 @@ class _Matmul:
         if self.packed is None:
             return x @ self.rows.t()
         flat = x.reshape(-1, x.shape[-1])
-        if len(flat) == 1:
+        if len(flat) == 1 and not _parallel_spinning():
             return (flat @ self.columns).view(*x.shape[:-1], -1)
         return torch.ops.mkldnn._linear_pointwise(flat, self.packed, None, "none", [], "").view(*x.shape[:-1], -1)
+
+
+def _parallel_spinning() -> bool:
+    """Whether this thread's kernels run on several OpenMP threads that spin between kernels."""
+    return _SPINNING and torch.get_num_threads() > 1
 
 
 def _copied(module: torch.nn.Module) -> torch.Tensor:

@@ -1,9 +1,10 @@
-"""How torch's idle OpenMP thread waits between kernels (the package sets it on import).
+"""How torch's idle OpenMP thread waits between kernels (the package sets it on import, before
+torch loads: this module must not import torch).
 
-Sleeping is the default: when another process holds one of the cores, a spinning thread burns the
-other while the kernel waits for its partner (a decode step took 0.9-1.5 s spinning, 0.17-0.29 s
-sleeping, on two shared cores). Waking it costs a little on every kernel, though, and a server
-that has its cores to itself does better spinning briefly (docs/policy-server.md has the figures).
+Spinning about 0.25 ms is the default (`spin_wait`): waking a sleeping thread costs tens to
+hundreds of microseconds per kernel, much of a small model's step (an 8-row SmolLM2 step took
+70 ms spinning, 97 ms sleeping, on two idle cores). Spinning costs only when another process holds
+one of the cores, and thread_tuner.py drops to one thread then.
 """
 
 import os
@@ -19,3 +20,8 @@ def set_wait_policy(spin: bool) -> None:
         os.environ["GOMP_SPINCOUNT"] = SPIN_COUNT
     else:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+
+
+def spinning() -> bool:
+    """Whether libgomp, as this process loaded it, spins between kernels."""
+    return os.environ.get("OMP_WAIT_POLICY", "").upper() != "PASSIVE" and os.environ.get("GOMP_SPINCOUNT") != "0"

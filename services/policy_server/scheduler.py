@@ -27,6 +27,7 @@ from gearshift.services.policy_server import runner
 from gearshift.services.policy_server.batch_cache import BatchCache
 from gearshift.services.policy_server.generation import GenerationResult, OutputText, SamplingParams, pick_token
 from gearshift.services.policy_server.prefix_cache import PrefixCache
+from gearshift.services.policy_server.thread_tuner import ThreadTuner
 from gearshift.settings import PolicyServerSettings
 from gearshift.weights import LoadedModel
 
@@ -124,6 +125,7 @@ class Scheduler:
         self._current = current
         self.prefix_cache = PrefixCache(settings.prefix_cache_mib * MIB)
         self.stats = SchedulerStats()
+        self.tuner = ThreadTuner(settings.threads, every=settings.thread_trial_every)
         self._waiting: deque[Sequence] = deque()
         self._admitting: list[Sequence] = []  # taken from the queue, being prefilled
         self._batches: dict[int, RunningBatch] = {}  # by id() of the weights
@@ -188,7 +190,7 @@ class Scheduler:
     # The scheduler thread
 
     def _loop(self) -> None:
-        torch.set_num_threads(max(1, self.settings.threads))  # per thread: OpenMP's setting is thread-local
+        torch.set_num_threads(self.tuner.threads)  # per thread: OpenMP's setting is thread-local
         with torch.inference_mode():
             while self._next_work():
                 try:
@@ -307,7 +309,8 @@ class Scheduler:
     def _decode(self, batch: RunningBatch) -> None:
         """One step: every row's last token in, every row's next token out."""
         try:
-            logits = runner.decode(batch.loaded.model, batch.cache, [row.sampled[-1] for row in batch.rows])
+            tokens = [row.sampled[-1] for row in batch.rows]
+            logits = self.tuner.run(len(tokens), lambda: runner.decode(batch.loaded.model, batch.cache, tokens))
         except Exception as exc:
             log.exception("decode step failed")
             for row in batch.rows:
