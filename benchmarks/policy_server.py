@@ -18,10 +18,10 @@ order every round (the machine is shared: quote medians and ratios):
   (max_batch_size 1) and no prefix cache;
 - vllm: vLLM's CPU build (--enforce-eager, float32 as the end-to-end tests run it, or --dtype).
 
-    .venv/bin/python benchmarks/policy_server.py [--rounds 3] [--tokens 64] [--threads 2] [--dtype float32] [--spin-wait] [--busy 1] [--no-vllm] [--gguf]
+    .venv/bin/python benchmarks/policy_server.py [--rounds 3] [--tokens 64] [--threads 2] [--dtype float32] [--sleep-wait] [--busy 1] [--no-vllm] [--gguf]
 
---spin-wait starts both built-in servers with spin_wait (their idle OpenMP thread spins between
-kernels): what a server with its cores to itself gets. --busy N runs N busy-looping processes
+--sleep-wait starts both built-in servers with spin_wait false (their idle OpenMP thread sleeps
+between kernels instead of spinning; the default before stop 21). --busy N runs N busy-looping processes
 beside the servers while they are measured: a machine shared with other work.
 
 Goals (issue 13): builtin at 8 concurrent requests at least vllm's tokens/s; builtin single
@@ -299,7 +299,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="tokens per streamed completion")
     parser.add_argument("--threads", type=int, default=2, help="threads per server (torch / vLLM OpenMP)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="weights' dtype, every server")
-    parser.add_argument("--spin-wait", action="store_true", help="built-in servers with spin_wait (cores to themselves)")
+    parser.add_argument("--sleep-wait", action="store_true", help="built-in servers with spin_wait false (OpenMP threads sleep)")
     parser.add_argument("--busy", type=int, default=0, help="busy-looping processes beside the servers while measuring")
     parser.add_argument("--no-vllm", action="store_true", help="measure the built-in server only")
     parser.add_argument("--gguf", action="store_true", help="also time expanding the GGUF to safetensors")
@@ -309,10 +309,10 @@ def main() -> None:
         scratch = Path(scratch)
         expansion = expand_gguf(scratch / "models") if args.gguf else {}
         servers = [
-            builtin("builtin", checkpoint, scratch, BASE_PORT, args.threads, args.dtype, spin_wait=args.spin_wait),
+            builtin("builtin", checkpoint, scratch, BASE_PORT, args.threads, args.dtype, spin_wait=not args.sleep_wait),
             builtin(
                 "builtin-unbatched", checkpoint, scratch, BASE_PORT + 1, args.threads, args.dtype,
-                max_batch_size=1, prefix_cache_mib=0, spin_wait=args.spin_wait,
+                max_batch_size=1, prefix_cache_mib=0, spin_wait=not args.sleep_wait,
             ),
         ]
         if not args.no_vllm:

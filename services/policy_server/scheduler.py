@@ -284,6 +284,7 @@ class Scheduler:
         """Computes the group's prompts (after any cached prefixes) in one forward and picks each
         one's first token; returns their one-row caches, or Nones when it failed (the requesters
         got the exception)."""
+        self.tuner.reset()  # the decode steps after a prefill are not comparable with those before
         try:
             prefixes = [self.prefix_cache.lookup(sequence.loaded, sequence.prompt_ids) for sequence in group]
             computed = runner.prefill_together(

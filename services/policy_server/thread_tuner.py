@@ -21,7 +21,7 @@ class ThreadTuner:
     """Runs decode steps on `most` threads, or on one while one is clearly faster.
 
     Every `every` steps the other count runs `trial` steps, compared with the `trial` steps just
-    before at the same batch size (a trial across a batch-size change is dropped). One thread is
+    before at the same batch size, nothing else between them (reset() drops a trial). One thread is
     chosen only when it beats `most` by `margin`: for one row the two are close on idle cores,
     and prefill, big kernels that run on the same count, wants every thread. `every` 0 never
     tries. The scheduler thread owns it: OpenMP's thread count is per thread."""
@@ -44,6 +44,14 @@ class ThreadTuner:
         result = step()
         self._record(rows, time.perf_counter() - started)
         return result
+
+    def reset(self) -> None:
+        """Forgets the steps so far and ends a trial: what ran between steps (a prefill, rows
+        joining or leaving) makes the next ones incomparable with them."""
+        self._before.clear()
+        if self._trying is not None:
+            self._trying = None
+            torch.set_num_threads(self.threads)
 
     def _record(self, rows: int, seconds: float) -> None:
         if self._trying is not None:

@@ -315,6 +315,7 @@ def test_the_wait_policy_is_set_before_torch_loads_unless_the_environment_chose(
         openmp.set_wait_policy(spin)
         assert {key: os.environ.get(key) for key in expected} == expected
         assert len({"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & set(os.environ)) == 1
+        assert openmp.spinning() is spin
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     monkeypatch.delenv("GOMP_SPINCOUNT")
     openmp.set_wait_policy(True)

@@ -46,3 +46,17 @@ def test_never_tries_when_told_not_to_or_with_one_thread():
             assert tuner.switches == 0 and torch.get_num_threads() == tuner.most
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_prefill_between_steps_ends_the_trial():
+    threads = torch.get_num_threads()
+    try:
+        tuner = ThreadTuner(2, every=8, trial=3)
+        steps(tuner, 9, {2: 0.006, 1: 0.002})  # the trial of one thread has begun
+        assert torch.get_num_threads() == 1
+        tuner.reset()  # the scheduler prefilled a newcomer
+        assert (tuner.threads, torch.get_num_threads()) == (2, 2)
+        steps(tuner, 2, {2: 0.006, 1: 0.002})
+        assert tuner.switches == 0
+    finally:
+        torch.set_num_threads(threads)
