@@ -5,9 +5,10 @@ at 1 and 8 rows of a padded batch. Printed as JSON.
 
     .venv/bin/python benchmarks/decode_step.py [--dtype float32] [--steps 60] [--threads 2]
 
-Run it as the server runs (OMP_WAIT_POLICY=PASSIVE is what the server sets by default):
+Run it as the server runs (GOMP_SPINCOUNT=20000 is what the server sets by default; with
+spin_wait false, OMP_WAIT_POLICY=PASSIVE):
 
-    OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/decode_step.py
+    GOMP_SPINCOUNT=20000 .venv/bin/python benchmarks/decode_step.py
 """
 
 from __future__ import annotations
