@@ -46,8 +46,8 @@ class ThreadTuner:
         return result
 
     def reset(self) -> None:
-        """Forgets the steps so far and ends a trial: what ran between steps (a prefill, rows
-        joining or leaving) makes the next ones incomparable with them."""
+        """Forgets the steps so far and ends a trial: what ran between steps (a prefill) makes
+        the next ones incomparable with them."""
         self._before.clear()
         if self._trying is not None:
             self._trying = None
