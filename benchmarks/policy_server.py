@@ -279,18 +279,24 @@ async def measure(servers: list[Server], rounds: int, tokens: int) -> dict:
     return {"medians": samples.medians(), "samples": samples.values, "episode_turns": episodes}
 
 
-def ratios(medians: dict[str, float], names: list[str]) -> dict[str, float]:
-    def ratio(a: str, b: str) -> float | None:
-        return round(medians[a] / medians[b], 2) if a in medians and b in medians else None
-
-    found = {
-        "builtin_vs_unbatched_c1": ratio("builtin/c1/tokens_per_second", "builtin-unbatched/c1/tokens_per_second"),
-        "builtin_vs_unbatched_c8": ratio("builtin/c8/tokens_per_second", "builtin-unbatched/c8/tokens_per_second"),
-        "episode_speedup_prefix_cache": ratio("builtin-unbatched/episode_seconds", "builtin/episode_seconds"),
+def ratios(samples: dict[str, list[float]], names: list[str]) -> dict[str, dict]:
+    """Each ratio of the median figures, and per round: a round measures both moments apart, so
+    its ratio moves less with the machine's load than either figure does."""
+    pairs = {
+        "builtin_vs_unbatched_c1": ("builtin/c1/tokens_per_second", "builtin-unbatched/c1/tokens_per_second"),
+        "builtin_vs_unbatched_c8": ("builtin/c8/tokens_per_second", "builtin-unbatched/c8/tokens_per_second"),
+        "episode_speedup_prefix_cache": ("builtin-unbatched/episode_seconds", "builtin/episode_seconds"),
     }
     if "vllm" in names:
-        found |= {f"builtin_vs_vllm_c{c}": ratio(f"builtin/c{c}/tokens_per_second", f"vllm/c{c}/tokens_per_second") for c in CONCURRENCY}
-    return found
+        pairs |= {f"builtin_vs_vllm_c{c}": (f"builtin/c{c}/tokens_per_second", f"vllm/c{c}/tokens_per_second") for c in CONCURRENCY}
+    return {
+        name: {
+            "of_medians": round(statistics.median(samples[a]) / statistics.median(samples[b]), 2),
+            "per_round": [round(x / y, 2) for x, y in zip(samples[a], samples[b])],
+        }
+        for name, (a, b) in pairs.items()
+        if a in samples and b in samples
+    }
 
 
 def main() -> None:
@@ -322,7 +328,7 @@ def main() -> None:
             copy = shutil.copytree(checkpoint, scratch / "checkpoint-copy")
             figures["switch"] = asyncio.run(switch_in_flight(servers[0].url, copy))
             figures["peak_rss_mib"] = {server.name: server.peak_rss_mib() for server in servers}
-    figures["ratios"] = ratios(figures["medians"], [server.name for server in servers])
+    figures["ratios"] = ratios(figures["samples"], [server.name for server in servers])
     figures["load_average_1min"] = round(os.getloadavg()[0], 2)
     figures["cpus"] = os.cpu_count()
     figures["busy_processes"] = args.busy
