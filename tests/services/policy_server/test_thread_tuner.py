@@ -2,6 +2,7 @@
 
 import time
 
+import pytest
 import torch
 from gearshift.services.policy_server.thread_tuner import ThreadTuner
 
@@ -12,51 +13,43 @@ def steps(tuner: ThreadTuner, count: int, seconds_on: dict[int, float], rows=lam
         tuner.run(rows(index), lambda: time.sleep(seconds_on[torch.get_num_threads()]))
 
 
-def test_moves_to_one_thread_when_it_is_faster_and_back_when_it_is_not():
+@pytest.fixture(autouse=True)
+def restore_threads():
+    """The tuner sets this thread's OpenMP thread count; other tests keep theirs."""
     threads = torch.get_num_threads()
-    try:
-        tuner = ThreadTuner(2, every=8, trial=3)
-        torch.set_num_threads(tuner.threads)
-        steps(tuner, 8 + 3, {2: 0.006, 1: 0.002})  # a busy neighbour: two threads are slower
-        assert (tuner.threads, torch.get_num_threads(), tuner.switches) == (1, 1, 1)
-        steps(tuner, 8 + 3, {2: 0.001, 1: 0.004})  # the neighbour left
-        assert (tuner.threads, torch.get_num_threads(), tuner.switches) == (2, 2, 2)
-        steps(tuner, 3 * (8 + 3), {2: 0.010, 1: 0.0095})  # one thread a little faster: not enough
-        assert (tuner.threads, tuner.switches) == (2, 2)
-    finally:
-        torch.set_num_threads(threads)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_moves_to_one_thread_when_it_is_faster_and_back_when_it_is_not():
+    tuner = ThreadTuner(2, every=8, trial=3)
+    torch.set_num_threads(tuner.threads)
+    steps(tuner, 8 + 3, {2: 0.006, 1: 0.002})  # a busy neighbour: two threads are slower
+    assert (tuner.threads, torch.get_num_threads(), tuner.switches) == (1, 1, 1)
+    steps(tuner, 8 + 3, {2: 0.001, 1: 0.004})  # the neighbour left
+    assert (tuner.threads, torch.get_num_threads(), tuner.switches) == (2, 2, 2)
+    steps(tuner, 3 * (8 + 3), {2: 0.010, 1: 0.0095})  # one thread a little faster: not enough
+    assert (tuner.threads, tuner.switches) == (2, 2)
 
 
 def test_a_trial_across_a_batch_size_change_is_dropped():
-    threads = torch.get_num_threads()
-    try:
-        tuner = ThreadTuner(2, every=8, trial=3)
-        steps(tuner, 8 + 3, {2: 0.006, 1: 0.002}, rows=lambda i: 4 if i < 9 else 5)  # a row joined mid-trial
-        assert (tuner.threads, tuner.switches, torch.get_num_threads()) == (2, 0, 2)
-    finally:
-        torch.set_num_threads(threads)
+    tuner = ThreadTuner(2, every=8, trial=3)
+    steps(tuner, 8 + 3, {2: 0.006, 1: 0.002}, rows=lambda i: 4 if i < 9 else 5)  # a row joined mid-trial
+    assert (tuner.threads, tuner.switches, torch.get_num_threads()) == (2, 0, 2)
 
 
 def test_never_tries_when_told_not_to_or_with_one_thread():
-    threads = torch.get_num_threads()
-    try:
-        for tuner in (ThreadTuner(2, every=0), ThreadTuner(1, every=8)):
-            torch.set_num_threads(tuner.threads)
-            steps(tuner, 40, {tuner.most: 0.004, 1: 0.001, 2: 0.004})
-            assert tuner.switches == 0 and torch.get_num_threads() == tuner.most
-    finally:
-        torch.set_num_threads(threads)
+    for tuner in (ThreadTuner(2, every=0), ThreadTuner(1, every=8)):
+        torch.set_num_threads(tuner.threads)
+        steps(tuner, 40, {tuner.most: 0.004, 1: 0.001, 2: 0.004})
+        assert tuner.switches == 0 and torch.get_num_threads() == tuner.most
 
 
 def test_a_prefill_between_steps_ends_the_trial():
-    threads = torch.get_num_threads()
-    try:
-        tuner = ThreadTuner(2, every=8, trial=3)
-        steps(tuner, 9, {2: 0.006, 1: 0.002})  # the trial of one thread has begun
-        assert torch.get_num_threads() == 1
-        tuner.reset()  # the scheduler prefilled a newcomer
-        assert (tuner.threads, torch.get_num_threads()) == (2, 2)
-        steps(tuner, 2, {2: 0.006, 1: 0.002})
-        assert tuner.switches == 0
-    finally:
-        torch.set_num_threads(threads)
+    tuner = ThreadTuner(2, every=8, trial=3)
+    steps(tuner, 9, {2: 0.006, 1: 0.002})  # the trial of one thread has begun
+    assert torch.get_num_threads() == 1
+    tuner.reset()  # the scheduler prefilled a newcomer
+    assert (tuner.threads, torch.get_num_threads()) == (2, 2)
+    steps(tuner, 2, {2: 0.006, 1: 0.002})
+    assert tuner.switches == 0
