@@ -150,6 +150,12 @@ class PolicyServerSettings(BaseModel):
     max_queue: int = Field(256, ge=0, description="Requests waiting for a batch slot; beyond this, 429 with Retry-After")
     retry_after_seconds: int = Field(1, ge=0, description="Retry-After of a 429 when the queue is full")
     prefix_cache_mib: int = Field(512, ge=0, description="KV cache of finished prompts kept for reuse (LRU), in MiB; 0: off")
+    speculative_tokens: int = Field(
+        4,
+        ge=0,
+        description="Draft tokens a lone greedy generation checks per decode step, looked up in its own prompt and output "
+        "(prompt lookup, vLLM's ngram method; docs/policy-server.md); 0: off",
+    )
 
 
 class StoreSettings(BaseModel):

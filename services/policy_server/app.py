@@ -93,6 +93,10 @@ class EngineCollector:
         yield GaugeMetricFamily("gearshift_policy_waiting", "Generations waiting for a batch slot", value=scheduler.waiting)
         yield CounterMetricFamily("gearshift_policy_decode_steps", "Batched decode steps", value=scheduler.stats.steps)
         yield GaugeMetricFamily("gearshift_policy_threads", "OpenMP threads decode steps run on", value=scheduler.tuner.threads)
+        yield CounterMetricFamily("gearshift_policy_draft_tokens", "Draft tokens checked (prompt lookup)", value=scheduler.stats.drafted)
+        yield CounterMetricFamily(
+            "gearshift_policy_draft_tokens_accepted", "Draft tokens the model agreed with", value=scheduler.stats.accepted
+        )
         yield CounterMetricFamily("gearshift_policy_rejected", "Requests answered 429 (queue full)", value=scheduler.stats.rejected)
         prefixes = scheduler.prefix_cache
         yield CounterMetricFamily(

@@ -119,5 +119,11 @@ class BatchCache:
         self.width += columns
         self.lengths = [length + columns for length in self.lengths]
 
+    def drop(self, columns: int) -> None:
+        """Forgets every row's last `columns` columns (a rejected draft's keys and values): the
+        next forward writes over them."""
+        self.width -= columns
+        self.lengths = [length - columns for length in self.lengths]
+
     def nbytes(self) -> int:
         return sum(keys.nbytes + values.nbytes for keys, values in self.buffers)

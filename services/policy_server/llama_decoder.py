@@ -119,11 +119,13 @@ class LlamaDecoder:
         """transformers' LlamaRMSNorm: normalised in float32, scaled in the model's dtype."""
         return weight * F.rms_norm(x.float(), (self.hidden,), eps=self.eps).to(x.dtype)
 
-    def forward(self, cache: BatchCache, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, cache: BatchCache, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, keep: int = 1
+    ) -> torch.Tensor:
         """Feeds each row its tokens [rows, new] after the cache's columns, at their positions
         [rows, new]; mask [rows, 1, new, width + new] says which columns a token sees (None:
-        every column before it, in a cache that was empty). Returns the last new position's
-        logits [rows, vocab]."""
+        every column before it, in a cache that was empty). Returns the logits of the last
+        `keep` new positions [rows, keep, vocab]."""
         (rows, new), heads, kv_heads, head_dim = input_ids.shape, self.heads, self.kv_heads, self.head_dim
         cache.reserve(new)
         start, end = cache.width, cache.width + new
@@ -144,4 +146,4 @@ class LlamaDecoder:
             gate, up = layer.gate_up(self._norm(x, layer.post_norm)).split(self.intermediate, -1)
             x = x + layer.down(F.silu(gate) * up)
         cache.advance(new)
-        return self.head(self._norm(x[:, -1], self.final_norm))
+        return self.head(self._norm(x[:, -keep:], self.final_norm))

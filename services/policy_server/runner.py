@@ -1,6 +1,7 @@
-"""The two model calls of the scheduler: prefill (prompts, after whatever prefix the prefix cache
-supplied each) and decode (one token for every row of a batch). Both run the hand-written Llama
-forward where the model was prepared for it, transformers' forward otherwise.
+"""The model calls of the scheduler: prefill (prompts, after whatever prefix the prefix cache
+supplied each), decode (one token for every row of a batch) and verify (a lone row's token and a
+draft after it). All run the hand-written Llama forward where the model was prepared for it,
+transformers' forward otherwise.
 Synchronous torch code; the scheduler thread calls it."""
 
 from __future__ import annotations
@@ -32,14 +33,17 @@ def empty_row(model: torch.nn.Module) -> RowKV:
     return [(empty, empty) for _ in range(config.num_hidden_layers)]
 
 
-def _forward(model: torch.nn.Module, cache: BatchCache, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Runs the model over input_ids [rows, new] after the cache's columns; returns the last
-    position's logits (see LlamaDecoder.forward for the arguments)."""
+def _forward(
+    model: torch.nn.Module, cache: BatchCache, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
+    keep: int = 1,
+) -> torch.Tensor:
+    """Runs the model over input_ids [rows, new] after the cache's columns; returns the logits
+    of the last `keep` positions [rows, keep, vocab] (see LlamaDecoder.forward for the arguments)."""
     if decoder := _decoders.get(model):
-        return decoder.forward(cache, input_ids, positions, mask)
+        return decoder.forward(cache, input_ids, positions, mask, keep)
     cache.reserve(input_ids.shape[1])
     inputs = {"attention_mask": mask, "position_ids": positions, "use_cache": True, _cache_argument(type(model)): cache.for_forward()}
-    logits = model(input_ids=input_ids, logits_to_keep=1, **inputs).logits[:, -1]
+    logits = model(input_ids=input_ids, logits_to_keep=keep, **inputs).logits
     cache.advance(input_ids.shape[1])
     return logits
 
@@ -54,7 +58,7 @@ def prefill(model: torch.nn.Module, prompt_ids: list[int], prefix: RowKV | None,
     positions = torch.arange(start, len(prompt_ids))[None]
     mask = torch.ones(remaining, start + remaining, dtype=torch.bool).tril(start)[None, None] if start else None  # the prefix, then causal
     logits = _forward(model, cache, torch.tensor([prompt_ids[start:]]), positions, mask)
-    return logits[0], cache
+    return logits[0, -1], cache
 
 
 def prefill_together(
@@ -91,7 +95,7 @@ def prefill_together(
             tuple(torch.cat((part[row : row + 1, :, prefix_columns], part[row : row + 1, :, new_columns]), -2) for part in layer)
             for layer in cache.buffers
         ]
-        rows.append((logits[row], BatchCache.of_rows([kept], headroom=reserve)))
+        rows.append((logits[row, -1], BatchCache.of_rows([kept], headroom=reserve)))
     return rows
 
 
@@ -106,4 +110,14 @@ def prepare(model: torch.nn.Module) -> None:
 
 def decode(model: torch.nn.Module, cache: BatchCache, tokens: list[int]) -> torch.Tensor:
     """One step: feeds each row its next token; returns logits [rows, vocab]."""
-    return _forward(model, cache, torch.tensor(tokens)[:, None], cache.positions(), cache.decode_mask())
+    return _forward(model, cache, torch.tensor(tokens)[:, None], cache.positions(), cache.decode_mask())[:, -1]
+
+
+def verify(model: torch.nn.Module, cache: BatchCache, tokens: list[int]) -> torch.Tensor:
+    """One step of a one-row cache fed several tokens: its next one and a draft after it (see
+    speculation.py). Returns the logits after each of them [len(tokens), vocab]."""
+    (length,), width, new = cache.lengths, cache.width, len(tokens)
+    mask = torch.ones(new, width + new, dtype=torch.bool).tril(width)  # the row's columns, then causal
+    mask[:, : width - length] = False  # padding, where the row was in a longer batch
+    positions = torch.arange(length, length + new)[None]
+    return _forward(model, cache, torch.tensor([tokens]), positions, mask[None, None], keep=new)[0]

@@ -5,7 +5,8 @@ they finish, are cancelled or fail.
 The shape is vLLM's scheduler, made small for a CPU: a waiting queue served first come, first
 served (its cap answers 429), a running set capped in rows and in KV-cache token slots, and a
 step that first admits what fits (prefill, with the prefix cache) and then decodes every running
-row in one forward per set of weights. Generations stay on the weights they were accepted with:
+row in one forward per set of weights (a lone greedy row with a draft of the tokens to come, see
+speculation.py). Generations stay on the weights they were accepted with:
 after a hot switch the old weights' batch drains while new requests start a batch on the new
 ones, and the old model is freed when its last row leaves.
 
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 from gearshift.errors import ResourceExhausted
-from gearshift.services.policy_server import runner
+from gearshift.services.policy_server import runner, speculation
 from gearshift.services.policy_server.batch_cache import BatchCache
 from gearshift.services.policy_server.generation import GenerationResult, OutputText, SamplingParams, pick_token
 from gearshift.services.policy_server.prefix_cache import PrefixCache
@@ -113,6 +114,8 @@ class RunningBatch:
 @dataclass
 class SchedulerStats:
     steps: int = 0  # decode forwards
+    drafted: int = 0  # draft tokens checked (prompt lookup)
+    accepted: int = 0  # draft tokens the model agreed with: tokens beyond one per step
     rejected: int = 0  # requests answered 429
     largest_batch: int = 0  # most rows one decode step ran
 
@@ -308,10 +311,17 @@ class Scheduler:
         batch.cache = BatchCache.of_rows(old + [cache.row(0) for cache in newcomers])
 
     def _decode(self, batch: RunningBatch) -> None:
-        """One step: every row's last token in, every row's next token out."""
+        """One step: every row's last token in, every row's next token out; or a lone greedy
+        row's last token and a draft in, and its next tokens out as far as they agree with it."""
+        draft = self._draft(batch)
+        model, cache = batch.loaded.model, batch.cache
         try:
-            tokens = [row.sampled[-1] for row in batch.rows]
-            logits = self.tuner.run(len(tokens), lambda: runner.decode(batch.loaded.model, batch.cache, tokens))
+            if draft:
+                tokens = [batch.rows[0].sampled[-1], *draft]
+                logits = self.tuner.run(len(tokens), lambda: runner.verify(model, cache, tokens))
+            else:
+                tokens = [row.sampled[-1] for row in batch.rows]
+                logits = self.tuner.run(len(tokens), lambda: runner.decode(model, cache, tokens))
         except Exception as exc:
             log.exception("decode step failed")
             for row in batch.rows:
@@ -320,8 +330,11 @@ class Scheduler:
             return
         self.stats.steps += 1
         self.stats.largest_batch = max(self.stats.largest_batch, len(batch.rows))
-        for row, row_logits in zip(batch.rows, logits):
-            row.take(row_logits)
+        if draft:
+            self._take_agreeing(batch, draft, logits)
+        else:
+            for row, row_logits in zip(batch.rows, logits):
+                row.take(row_logits)
         done = [row for row in batch.rows if row.finished]
         for row in done:
             self._remember(batch, row)
@@ -329,6 +342,29 @@ class Scheduler:
             self._retire(batch, done)  # before delivering: a requester that has its result no longer counts
         for row in done:
             row.deliver(row.result())
+
+    def _draft(self, batch: RunningBatch) -> list[int]:
+        """Tokens to check along with a lone greedy row's next one; [] for any other batch.
+        Several rows are decoded together already, and a sampled row would need the draft's
+        probabilities to stay exact."""
+        row = batch.rows[0]
+        if len(batch.rows) > 1 or row.params.temperature > 0:
+            return []
+        room = row.params.max_tokens - len(row.output.tokens) - 1  # the step adds a token of its own
+        return speculation.propose(row.prompt_ids + row.sampled, min(self.settings.speculative_tokens, room))
+
+    def _take_agreeing(self, batch: RunningBatch, draft: list[int], logits: torch.Tensor) -> None:
+        """The row takes its pick after its last token, and after each draft token for as long
+        as its picks are the draft's; the keys and values past the first disagreement go."""
+        row, taken = batch.rows[0], 0
+        for guess, position_logits in zip([*draft, None], logits):
+            row.take(position_logits)
+            taken += 1
+            if row.finished or row.sampled[-1] != guess:
+                break
+        batch.cache.drop(len(draft) + 1 - taken)
+        self.stats.drafted += len(draft)
+        self.stats.accepted += taken - 1
 
     def _remember(self, batch: RunningBatch, row: Sequence) -> None:
         """Offers a finished row's KV (prompt and output so far) to the prefix cache."""

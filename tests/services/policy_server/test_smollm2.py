@@ -8,6 +8,8 @@ import shutil
 import pytest
 from gearshift import weights
 from gearshift.policy_client import PolicyClient
+from gearshift.services.policy_server.core import PolicyEngine
+from gearshift.services.policy_server.schemas import ChatCompletionRequest
 from gearshift.services.policy_server.server import running
 from gearshift.settings import PolicyServerSettings, Settings
 
@@ -36,3 +38,24 @@ async def test_smollm2_knows_paris_and_switches_checkpoints_without_dropping_a_g
         assert "".join(pieces) == reference
         assert server.engine.current.path == copy
         assert (await client.complete(prompt, **greedy)).text == reference  # same weights, new directory
+
+
+async def test_smollm2_gives_the_same_greedy_tokens_with_drafts():
+    """Prompt lookup on the real model, where the logits are not a random model's: a turn that
+    quotes a text from its prompt takes the same tokens with drafts as without, in fewer steps."""
+    quoted = "The Eiffel Tower is 330 metres tall. It was completed in 1889 for the World's Fair in Paris."
+    messages = [{"role": "user", "content": f"Repeat this text word for word, twice: {quoted}"}]
+    request = ChatCompletionRequest(messages=messages, max_tokens=48, temperature=0, ignore_eos=True)
+    models_dir = Settings().models_dir
+    results, steps = [], []
+    for drafts in (0, 4):
+        settings = PolicyServerSettings(model=weights.SMOLLM2, port=0, threads=2, speculative_tokens=drafts)
+        engine = await PolicyEngine.start(settings, models_dir)
+        try:
+            results.append(await engine.generate_all(engine.chat_job(request)[0]))
+            steps.append(engine.scheduler.stats.steps)
+        finally:
+            engine.close()
+    assert results[1].token_ids == results[0].token_ids
+    assert "330 metres" in results[0].text
+    assert steps[1] < steps[0] * 0.7  # most tokens came from drafts the model agreed with
