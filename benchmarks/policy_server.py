@@ -15,7 +15,8 @@ order every round (the machine is shared: quote medians and ratios):
 
 - builtin: the built-in server with its default settings (batching, prefix cache);
 - builtin-unbatched: the same server as it was before batching: one generation at a time
-  (max_batch_size 1) and no prefix cache;
+  (max_batch_size 1) and no prefix cache (its lone greedy rows draft by prompt lookup, as the
+  built-in server's do);
 - vllm: vLLM's CPU build (--enforce-eager, float32 as the end-to-end tests run it, or --dtype).
 
     .venv/bin/python benchmarks/policy_server.py [--rounds 3] [--tokens 64] [--threads 2] [--dtype float32] [--sleep-wait] [--busy 1] [--no-vllm] [--gguf]
@@ -68,6 +69,9 @@ EPISODE_QUERIES = [
     "What is the largest river by discharge, and where is Mount Everest?",
 ]
 TURN_TOKENS = 64  # max_tokens of one episode turn
+# Pause before each measurement: vLLM's worker keeps a core busy for about a second after its
+# last request finished (measured), which slowed whichever server the rotation put after it.
+SETTLE_SECONDS = 2.0
 TURN_STOPS = ["</tool_call>", "</answer>"]
 EXPAND = "import sys; from pathlib import Path; from gearshift.weights import cache_smollm2; cache_smollm2(Path(sys.argv[1]))"
 
@@ -267,11 +271,13 @@ async def measure(servers: list[Server], rounds: int, tokens: int) -> dict:
     for round_index in range(rounds):
         for concurrency in CONCURRENCY:
             for server in rotated(servers, round_index + concurrency):
+                await asyncio.sleep(SETTLE_SECONDS)
                 figures = await throughput(server.url, concurrency, tokens, round_index)
                 samples.add(f"{server.name}/c{concurrency}/tokens_per_second", figures["tokens_per_second"])
                 samples.add(f"{server.name}/c{concurrency}/ttft_seconds", figures["ttft_seconds"])
                 progress(f"round {round_index} {server.name} c{concurrency}: {figures['tokens_per_second']:.1f} tok/s")
         for server in rotated(servers, round_index):
+            await asyncio.sleep(SETTLE_SECONDS)
             run = await episode(server.url, EPISODE_QUERIES[round_index % len(EPISODE_QUERIES)])
             samples.add(f"{server.name}/episode_seconds", run["seconds"])
             episodes.setdefault(server.name, []).append(run["turns"])
