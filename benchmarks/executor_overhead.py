@@ -9,7 +9,7 @@ round-trip (health Check) times the number of hops the episode makes. Tool execu
 The floor is measured twice. Back to back to the executor, as before: every call finds the
 server busy from the last one. And in turn to every service of the stack, as an episode's hops
 go: each call finds its server idle since its last call, a few milliseconds ago. A gRPC server
-woken from idle answers later (1.0-1.1 ms against 0.7-0.8 ms here, where a raw socket pair
+woken from idle answers later (1.0-1.3 ms against 0.7-0.9 ms on stop 22's machine, where a raw socket pair
 loses only tens of microseconds), so the second floor is what the same hops cost with nothing
 else done, and the first one overstates how far the platform is from it.
 
