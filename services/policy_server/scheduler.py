@@ -314,14 +314,10 @@ class Scheduler:
         """One step: every row's last token in, every row's next token out; or a lone greedy
         row's last token and a draft in, and its next tokens out as far as they agree with it."""
         draft = self._draft(batch)
-        model, cache = batch.loaded.model, batch.cache
+        tokens = [batch.rows[0].sampled[-1], *draft] if draft else [row.sampled[-1] for row in batch.rows]
+        forward = runner.verify if draft else runner.decode
         try:
-            if draft:
-                tokens = [batch.rows[0].sampled[-1], *draft]
-                logits = self.tuner.run(len(tokens), lambda: runner.verify(model, cache, tokens))
-            else:
-                tokens = [row.sampled[-1] for row in batch.rows]
-                logits = self.tuner.run(len(tokens), lambda: runner.decode(model, cache, tokens))
+            logits = self.tuner.run(len(tokens), lambda: forward(batch.loaded.model, batch.cache, tokens))
         except Exception as exc:
             log.exception("decode step failed")
             for row in batch.rows:
@@ -351,7 +347,8 @@ class Scheduler:
         if len(batch.rows) > 1 or row.params.temperature > 0:
             return []
         room = row.params.max_tokens - len(row.output.tokens) - 1  # the step adds a token of its own
-        return speculation.propose(row.prompt_ids + row.sampled, min(self.settings.speculative_tokens, room))
+        wanted = min(self.settings.speculative_tokens, room)
+        return speculation.propose(row.prompt_ids + row.sampled, wanted) if wanted > 0 else []
 
     def _take_agreeing(self, batch: RunningBatch, draft: list[int], logits: torch.Tensor) -> None:
         """The row takes its pick after its last token, and after each draft token for as long

@@ -15,8 +15,6 @@ MAX_NGRAM = 3  # the longest run of last tokens looked up
 def propose(context: list[int], tokens: int) -> list[int]:
     """Up to `tokens` tokens that followed the latest earlier occurrence of the context's last
     MAX_NGRAM tokens, or of fewer where those never occurred; [] where not even the last did."""
-    if tokens <= 0:
-        return []
     last = len(context) - 1
     best_length, best_end = 0, -1
     for end in range(last - 1, -1, -1):  # candidates end at `end`; the newest first
