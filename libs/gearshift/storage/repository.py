@@ -7,8 +7,10 @@ import contextlib
 import enum
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Connection, Engine, func, insert, select, tuple_, update
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.dialects import postgresql, sqlite
 
 from gearshift.api.common.v1.common_pb2 import Checkpoint, Reward, Trajectory
@@ -106,12 +108,13 @@ class TrajectoryRepository:
         # INSERT ... ON CONFLICT DO NOTHING: duplicates are skipped inside the database, and
         # the summed row count of the executemany says how many were new. Without RETURNING,
         # psycopg pipelines one small prepared statement per row, which parses and binds far
-        # faster than the giant multi-row VALUES statements RETURNING would need.
-        self._insert_trajectories = (
-            dialect.insert(trajectories)
-            .on_conflict_do_nothing(index_elements=["id"])
-            .execution_options(preserve_rowcount=True)  # keep the driver's summed count
-        )
+        # faster than the giant multi-row VALUES statements RETURNING would need. Every episode
+        # ends with a Put, so the statement is compiled once and runs on the DB-API cursor:
+        # SQLAlchemy's execution layer cost more than SQLite's own insert (0.4-0.55 against
+        # 0.2-0.25 ms for one row, each call starting cold as an episode's does).
+        insert = dialect.insert(trajectories).on_conflict_do_nothing(index_elements=["id"]).compile(dialect=engine.dialect)
+        self._insert_trajectories = str(insert)
+        self._insert_order = insert.positiontup  # SQLite's "?" parameters go by position
         self._insert_checkpoint = (
             dialect.insert(checkpoints).on_conflict_do_nothing(index_elements=["id"]).returning(checkpoints.c.id)
         )
@@ -123,6 +126,24 @@ class TrajectoryRepository:
             with connection.begin():
                 yield connection
 
+    @contextlib.contextmanager
+    def _driver_writing(self) -> Iterator[Any]:
+        """A DB-API cursor in a write transaction on a pooled connection. Driver errors come out
+        as SQLAlchemy's, as they do from _writing."""
+        dbapi = self.engine.dialect.loaded_dbapi
+        try:
+            connection = self.engine.raw_connection()
+            try:
+                cursor = connection.cursor()
+                if self.engine.dialect.name == "sqlite":
+                    cursor.execute("BEGIN IMMEDIATE")  # its connections run in autocommit (database.py)
+                yield cursor
+                connection.commit()
+            finally:
+                connection.close()  # back to the pool, which rolls back what was not committed
+        except dbapi.Error as exc:
+            raise DBAPIError.instance(None, None, exc, dbapi.Error) from exc
+
     # trajectories
 
     def put(self, batch: Sequence[Trajectory]) -> int:
@@ -130,8 +151,11 @@ class TrajectoryRepository:
         if not batch:
             return 0
         rows = [trajectory_row(trajectory) for trajectory in batch]
-        with self._writing() as connection:
-            return connection.execute(self._insert_trajectories, rows).rowcount
+        if self._insert_order:
+            rows = [tuple(row[key] for key in self._insert_order) for row in rows]
+        with self._driver_writing() as cursor:
+            cursor.executemany(self._insert_trajectories, rows)
+            return cursor.rowcount
 
     def get(self, trajectory_id: str) -> Trajectory | None:
         stmt = select(trajectories.c.payload, trajectories.c.reward).where(trajectories.c.id == trajectory_id)

@@ -15,6 +15,7 @@ from gearshift.storage.database import alembic_config
 from gearshift.storage.models import Base
 from gearshift.storage.repository import Correctness
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 
 from tests.libs.storage.helpers import BASE_US, make_trajectory
 
@@ -37,6 +38,36 @@ def test_put_counts_only_new_ids(repository: TrajectoryRepository):
     assert repository.count() == 3
     assert repository.get(first.id) == first
     assert repository.get("00000000-0000-0000-0000-000000000000") is None
+
+
+# A row the database itself refuses, in the middle of a batch: a trigger on run_id.
+REFUSE_POISON = {
+    "sqlite": ["CREATE TRIGGER refuse_poison BEFORE INSERT ON trajectories WHEN NEW.run_id = 'poison'"
+               " BEGIN SELECT RAISE(ABORT, 'poisoned row'); END"],
+    "postgresql": [
+        "CREATE FUNCTION refuse_poison() RETURNS trigger AS $$ BEGIN"
+        " IF NEW.run_id = 'poison' THEN RAISE EXCEPTION 'poisoned row'; END IF; RETURN NEW; END $$ LANGUAGE plpgsql",
+        "CREATE TRIGGER refuse_poison BEFORE INSERT ON trajectories FOR EACH ROW EXECUTE FUNCTION refuse_poison()",
+    ],
+}
+DROP_POISON = {"sqlite": ["DROP TRIGGER refuse_poison"],
+               "postgresql": ["DROP TRIGGER refuse_poison ON trajectories", "DROP FUNCTION refuse_poison()"]}
+
+
+def test_a_batch_the_database_refuses_stores_nothing(repository: TrajectoryRepository):
+    dialect = repository.engine.dialect.name
+    with repository.engine.begin() as connection:
+        for statement in REFUSE_POISON[dialect]:
+            connection.exec_driver_sql(statement)
+    try:
+        with pytest.raises(DBAPIError, match="poisoned row"):
+            repository.put([make_trajectory(), make_trajectory(run_id="poison"), make_trajectory()])
+        assert repository.count() == 0  # rolled back, and the connection went back to the pool clean
+        assert repository.put([make_trajectory()]) == 1
+    finally:
+        with repository.engine.begin() as connection:
+            for statement in DROP_POISON[dialect]:
+                connection.exec_driver_sql(statement)
 
 
 def test_keyset_paging_breaks_ties_by_id(repository: TrajectoryRepository):
