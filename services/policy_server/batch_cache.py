@@ -65,11 +65,13 @@ class BatchCache:
         for layer in range(len(rows[0])):
             keys, values = rows[0][layer]
             shape = (len(rows), keys.shape[1], capacity, keys.shape[-1])
-            # Zeros, not empty: padding is masked, but 0 x NaN from stale memory would still be NaN.
-            layer_keys, layer_values = keys.new_zeros(shape), values.new_zeros(shape)
+            # Columns from `width` on are written before they are read. Padding is read, masked,
+            # so it is zeroed: 0 x NaN from stale memory would still be NaN.
+            layer_keys, layer_values = keys.new_empty(shape), values.new_empty(shape)
             for index, (row, length) in enumerate(zip(rows, lengths)):
-                layer_keys[index, :, width - length : width] = row[layer][0][0]
-                layer_values[index, :, width - length : width] = row[layer][1][0]
+                for buffer, part in ((layer_keys, row[layer][0][0]), (layer_values, row[layer][1][0])):
+                    buffer[index, :, : width - length] = 0
+                    buffer[index, :, width - length : width] = part
             buffers.append((layer_keys, layer_values))
         return cls(buffers, lengths, width)
 
@@ -91,7 +93,7 @@ class BatchCache:
         resized = []
         for keys, values in self.buffers:
             shape = (*keys.shape[:2], grown, keys.shape[-1])
-            new_keys, new_values = keys.new_zeros(shape), values.new_zeros(shape)
+            new_keys, new_values = keys.new_empty(shape), values.new_empty(shape)
             new_keys[:, :, : self.width] = keys[:, :, : self.width]
             new_values[:, :, : self.width] = values[:, :, : self.width]
             resized.append((new_keys, new_values))

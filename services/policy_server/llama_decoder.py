@@ -70,6 +70,23 @@ def _parallel_spinning() -> bool:
     return _SPINNING and torch.get_num_threads() > 1
 
 
+# The CPU flash kernel itself: unlike F.scaled_dot_product_attention it also returns each query's
+# log-sum-exp, which lets attention over two spans of keys be computed apart and merged.
+_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+
+def _after_prefix(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> torch.Tensor:
+    """Attention of new tokens that see the `start` cached columns whole and one another causally
+    (a prefill after a prefix-cache hit). One SDPA call would need a mask, with which the kernel
+    computes every block and converts the mask in every layer; apart, the cached columns need no
+    mask and the new ones take the causal kernel, merged by their log-sum-exps. For 550 tokens
+    after 1,200 on SmolLM2, attention took 0.90-0.93x the time of the masked call."""
+    seen, seen_lse = _flash(q, keys[:, :, :start], values[:, :, :start], 0.0, False)[:2]
+    own, own_lse = _flash(q, keys[:, :, start:], values[:, :, start:], 0.0, True)[:2]
+    total = torch.logaddexp(seen_lse, own_lse)
+    return (seen * (seen_lse - total).exp()[..., None] + own * (own_lse - total).exp()[..., None]).to(q.dtype)
+
+
 def _copied(module: torch.nn.Module) -> torch.Tensor:
     """The module's weight, moved to memory of its own."""
     module.weight = torch.nn.Parameter(module.weight.detach().clone(), requires_grad=False)
@@ -133,15 +150,19 @@ class LlamaDecoder:
         cos, sin = (part[:, :, None] for part in self.rotary(x, positions))  # [rows, new, 1, head_dim]
         half, rotated = head_dim // 2, (heads + kv_heads) * head_dim
         causal = mask is None and new > 1  # SDPA's causal kernel: 2x faster than the same mask given
+        prefixed = causal and start > 0  # the causal part starts after cached columns
         for layer, (keys, values) in zip(self.layers, cache.buffers):
             qkv = layer.qkv(self._norm(x, layer.input_norm))
             qk = qkv[..., :rotated].view(rows, new, heads + kv_heads, head_dim)  # RoPE once for q and k
             qk = (qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), -1) * sin).transpose(1, 2)
             keys[:, :, start:end] = qk[:, heads:]
             values[:, :, start:end] = qkv[..., rotated:].view(rows, new, kv_heads, head_dim).transpose(1, 2)
-            attention = F.scaled_dot_product_attention(
-                qk[:, :heads], keys[:, :, :end], values[:, :, :end], attn_mask=mask, is_causal=causal, enable_gqa=True
-            )
+            if prefixed:
+                attention = _after_prefix(qk[:, :heads], keys[:, :, :end], values[:, :, :end], start)
+            else:
+                attention = F.scaled_dot_product_attention(
+                    qk[:, :heads], keys[:, :, :end], values[:, :, :end], attn_mask=mask, is_causal=causal, enable_gqa=True
+                )
             x = x + layer.out(attention.transpose(1, 2).reshape(rows, new, heads * head_dim))
             gate, up = layer.gate_up(self._norm(x, layer.post_norm)).split(self.intermediate, -1)
             x = x + layer.down(F.silu(gate) * up)

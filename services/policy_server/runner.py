@@ -56,8 +56,7 @@ def prefill(model: torch.nn.Module, prompt_ids: list[int], prefix: RowKV | None,
     remaining = len(prompt_ids) - start
     cache = BatchCache.of_rows([prefix or empty_row(model)], headroom=remaining + reserve)
     positions = torch.arange(start, len(prompt_ids))[None]
-    mask = torch.ones(remaining, start + remaining, dtype=torch.bool).tril(start)[None, None] if start else None  # the prefix, then causal
-    logits = _forward(model, cache, torch.tensor([prompt_ids[start:]]), positions, mask)
+    logits = _forward(model, cache, torch.tensor([prompt_ids[start:]]), positions, None)  # sees the prefix, then causal
     return logits[0, -1], cache
 
 
