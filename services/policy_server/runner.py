@@ -56,7 +56,9 @@ def prefill(model: torch.nn.Module, prompt_ids: list[int], prefix: RowKV | None,
     remaining = len(prompt_ids) - start
     cache = BatchCache.of_rows([prefix or empty_row(model)], headroom=remaining + reserve)
     positions = torch.arange(start, len(prompt_ids))[None]
-    logits = _forward(model, cache, torch.tensor([prompt_ids[start:]]), positions, None)  # sees the prefix, then causal
+    # No mask: each token sees the prefix and the prompt before it. The hand-written forward
+    # attends to the two apart; transformers builds that mask from the cache's length.
+    logits = _forward(model, cache, torch.tensor([prompt_ids[start:]]), positions, None)
     return logits[0, -1], cache
 
 
