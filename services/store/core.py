@@ -137,7 +137,8 @@ class TrajectoryStore:
     # checkpoints
 
     async def register_checkpoint(self, checkpoint: Checkpoint) -> Checkpoint:
-        """Records a checkpoint (status CANDIDATE unless given) with its lineage."""
+        """Records a checkpoint (status CANDIDATE unless given) with its lineage; a retry with
+        the same content returns the stored checkpoint (repository.register_checkpoint)."""
         check.check_new_checkpoint(checkpoint, self.store)
         if checkpoint.status == CheckpointStatus.CHECKPOINT_STATUS_UNSPECIFIED:
             checkpoint.status = CheckpointStatus.CHECKPOINT_STATUS_CANDIDATE

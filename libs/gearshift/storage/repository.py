@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +97,28 @@ def _conditions(flt: TrajectoryFilter) -> list:
     if flt.created_before_us is not None:
         where.append(t.created_at_us < flt.created_before_us)
     return where
+
+
+# The columns a training job writes and a retry of it writes again. Status is left out (a
+# checkpoint may have been promoted since), and so is created_at (the store's, not the job's).
+CHECKPOINT_CONTENT = ("kind", "uri", "parent_id", "job", "config_json", "code_version", "dataset_snapshot")
+
+
+def _first_difference(
+    stored: Mapping[str, Any], stored_lineage: list[str], row: Mapping[str, Any], lineage: list[str]
+) -> str | None:
+    """The first field in which a registration differs from the stored checkpoint of its id;
+    None when it is a retry. The stored checkpoint may hold more metrics than the registration
+    (evaluation adds them), but each metric the registration carries must match."""
+    for column in CHECKPOINT_CONTENT:
+        if stored[column] != row[column]:
+            return column
+    if set(stored_lineage) != set(lineage):
+        return "trajectory_ids"
+    for name, value in row["eval_metrics"].items():
+        if stored["eval_metrics"].get(name) != value:
+            return f"eval_metrics[{name}]"
+    return None
 
 
 class TrajectoryRepository:
@@ -199,8 +221,10 @@ class TrajectoryRepository:
     # checkpoints
 
     def register_checkpoint(self, checkpoint: Checkpoint, created_at_us: int) -> Checkpoint:
-        """Records a checkpoint and its lineage in one transaction. AlreadyExists on a reused
-        id; NotFound when the parent or a lineage trajectory is unknown."""
+        """Records a checkpoint and its lineage in one transaction; NotFound when the parent or
+        a lineage trajectory is unknown. A reused id is a retry when the content matches (see
+        _first_difference): the stored checkpoint comes back, as it is now, and nothing is
+        written. Otherwise AlreadyExists, naming the first field that differs."""
         lineage = list(dict.fromkeys(checkpoint.trajectory_ids))
         with self._writing() as connection:
             if checkpoint.parent_id and not self._checkpoint_exists(connection, checkpoint.parent_id):
@@ -211,7 +235,10 @@ class TrajectoryRepository:
                 raise NotFound(f"{len(missing)} lineage trajectories not found: {shown}")
             row = checkpoint_row(checkpoint, created_at_us)
             if connection.execute(self._insert_checkpoint, row).first() is None:
-                raise AlreadyExists(f"checkpoint {checkpoint.id} already exists")
+                # Compared in the insert's transaction, so the row it met has committed, with
+                # its lineage (Postgres's insert waits for the other writer, SQLite runs one
+                # writer at a time); lineage never changes after that.
+                return self._registered_before(connection, row, lineage)
             if lineage:
                 links = [{"checkpoint_id": checkpoint.id, "trajectory_id": tid} for tid in lineage]
                 connection.execute(insert(checkpoint_trajectories), links)
@@ -251,6 +278,14 @@ class TrajectoryRepository:
             connection.execute(update(checkpoints).where(c.id == checkpoint_id).values(**values))
             row = connection.execute(select(checkpoints).where(c.id == checkpoint_id)).one()
         return checkpoint_from_row(row._mapping)
+
+    def _registered_before(self, connection: Connection, row: dict[str, Any], lineage: list[str]) -> Checkpoint:
+        """The stored checkpoint with row's id when row and lineage are a retry of it."""
+        stored = connection.execute(select(checkpoints).where(checkpoints.c.id == row["id"])).one()._mapping
+        field = _first_difference(stored, self._lineage(connection, row["id"]), row, lineage)
+        if field:
+            raise AlreadyExists(f"checkpoint {row['id']} already exists with a different {field}")
+        return checkpoint_from_row(stored)
 
     def _checkpoint_exists(self, connection: Connection, checkpoint_id: str) -> bool:
         return connection.execute(select(checkpoints.c.id).where(checkpoints.c.id == checkpoint_id)).first() is not None

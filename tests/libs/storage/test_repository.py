@@ -108,8 +108,8 @@ def test_checkpoint_lineage_is_all_or_nothing(repository: TrajectoryRepository):
     assert repository.get_checkpoint("sft-1") is None
     child = Checkpoint(id="sft-1", kind="policy", uri="/x", parent_id="base", trajectory_ids=[trained_on.id], status=1)
     repository.register_checkpoint(child, BASE_US + 1)
-    with pytest.raises(AlreadyExists):
-        repository.register_checkpoint(child, BASE_US + 2)
+    with pytest.raises(AlreadyExists, match="trajectory_ids"):
+        repository.register_checkpoint(Checkpoint(id="sft-1", kind="policy", uri="/x", parent_id="base", status=1), BASE_US + 2)
     stored = repository.get_checkpoint("sft-1", include_lineage=True)
     assert (stored.parent_id, list(stored.trajectory_ids)) == ("base", [trained_on.id])
 

@@ -123,7 +123,11 @@ class TrajectoryStoreServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RegisterCheckpoint(self, request, context):
-        """RegisterCheckpoint records a checkpoint with its lineage. ALREADY_EXISTS on a reused id.
+        """RegisterCheckpoint records a checkpoint with its lineage. Registering an id again with the
+        same content (kind, uri, parent_id, job, config_json, code_version, dataset_snapshot, the
+        set of trajectory_ids, and each eval_metrics entry sent) is a retry: it succeeds, writes
+        nothing and returns the stored checkpoint, whose status and metrics may have changed since.
+        A reused id with other content is ALREADY_EXISTS, naming the first field that differs.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
