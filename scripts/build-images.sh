@@ -6,8 +6,10 @@
 #                that; any other value is used as the base image itself.
 #   TAG          the tag (default: the chart's appVersion).
 #   TEST_DEPS=1  also gearshift-test-deps (Postgres and Redis from Debian, for make test-images).
+#   CUDA=1       also gearshift-training-cuda, the training image with PyPI's CUDA torch that
+#                values-gpu.yaml names (downloads GBs; never built by default, nor by CI).
 # The host's extra CA certificates (/usr/local/share/ca-certificates) go in as EXTRA_CA_CERTS, and
-# a local torch CPU wheel from pip's find-links into docker/wheels/ (never a CUDA download).
+# a local torch CPU wheel from pip's find-links into docker/wheels/ (no CUDA download unless CUDA=1).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -69,6 +71,11 @@ done
 build worker docker/service.Dockerfile worker
 build policy-server docker/model.Dockerfile policy-server
 build training docker/model.Dockerfile training
+if [[ "${CUDA:-0}" == 1 ]]; then
+  # The Dockerfile installs a wheel from docker/wheels/ when one is there, and that one is CPU torch.
+  rm -f docker/wheels/torch-*.whl
+  build training-cuda docker/model.Dockerfile training --build-arg TORCH_INDEX_URL=https://pypi.org/simple
+fi
 if [[ "${TEST_DEPS:-0}" == 1 ]]; then
   build test-deps docker/testing/deps.Dockerfile ""
 fi

@@ -264,8 +264,13 @@ class KubernetesSettings(BaseModel):
     job_template: Path | None = Field(None, description="YAML of the Job to start from (the chart's training-job ConfigMap); none: built from these settings")
     image: str = Field("gearshift-training:latest", description="Training image (without a job template)")
     gpus: int = Field(0, ge=0, description="nvidia.com/gpu per training pod; more than one runs under torchrun")
-    cpu: str = Field("2", description="CPU request of a training pod")
+    cpu: str = Field("2", description="CPU request and limit of a training pod; OMP_NUM_THREADS gets it split over the processes (one per GPU, at least one)")
     memory: str = Field("8Gi", description="Memory request of a training pod")
+    shm_size: str = Field("", description="Size of a training pod's /dev/shm (memory; NCCL wants about 1-2 GiB per GPU process); empty: 2Gi per process, as the chart")
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra environment of training pods; wins over the defaults (OMP_NUM_THREADS, and with GPUs NCCL_DEBUG=WARN, TORCH_NCCL_ASYNC_ERROR_HANDLING=1)",
+    )
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels training pods must match")
     tolerations: list[dict] = Field(default_factory=list, description="Tolerations of training pods (Kubernetes toleration objects)")
     checkpoints_claim: str = Field("gearshift-checkpoints", description="PersistentVolumeClaim holding checkpoints")

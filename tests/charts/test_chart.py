@@ -29,6 +29,7 @@ from tests.charts.k8s import (
     of_kind,
     render,
     scenarios,
+    split_image,
     workloads,
 )
 
@@ -367,6 +368,55 @@ def test_training_jobs_and_cronjobs_mount_checkpoints_and_use_torchrun_for_sever
     for _, spec in [(d, s) for d, s in workloads(cpu) if d["kind"] in ("Job", "CronJob")]:
         claims = [v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"] if "persistentVolumeClaim" in v]
         assert claims == ["shared-checkpoints"]
+
+
+def train_container(values_files: tuple[str, ...] = (), sets: tuple[str, ...] = ()) -> tuple[dict, dict, dict]:
+    """(container, its env as name -> value, the dshm volume) of the one training Job rendered."""
+    docs = render(values_files, ("training.jobs[0].name=check", "training.jobs[0].algorithm=sft", *sets))
+    (job,) = of_kind(docs, "Job")
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    assert len(env) == len(container["env"]), "no variable twice"
+    return container, env, next(v for v in pod["volumes"] if v["name"] == "dshm")
+
+
+NCCL_ENV = {"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+
+
+@pytest.mark.parametrize(
+    "gpus, cpu, command, threads, shm",
+    [
+        ("0", "4", ["gearshift", "train"], "4", "2Gi"),
+        ("1", "6", ["gearshift", "train"], "6", "2Gi"),
+        ("2", "4", ["torchrun", "--standalone", "--nproc-per-node", "2", "-m", "gearshift.cli", "train"], "2", "4Gi"),
+        ("2", "3000m", ["torchrun", "--standalone", "--nproc-per-node", "2", "-m", "gearshift.cli", "train"], "1", "4Gi"),
+        ("0", "2500m", ["gearshift", "train"], "2", "2Gi"),
+        ("4", "2", ["torchrun", "--standalone", "--nproc-per-node", "4", "-m", "gearshift.cli", "train"], "1", "8Gi"),
+    ],
+)
+def test_training_pods_give_torchrun_its_threads_nccl_env_and_shared_memory(gpus, cpu, command, threads, shm):
+    container, env, dshm = train_container((), (f"training.gpus={gpus}", f"training.resources.limits.cpu={cpu}"))
+    assert container["command"] == command
+    assert env["OMP_NUM_THREADS"] == threads
+    assert {name: env.get(name) for name in NCCL_ENV} == (NCCL_ENV if gpus != "0" else dict.fromkeys(NCCL_ENV))
+    assert dshm["emptyDir"] == {"medium": "Memory", "sizeLimit": shm}
+
+
+def test_training_env_and_shm_size_win_over_the_defaults():
+    sets = ("training.gpus=2", "training.env.OMP_NUM_THREADS=3", "training.env.NCCL_DEBUG=INFO", "training.shmSize=5Gi")
+    _, env, dshm = train_container((), sets)
+    assert env["OMP_NUM_THREADS"] == "3" and env["NCCL_DEBUG"] == "INFO" and env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+    assert dshm["emptyDir"]["sizeLimit"] == "5Gi"
+
+
+def test_gpu_values_run_the_cuda_training_image():
+    container, env, dshm = train_container(("values-gpu.yaml",))
+    assert split_image(container["image"])[0] == "gearshift-training-cuda" and container["command"] == ["gearshift", "train"]
+    assert env["OMP_NUM_THREADS"] == "8" and env["NCCL_DEBUG"] == "WARN"
+    assert dshm["emptyDir"]["sizeLimit"] == "16Gi"
+    cpu_container, _, _ = train_container()
+    assert split_image(cpu_container["image"])[0] == "gearshift-training"
 
 
 def test_a_changed_training_run_gets_a_new_job_name_and_an_unchanged_one_keeps_it():

@@ -181,7 +181,13 @@ def test_skaffold_builds_every_dockerfile_target_from_the_repository_root():
 def test_skaffold_profiles_are_cpu_gpu_and_dev():
     assert set(PROFILES) == {None, "cpu", "gpu", "dev"}
     gpu = {a["image"]: a for a in artifacts("gpu")}
-    assert gpu["gearshift-training"]["docker"]["buildArgs"]["TORCH_INDEX_URL"] == "https://pypi.org/simple"
+    # The CUDA build is its own image, the one values-gpu.yaml names (the default and cpu profiles build CPU torch).
+    assert gpu["gearshift-training-cuda"]["docker"]["buildArgs"]["TORCH_INDEX_URL"] == "https://pypi.org/simple"
+    assert "gearshift-training" not in gpu
+    gpu_values = yaml.safe_load((CHART / "values-gpu.yaml").read_text())
+    assert gpu_values["training"]["image"]["repository"] == "gearshift-training-cuda"
+    cpu = {a["image"]: a for a in artifacts("cpu")}
+    assert cpu["gearshift-training"]["docker"]["buildArgs"]["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
     assert "gearshift-policy-server" not in gpu
     assert effective_skaffold("dev")["build"]["local"]["push"] is False
 

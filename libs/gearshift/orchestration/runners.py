@@ -176,6 +176,26 @@ def build_config_map(spec: RunSpec, labels: dict[str, str]):
     )
 
 
+def _whole_cpus(quantity: str) -> int:
+    """Whole CPUs in a CPU quantity ("4", "2.5", "500m"), rounded down; 0 when it cannot be read
+    (the chart's gearshift.wholeCPUs)."""
+    try:
+        return int(quantity[:-1]) // 1000 if quantity.endswith("m") else int(float(quantity))
+    except (ValueError, OverflowError):
+        return 0
+
+
+def _training_env(settings: KubernetesSettings) -> dict[str, str]:
+    """The environment torchrun's processes need, under settings.env (which wins), as the chart
+    sets it. OMP_NUM_THREADS: the CPU limit shared by the processes (torchrun would set 1,
+    starving a lone CPU process). TORCH_NCCL_ASYNC_ERROR_HANDLING: when a rank dies the others
+    fail fast instead of hanging in a collective."""
+    env = {"OMP_NUM_THREADS": str(max(1, _whole_cpus(settings.cpu) // max(settings.gpus, 1)))}
+    if settings.gpus:
+        env |= {"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    return env | settings.env
+
+
 def _default_job(settings: KubernetesSettings):
     """A training Job built from settings alone (no template): the same shape as the chart's."""
     from kubernetes import client
@@ -187,11 +207,13 @@ def _default_job(settings: KubernetesSettings):
         command = ["torchrun", "--standalone", "--nproc-per-node", str(settings.gpus), "-m", "gearshift.cli", "train"]
     else:
         command = ["gearshift", "train"]
+    env = {"GEARSHIFT_DATA_DIR": settings.checkpoints_mount_path} | _training_env(settings)
+    shm_size = settings.shm_size or f"{2 * max(settings.gpus, 1)}Gi"
     container = client.V1Container(
         name="train",
         image=settings.image,
         command=command,
-        env=[client.V1EnvVar(name="GEARSHIFT_DATA_DIR", value=settings.checkpoints_mount_path)],
+        env=[client.V1EnvVar(name=name, value=value) for name, value in env.items()],
         resources=client.V1ResourceRequirements(requests={"cpu": settings.cpu, "memory": settings.memory}, limits=limits),
         volume_mounts=[
             client.V1VolumeMount(name="checkpoints", mount_path=settings.checkpoints_mount_path),
@@ -212,7 +234,7 @@ def _default_job(settings: KubernetesSettings):
             ),
             client.V1Volume(name="config", config_map=client.V1ConfigMapVolumeSource(name="REPLACED-PER-RUN")),
             # torch DataLoader workers and NCCL share tensors through /dev/shm.
-            client.V1Volume(name="dshm", empty_dir=client.V1EmptyDirVolumeSource(medium="Memory")),
+            client.V1Volume(name="dshm", empty_dir=client.V1EmptyDirVolumeSource(medium="Memory", size_limit=shm_size)),
         ],
     )
     return client.V1Job(

@@ -49,6 +49,39 @@ def test_one_gpu_runs_without_torchrun():
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
 
 
+def pod_of(settings: KubernetesSettings) -> tuple[dict, dict, dict]:
+    """(train container, its env as name -> value, the dshm volume) of the Job built from settings."""
+    job = to_manifest(build_job(SPEC, settings))
+    validate(job)
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert len(env) == len(container["env"])
+    return container, env, next(v for v in pod["volumes"] if v["name"] == "dshm")
+
+
+def test_two_gpus_get_torchrun_threads_per_process_nccl_env_and_sized_shared_memory():
+    container, env, dshm = pod_of(KubernetesSettings(gpus=2, cpu="8"))
+    assert container["command"] == ["torchrun", "--standalone", "--nproc-per-node", "2", "-m", "gearshift.cli", "train"]
+    assert env == {
+        "GEARSHIFT_DATA_DIR": "/checkpoints",
+        "OMP_NUM_THREADS": "4",  # 8 CPUs over 2 processes
+        "NCCL_DEBUG": "WARN",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    }
+    assert dshm["emptyDir"] == {"medium": "Memory", "sizeLimit": "4Gi"}  # 2Gi per process
+    assert pod_of(KubernetesSettings(gpus=2, shm_size="16Gi"))[2]["emptyDir"]["sizeLimit"] == "16Gi"
+
+
+def test_cpu_pod_threads_use_the_whole_cpu_limit_and_settings_env_wins():
+    _, env, dshm = pod_of(KubernetesSettings(cpu="3500m"))
+    assert env == {"GEARSHIFT_DATA_DIR": "/checkpoints", "OMP_NUM_THREADS": "3"}  # no NCCL without GPUs
+    assert dshm["emptyDir"]["sizeLimit"] == "2Gi"
+    assert pod_of(KubernetesSettings(cpu="500m"))[1]["OMP_NUM_THREADS"] == "1"
+    _, env, _ = pod_of(KubernetesSettings(gpus=4, cpu="2", env={"OMP_NUM_THREADS": "2", "NCCL_DEBUG": "INFO"}))
+    assert env["OMP_NUM_THREADS"] == "2" and env["NCCL_DEBUG"] == "INFO" and env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+
+
 def test_config_map_carries_the_config_file():
     config_map = to_manifest(build_config_map(SPEC, {"gearshift.io/job": "sft"}))
     validate(config_map)

@@ -4,6 +4,39 @@
 {{- end }}
 
 {{/*
+Whole CPUs in a CPU quantity ("4", 4, "2.5", "500m"), rounded down; 0 when it cannot be read.
+*/}}
+{{- define "gearshift.wholeCPUs" -}}
+{{- $quantity := toString . -}}
+{{- if regexMatch "^[0-9]+(\\.[0-9]+)?$" $quantity }}
+{{- $quantity | float64 | floor | int }}
+{{- else if regexMatch "^[0-9]+m$" $quantity }}
+{{- div (trimSuffix "m" $quantity | atoi) 1000 }}
+{{- else }}
+{{- 0 }}
+{{- end }}
+{{- end }}
+
+{{/*
+The environment torchrun's processes need, under training.env (which wins). OMP_NUM_THREADS:
+the CPU limit shared by the processes (torchrun would set 1, starving a lone CPU process).
+TORCH_NCCL_ASYNC_ERROR_HANDLING: when a rank dies the others fail fast instead of hanging in a
+collective. Args: values (training), processes, cpu (the CPU limit).
+*/}}
+{{- define "gearshift.trainingEnv" -}}
+{{- $cpus := include "gearshift.wholeCPUs" .cpu | atoi -}}
+{{- $env := dict "OMP_NUM_THREADS" (max 1 (div $cpus .processes)) -}}
+{{- if gt (int .values.gpus) 0 }}
+{{- $_ := set $env "NCCL_DEBUG" "WARN" }}
+{{- $_ := set $env "TORCH_NCCL_ASYNC_ERROR_HANDLING" "1" }}
+{{- end }}
+{{- range $name, $value := .values.env }}
+{{- $_ := set $env $name $value }}
+{{- end }}
+{{- include "gearshift.componentEnv" (dict "values" (dict "env" $env)) }}
+{{- end }}
+
+{{/*
 The Job spec of one training run: `gearshift train <algorithm> --config <file>` (under torchrun
 when training.gpus > 1), checkpoints on the shared claim, GPUs from training.gpus.
 Args: root, algorithm, configMap (holds config.yaml), ttl (bool: delete the Job after it ends).
@@ -12,6 +45,7 @@ Args: root, algorithm, configMap (holds config.yaml), ttl (bool: delete the Job 
 {{- $root := .root -}}
 {{- $t := $root.Values.training -}}
 {{- $gpus := int $t.gpus -}}
+{{- $processes := max $gpus 1 -}}
 {{- $resources := deepCopy $t.resources -}}
 {{- if gt $gpus 0 }}
 {{- $_ := set $resources "limits" (merge (dict "nvidia.com/gpu" $gpus) ($resources.limits | default dict)) }}
@@ -50,9 +84,7 @@ template:
           {{- include "gearshift.platformEnv" (dict "root" $root "database" true "dataDir" $t.checkpoints.mountPath) | nindent 10 }}
           - name: USER
             value: gearshift
-          {{- with include "gearshift.componentEnv" (dict "values" $t) | trim }}
-          {{- . | nindent 10 }}
-          {{- end }}
+          {{- include "gearshift.trainingEnv" (dict "values" $t "processes" $processes "cpu" (dig "limits" "cpu" "" $resources)) | nindent 10 }}
         {{- with $t.envFromSecret }}
         envFrom:
           - secretRef:
@@ -76,11 +108,11 @@ template:
       - name: tmp
         emptyDir:
           sizeLimit: 10Gi
-      # torch DataLoader workers and NCCL share tensors through /dev/shm.
+      # torch DataLoader workers and NCCL share tensors through /dev/shm; unset: 2Gi per process.
       - name: dshm
         emptyDir:
           medium: Memory
-          sizeLimit: {{ $t.shmSize }}
+          sizeLimit: {{ $t.shmSize | default (printf "%dGi" (mul 2 $processes)) }}
       - name: checkpoints
         persistentVolumeClaim:
           claimName: {{ include "gearshift.checkpointsClaim" $root }}
