@@ -1,14 +1,18 @@
 """On-policy rollouts for the jobs that learn from the model's own episodes (APO, distillation):
 the model being trained, served by the embedded platform, runs episodes through the real
 executor, router, planner and sandbox, exactly as serving runs them. Every model call of an
-episode samples with the rollout settings (routing and planning explore too)."""
+episode samples with the rollout settings (routing and planning explore too). Under torchrun,
+rank 0 runs the episodes and every rank learns from its share of them."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
+
+import torch
 
 from gearshift import weights
 from gearshift.api.common.v1.common_pb2 import Sampling, Trajectory
@@ -18,11 +22,12 @@ from gearshift.errors import FailedPrecondition
 from gearshift.policy_client import PolicyClient
 from gearshift.settings import ExecutorSettings, PolicyServerSettings, Settings
 from gearshift.topology import SERVICE_NAMES
-from gearshift.training import checkpoints, tokenization
+from gearshift.training import checkpoints, distributed, tokenization
 from gearshift.training.config import RolloutConfig
-from gearshift.training.runtime import Run
+from gearshift.training.runtime import Run, intra_op_threads
 
 SERVED_NAME = "policy-in-training"
+T = TypeVar("T")
 
 
 def sampling(rollout: RolloutConfig) -> Sampling:
@@ -45,23 +50,90 @@ def encode_rollouts(tokenizer, rollouts: list[Trajectory], rollout: RolloutConfi
     ]
 
 
-@contextlib.asynccontextmanager
-async def rollout_services(run: Run, rollout: RolloutConfig, store_addr: str, threads: int) -> AsyncIterator[tuple[Settings, bool]]:
-    """Settings pointing at an executor and reward service; True when weights must be reloaded
-    into a remote policy server after each update (reload_remote).
+class Rollouts:
+    """Where a run's episodes come from. Rank 0 runs them, for every rank (episodes are gRPC calls
+    to an executor, their compute is the policy server's), and after each update makes the
+    policy that samples them carry the new weights:
+    - an in-process stack whose built-in server generates with the very module being trained
+      (one CPU process in float32: rollouts and updates alternate, nothing to copy);
+    - the same stack generating with a CPU copy on rank 0, refreshed from the gathered weights
+      after each update (the module is sharded across ranks, or on a GPU the built-in server
+      does not use);
+    - a running executor whose policy server loads the saved weights (POST /v1/load)."""
 
-    By default the services run in this process and the built-in policy server serves the very
-    module being trained: rollouts and updates alternate, so it always generates with the
-    newest weights and no reload is needed. Rollouts are stored in the job's store when it has one."""
+    def __init__(self, run: Run, settings: Settings | None, engine=None, copy: torch.nn.Module | None = None):
+        self.run = run
+        self.settings = settings  # the stack's (rank 0); None on the other ranks
+        self.engine = engine  # the in-process policy server, or None for a remote one
+        self.copy = copy  # rank 0's serving copy, when the module cannot serve itself
+
+    @property
+    def remote(self) -> bool:
+        return self.engine is None
+
+    async def collect(self, episodes: Callable[[Settings], Awaitable[T]]) -> T:
+        """await episodes(settings) on rank 0; every rank gets the result."""
+        result = await episodes(self.settings) if self.run.ranks.main else None
+        return self.run.ranks.shared(lambda: result)
+
+    async def publish(self) -> float:
+        """Makes the sampling policy carry the run's current weights; returns the seconds taken.
+        Every rank calls it (gathering the weights is a collective)."""
+        started = time.perf_counter()
+        if self.remote:
+            serving = self.run.output / "serving"
+            self.run.save_weights(serving)
+            if self.run.ranks.main:
+                async with PolicyClient.from_settings(self.settings) as policy:
+                    await policy.load(str(serving.resolve()))
+            self.run.ranks.barrier()
+        elif self.copy is not None:
+            state = checkpoints.full_state(self.run.model, self.run.ranks, trainable_only=True)
+            if self.run.ranks.main:
+                self.copy.load_state_dict(state, strict=False)
+        if self.engine is not None and self.run.ranks.main:
+            self.engine.weights_changed()  # prefixes cached with the old weights are stale
+        return time.perf_counter() - started
+
+
+def serves_itself(run: Run) -> bool:
+    """Whether the built-in server can generate with the module being trained: whole (not
+    sharded) and on the CPU, where the built-in server runs."""
+    return run.ranks.device.type == "cpu" and not distributed.is_sharded(run.module)
+
+
+def serving_copy(run: Run) -> torch.nn.Module | None:
+    """rank 0's CPU float32 copy of the policy with the run's current weights (a collective)."""
+    state = checkpoints.full_state(run.model, run.ranks)
+    if not run.ranks.main:
+        return None
+    copy = checkpoints.load_policy(run.config.model.model_copy(update={"gradient_checkpointing": False}), Settings().models_dir).model
+    copy.load_state_dict(state)
+    return copy.eval()
+
+
+@contextlib.asynccontextmanager
+async def rollout_services(run: Run, rollout: RolloutConfig, store_addr: str) -> AsyncIterator[Rollouts]:
+    """The run's Rollouts: through rollout.executor_addr when set, else an in-process stack on
+    rank 0 whose built-in server serves the training weights. Rollouts are stored in the job's
+    store when it has one. The sampling policy starts with the run's weights."""
     settings = Settings()
     if rollout.executor_addr:
         remote = settings.model_copy(update={"executor_addr": rollout.executor_addr})
-        yield (remote.with_policy(rollout.policy_url) if rollout.policy_url else remote), True
+        rollouts = Rollouts(run, remote.with_policy(rollout.policy_url) if rollout.policy_url else remote)
+        await rollouts.publish()  # the remote server starts from this run's weights
+        yield rollouts
+        return
+    copy = None if serves_itself(run) else serving_copy(run)
+    if not run.ranks.main:
+        yield Rollouts(run, None)
         return
     from gearshift.services.policy_server.core import PolicyEngine
 
+    threads = intra_op_threads(run.config.optim)
     server = PolicyServerSettings(model=str(run.output), served_model_name=SERVED_NAME, threads=threads, max_tokens_cap=4096)
-    served = weights.LoadedModel(model=run.model, tokenizer=run.tokenizer, source="training", path=run.output, load_seconds=0.0)
+    model = run.model if copy is None else copy
+    served = weights.LoadedModel(model=model, tokenizer=run.tokenizer, source="training", path=run.output, load_seconds=0.0)
     engine = PolicyEngine(served, server, settings.models_dir)
     executor = ExecutorSettings(temperature=rollout.temperature, top_p=rollout.top_p, max_tokens_per_turn=rollout.max_tokens_per_turn)
     planner = settings.planner.model_copy(update={"max_tokens": max(16, rollout.max_tokens_per_turn)})  # a plan is a turn too
@@ -72,19 +144,9 @@ async def rollout_services(run: Run, rollout: RolloutConfig, store_addr: str, th
         services = tuple(name for name in SERVICE_NAMES if name != "store")
     try:
         async with embedded(local, services, policy_engine=engine) as platform:
-            yield platform.settings, False
+            yield Rollouts(run, platform.settings, engine, copy)
     finally:
         engine.close()
-
-
-async def reload_remote(run: Run, settings: Settings) -> float:
-    """Saves the weights and makes the remote policy server load them; returns seconds taken."""
-    started = time.perf_counter()
-    serving = run.output / "serving"
-    checkpoints.save_weights(run.policy, serving)
-    async with PolicyClient.from_settings(settings) as policy:
-        await policy.load(str(serving.resolve()))
-    return time.perf_counter() - started
 
 
 async def solve(stub: executor_pb2_grpc.ExecutorStub, request: executor_pb2.SolveRequest, slots: asyncio.Semaphore) -> Trajectory:

@@ -11,6 +11,7 @@ weights, and the old model is freed when the last of them ends.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -239,6 +240,12 @@ class PolicyEngine:
     async def generate_all(self, job: Job) -> GenerationResult:
         """Runs a job to the end and returns its result (for non-streamed replies)."""
         return await self.submit([job])[0].result()
+
+    def weights_changed(self) -> None:
+        """The served module's weights were changed in place (a trainer's update between its
+        rollouts): the KV of prompts cached with the old weights must not be reused. The cache is
+        keyed by the loaded model, so a new record of the same module leaves it behind."""
+        self._current = dataclasses.replace(self._current)
 
     # Hot switch
 

@@ -47,10 +47,10 @@ def test_policy_loss_falls_on_a_fixed_rollout_batch(tiny_dir, tmp_path):
     rollouts = trainer.encode_groups(run.tokenizer, groups, cfg)
     assert rollouts.advantages.tolist() == pytest.approx([0.7071, -0.7071], abs=1e-3)
     results = trainer.apo_update(run, rollouts, cfg)
-    values = [r.loss.item() for r in results]
+    values = [r["loss"] for r in results]
     assert values[0] == pytest.approx(0.0, abs=1e-6)  # ratio 1: the advantages cancel within the group
     assert values[-1] < -0.05  # the good rollout's probability rose, the bad one's fell
-    assert max(r.clipped_high for r in results) > 0  # clip-higher bounded the push
+    assert max(r["clipped_high"] for r in results) > 0  # clip-higher bounded the push
 
 
 def test_apo_run_through_the_executor(tiny_dir, tmp_path, store):

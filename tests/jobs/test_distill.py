@@ -7,8 +7,10 @@ from gearshift.jobs.distill import trainer
 from gearshift.jobs.distill.config import DistillConfig, Prompt
 from gearshift.jobs.on_policy import encode_rollouts
 from gearshift.training import forward, tokenization
+from gearshift.training.batching import MicroBatch
 from gearshift.training.config import RolloutConfig
 from gearshift.training.results import read_metrics
+from gearshift.training.runtime import Run
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
@@ -51,23 +53,22 @@ def test_reverse_kl_to_the_teachers_falls_on_executor_episodes(tiny_dir, teacher
     assert len(result["trajectory_ids"]) == 16  # one stored episode per prompt and step
 
 
-def test_each_prompt_is_scored_by_its_own_teacher(tiny_dir, teacher_dir, second_teacher):
-    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
-    student = AutoModelForCausalLM.from_pretrained(tiny_dir)
-    teachers = {str(teacher_dir): AutoModelForCausalLM.from_pretrained(teacher_dir),
-                str(second_teacher): AutoModelForCausalLM.from_pretrained(second_teacher)}
-    rows = [tokenization.encode(tokenizer, query, [tokenization.Segment(answer, True)], end_of_turn=False)
+def test_each_prompt_is_scored_by_its_own_teacher(tiny_dir, teacher_dir, second_teacher, tmp_path):
+    run = Run.start("distill", config(tiny_dir, {}, tmp_path / "out"))
+    teachers = {str(path): run.frozen(str(path)) for path in (teacher_dir, second_teacher)}
+    rows = [tokenization.encode(run.tokenizer, query, [tokenization.Segment(answer, True)], end_of_turn=False)
             for query, answer in (("What is 2+2?", "4</answer>"), ("Capital of France?", "It is Paris, a city.</answer>"),
                                   ("What is 3+3?", "6</answer>"))]
-    batch = tokenization.collate(rows, pad_id=0)
+    micro = MicroBatch([0, 1, 2], tokenization.collate(rows, pad_id=0))
     owners = [str(teacher_dir), str(second_teacher), str(teacher_dir)]  # math, qa, math
+    models = {str(path): AutoModelForCausalLM.from_pretrained(path) for path in (teacher_dir, second_teacher)}
     with torch.no_grad():
-        out = forward.target_logits(student, batch)
-        mixed = trainer.teacher_logits(out, batch, owners, teachers)
+        out = run.forward(micro)
+        mixed = trainer.teacher_logits(run, out, micro, owners, teachers)
         for row, owner in enumerate(owners):
             alone = tokenization.collate([rows[row]], pad_id=0)
-            expected = forward.target_logits(teachers[owner], alone).logits
-            other = forward.target_logits(teachers[owners[1] if owner == owners[0] else owners[0]], alone).logits
+            expected = forward.target_logits(models[owner], alone).logits
+            other = forward.target_logits(models[owners[1] if owner == owners[0] else owners[0]], alone).logits
             got = mixed[out.rows == row]
             assert torch.allclose(got, expected, atol=1e-4) and not torch.allclose(got, other, atol=1e-2)
 

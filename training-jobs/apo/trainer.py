@@ -13,6 +13,11 @@ module being trained (rollouts and updates alternate, so it always generates wit
 weights and no reload is needed). With rollout.executor_addr, a running executor is used and its
 policy server loads the new weights after each update (POST /v1/load).
 
+Under torchrun, rank 0 runs the rollouts; each rank learns from its share of the groups (a group
+stays on one rank), every token weighted by the step's count of groups over all ranks, so 1 rank
+and N make the same update. With a KL term under LoRA, the reference is the policy's base with the
+adapter off, not a second copy.
+
 Example:
     gearshift train apo --config apo.yaml
     # apo.yaml: {output: {dir: /tmp/apo}, rho: 1, gamma: 1,
@@ -31,11 +36,11 @@ import torch
 from gearshift.evaluation.suites import SUITES
 from gearshift.jobs.apo.config import APOConfig, APOPrompt
 from gearshift.jobs.apo.rollouts import Group, collect, informative
-from gearshift.jobs.on_policy import encode_rollouts, reload_remote, rollout_services
-from gearshift.settings import Settings
-from gearshift.training import advantages, checkpoints, data, forward, losses, tokenization
+from gearshift.jobs.on_policy import encode_rollouts, rollout_services
+from gearshift.training import advantages, data, losses, tokenization
+from gearshift.training.batching import MicroBatch
 from gearshift.training.results import register
-from gearshift.training.runtime import Run, StepCallback
+from gearshift.training.runtime import Frozen, Run, StepCallback
 
 log = logging.getLogger("gearshift.jobs.apo")
 
@@ -63,75 +68,116 @@ def gather_prompts(config: APOConfig) -> tuple[list[APOPrompt], list[str]]:
 
 @dataclass
 class RolloutBatch:
-    """Rollouts encoded for the loss, with their group, reward and advantage."""
+    """Rollouts encoded for the loss, each with its group, reward, advantage and token weight."""
 
-    batch: tokenization.Batch
+    encoded: list[tokenization.Encoded]
     rewards: torch.Tensor
     groups: torch.Tensor
     advantages: torch.Tensor
+    weights: torch.Tensor  # of each of a rollout's target tokens in the step's loss (losses.trajectory_weights)
     unsampled: int = 0  # learned text the policy did not sample (masked with rollout.exact_tokens)
 
 
-def encode_groups(tokenizer, groups: list[Group], config: APOConfig) -> RolloutBatch:
-    """Tokens and masks of every rollout (on_policy.encode_rollouts), with group and reward."""
+def group_advantages(groups: list[Group]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every rollout's reward, group index and advantage (the z-score within its group)."""
+    rewards = torch.tensor([reward for group in groups for reward in group.rewards])
+    group_ids = torch.tensor([index for index, group in enumerate(groups) for _ in group.rollouts], dtype=torch.long)
+    return rewards, group_ids, advantages.group_zscore(rewards, group_ids)
+
+
+def encode_groups(tokenizer, groups: list[Group], config: APOConfig, total_groups: int | None = None) -> RolloutBatch:
+    """Tokens and masks of every rollout (on_policy.encode_rollouts), with group, reward, advantage
+    and token weight; total_groups is the step's count of groups over every rank (default: these)."""
     rollouts = [rollout for group in groups for rollout in group.rollouts]
     encoded = encode_rollouts(tokenizer, rollouts, config.rollout, config.max_length)
-    rewards = [reward for group in groups for reward in group.rewards]
-    group_ids = [index for index, group in enumerate(groups) for _ in group.rollouts]
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    reward_tensor, group_tensor = torch.tensor(rewards), torch.tensor(group_ids)
-    return RolloutBatch(tokenization.collate(encoded, pad_id), reward_tensor, group_tensor,
-                        advantages.group_zscore(reward_tensor, group_tensor), sum(e.unsampled for e in encoded))
+    rewards, group_ids, advantage = group_advantages(groups)
+    targets = torch.tensor([example.target_count for example in encoded])
+    weights = losses.trajectory_weights(targets, group_ids, total_groups or len(groups))
+    return RolloutBatch(encoded, rewards, group_ids, advantage, weights, sum(e.unsampled for e in encoded))
 
 
-def rollout_logprobs(model, batch: tokenization.Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """[B, T] logprobs of the rollout tokens under model (zeros off target) and the target mask."""
-    out = forward.target_logits(model, batch)
-    logp = losses.token_logprobs(out.logits, out.tokens)
-    mask = torch.zeros_like(batch.target_mask)
-    mask[out.rows, out.columns] = True
-    return forward.dense(logp, out, batch.input_ids.shape), mask
+def rollout_logprobs(run: Run, plan: list[MicroBatch], reference: Frozen | None = None) -> list[torch.Tensor | None]:
+    """Each rollout's target-token logprobs ([its targets]) under the policy or a reference, without
+    gradients, micro-batch by micro-batch in lockstep with the other ranks (fillers included)."""
+    found: list[torch.Tensor | None] = [None] * sum(len(micro.indices) for micro in plan)
+    with torch.no_grad():
+        for micro in plan:
+            out = run.forward(micro) if reference is None else run.score(reference, micro)
+            logp = losses.token_logprobs(out.logits, out.tokens)
+            for index, values in zip(micro.indices, out.per_row(logp, micro.rows)):
+                found[index] = values
+    return found
 
 
-def apo_update(run: Run, rollouts: RolloutBatch, config: APOConfig, reference=None) -> list[losses.PolicyLoss]:
-    """updates_per_batch optimizer steps on one rollout batch; returns each step's loss."""
-    logp_old = logp_ref = None
-    if config.updates_per_batch > 1:
-        with torch.no_grad():
-            logp_old, _ = rollout_logprobs(run.model, rollouts.batch)
-    if reference is not None and config.kl_coef:
-        with torch.no_grad():
-            logp_ref, _ = rollout_logprobs(reference, rollouts.batch)
+def apo_update(run: Run, rollouts: RolloutBatch, config: APOConfig, reference: Frozen | None = None) -> list[dict]:
+    """updates_per_batch optimizer steps on this rank's rollouts; returns each step's loss and
+    clipping figures, over every rank."""
+    plan = run.micro_batches(rollouts.encoded)
+    logp_old = rollout_logprobs(run, plan) if config.updates_per_batch > 1 else None
+    logp_ref = rollout_logprobs(run, plan, reference) if reference is not None and config.kl_coef else None
     results = []
     for _ in range(config.updates_per_batch):
-        logp, mask = rollout_logprobs(run.model, rollouts.batch)
-        old = logp.detach() if logp_old is None else logp_old  # strictly on-policy: ratio 1
-        result = losses.policy_loss(
-            logp, old, rollouts.advantages, mask, rollouts.groups, config.eps_low, config.eps_high, config.kl_coef, logp_ref
-        )
-        run.optimize(result.loss)
-        results.append(result)
+        parts: list[losses.PolicyLoss] = []
+
+        def loss_of(micro: MicroBatch, out) -> torch.Tensor:
+            logp = losses.token_logprobs(out.logits, out.tokens)
+            old = logp.detach() if logp_old is None or micro.filler else torch.cat([logp_old[i] for i in micro.indices])
+            ref = None if logp_ref is None or micro.filler else torch.cat([logp_ref[i] for i in micro.indices])
+            advantage, weight = (micro.gather(values).to(logp.device)[out.rows] for values in (rollouts.advantages, rollouts.weights))
+            part = losses.policy_loss(logp, old, advantage, weight, config.eps_low, config.eps_high, config.kl_coef, ref)
+            if not micro.filler:
+                parts.append(part)
+            return part.loss
+
+        loss = run.accumulate(plan, loss_of)
+        grad_norm = run.optimize()
+        tokens, low, high, ratio, kl = run.ranks.sum([sum(getattr(p, name) for p in parts) for name in CLIP_FIGURES])
+        tokens = max(tokens, 1)
+        results.append({"loss": loss, "grad_norm": grad_norm, "clipped_low": low / tokens, "clipped_high": high / tokens,
+                        "mean_ratio": ratio / tokens, "kl": kl / tokens})
     return results
+
+
+CLIP_FIGURES = ("tokens", "clipped_low", "clipped_high", "ratio_sum", "kl_sum")
+
+
+def learn(run: Run, kept: list[Group], config: APOConfig, reference: Frozen | None = None) -> tuple[float, dict]:
+    """One step's update on the informative groups, each group on one rank; returns the step's
+    loss and figures (over every rank)."""
+    mine = encode_groups(run.tokenizer, run.ranks.shard(kept), config, total_groups=len(kept))
+    results = apo_update(run, mine, config, reference)
+    tokens, targets, unsampled = run.ranks.sum(
+        [sum(len(e.input_ids) for e in mine.encoded), sum(e.target_count for e in mine.encoded), mine.unsampled]
+    )
+    rewards, _, advantage = group_advantages(kept)
+    return results[-1]["loss"], {
+        "tokens": int(tokens),
+        "target_tokens": int(targets),
+        "unsampled_tokens": int(unsampled),
+        "updated": True,
+        "rewards": rewards.tolist(),
+        "advantages": advantage.tolist(),
+        "grad_norm": results[-1]["grad_norm"],
+        "clipped_low": results[-1]["clipped_low"],
+        "clipped_high": results[-1]["clipped_high"],
+        "kl": results[-1]["kl"],
+        "first_update_loss": results[0]["loss"],
+    }
 
 
 async def train_async(config: APOConfig, on_step: StepCallback | None = None) -> dict:
     """Runs APO; returns the run's result."""
-    prompts, trajectory_ids = gather_prompts(config)
     run = Run.start("apo", config, on_step)
-    settings = Settings()
-    reference = None
-    if config.kl_coef:
-        reference = checkpoints.load_frozen(config.reference or config.model.base, settings.models_dir)
+    prompts, trajectory_ids = run.ranks.shared(lambda: gather_prompts(config))
+    reference = run.frozen(config.reference or config.model.base) if config.kl_coef else None
     run_id = f"apo-{run.checkpoint_id}"
     rollout_ids: list[str] = []
-    async with rollout_services(run, config.rollout, config.store_addr, config.optim.threads) as (stack, remote):
-        if remote:
-            await reload_remote(run, stack)  # the remote server starts from this run's weights
+    async with rollout_services(run, config.rollout, config.store_addr) as rollouts:
         for step in run.steps():
             started = time.perf_counter()
             draw = random.Random(config.optim.seed * 1_000_003 + step)
             picked = draw.sample(prompts, k=min(config.prompts_per_step, len(prompts)))
-            groups = await collect(stack, stack.executor_addr, stack.reward_addr, picked, config, run_id, step)
+            groups = await rollouts.collect(lambda stack: collect(stack, stack.executor_addr, stack.reward_addr, picked, config, run_id, step))
             rollout_seconds = time.perf_counter() - started
             rollout_ids += [t.id for group in groups for t in group.rollouts]
             kept = informative(groups, config.pass_rate_window)
@@ -145,23 +191,11 @@ async def train_async(config: APOConfig, on_step: StepCallback | None = None) ->
                 log.info("step %d: all %d groups dropped (equal rewards or outside the pass-rate window)", step, len(groups))
                 run.record(step, 0.0, metrics | {"tokens": 0, "updated": False}, started)
                 continue
-            rollouts = encode_groups(run.tokenizer, kept, config)
-            results = apo_update(run, rollouts, config, reference)
-            metrics |= {
-                "tokens": rollouts.batch.tokens,
-                "target_tokens": int(rollouts.batch.target_mask.sum()),
-                "unsampled_tokens": rollouts.unsampled,
-                "updated": True,
-                "rewards": rollouts.rewards.tolist(),
-                "advantages": rollouts.advantages.tolist(),
-                "clipped_low": results[-1].clipped_low,
-                "clipped_high": results[-1].clipped_high,
-                "kl": results[-1].kl,
-                "first_update_loss": results[0].loss.item(),
-            }
-            if remote:
-                metrics["reload_seconds"] = await reload_remote(run, stack)
-            run.record(step, results[-1].loss.item(), metrics, started)
+            loss, learned = learn(run, kept, config, reference)
+            seconds = await rollouts.publish()
+            if rollouts.remote:
+                learned["reload_seconds"] = seconds
+            run.record(step, loss, metrics | learned, started)
     result = run.finalize(trajectory_ids + rollout_ids, data.snapshot_id(trajectory_ids + rollout_ids), {"prompts": len(prompts)})
     if run.registers:
         await register(config.store_addr, result)

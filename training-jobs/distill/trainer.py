@@ -5,7 +5,10 @@ Each step the student runs episodes on a batch of prompts with its current weigh
 executor, router, planner and sandbox as serving runs them (gearshift.jobs.on_policy): it calls
 tools, and the tool responses it reads are the environment's, never its own. A domain map picks
 each prompt's teacher; the loss is the per-token reverse KL(student || teacher) on the tokens the
-student wrote, over the full vocabulary or the student's top-k, averaged over those tokens.
+student wrote, over the full vocabulary or the student's top-k, averaged over those tokens (of the
+whole global batch: under torchrun rank 0 runs the episodes and each rank learns its share).
+Teachers sit whole on every rank's device; under LoRA a teacher that is the student's own base is
+the student with its adapter off.
 What the platform wrote (a forced mode's prefix, the openers, tool responses) is context, never
 a target (gearshift.training.tokenization).
 
@@ -27,12 +30,13 @@ from gearshift.api.common.v1.common_pb2 import Mode, Purpose, Trajectory
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.clients import channel
 from gearshift.jobs.distill.config import DistillConfig, Prompt
-from gearshift.jobs.on_policy import encode_rollouts, reload_remote, rollout_services, sampling, solve
+from gearshift.jobs.on_policy import encode_rollouts, rollout_services, sampling, solve
 from gearshift.protocol.modes import MODE_OF
 from gearshift.settings import Settings
-from gearshift.training import checkpoints, data, forward, losses, tokenization
+from gearshift.training import batching, data, forward, losses
+from gearshift.training.batching import MicroBatch
 from gearshift.training.results import register
-from gearshift.training.runtime import Run, StepCallback
+from gearshift.training.runtime import Frozen, Run, StepCallback
 
 
 def gather_prompts(config: DistillConfig) -> tuple[list[Prompt], list[str]]:
@@ -79,47 +83,64 @@ async def student_rollouts(stack: Settings, prompts: list[Prompt], config: Disti
         return list(await asyncio.gather(*(solve(stub, request, slots) for request in requests)))
 
 
-def teacher_logits(student: forward.TargetLogits, batch: tokenization.Batch, owners: list[str], teachers: dict) -> torch.Tensor:
-    """The teachers' logits at the student's target positions: row i scored by owners[i]'s
-    teacher. Rows ascend in both, so each teacher's sub-batch targets come in the student's order."""
-    logits = torch.empty_like(student.logits)
+def teacher_logits(run: Run, student: forward.TargetLogits, micro: MicroBatch, owners: list[str], teachers: dict[str, Frozen]) -> torch.Tensor:
+    """The teachers' logits at the student's target positions: row i scored by owners[i]'s teacher
+    (rows no teacher owns keep the student's own logits, a KL of 0). Rows ascend in both, so each
+    teacher's sub-batch targets come in the student's order. A teacher in lockstep (the policy's
+    own base) is called on every micro-batch, rows or not."""
+    logits = student.logits.detach().clone()
     for source, teacher in teachers.items():
         rows = [row for row, owner in enumerate(owners) if owner == source]
-        if not rows:
-            continue
-        sub = tokenization.Batch(batch.input_ids[rows], batch.attention_mask[rows], batch.target_mask[rows])
-        with torch.no_grad():
-            logits[torch.isin(student.rows, torch.tensor(rows))] = forward.target_logits(teacher, sub).logits
+        if rows:
+            scored = run.score(teacher, micro.select(rows, share_prefix=not teacher.lockstep)).logits
+            logits[torch.isin(student.rows, torch.tensor(rows, device=student.rows.device))] = scored.to(logits.dtype)
+        elif teacher.lockstep:
+            run.score(teacher, batching.filler(run.pad_id, share_prefix=False))
     return logits
+
+
+def distill_loss_of(run: Run, owners: list[str], teachers: dict[str, Frozen], sampled: int, top_k: int | None):
+    """A micro-batch's loss: the reverse KL to each row's teacher summed over its sampled tokens,
+    over the step's count of sampled tokens (a token mean over the global batch)."""
+
+    def loss_of(micro: MicroBatch, out: forward.TargetLogits) -> torch.Tensor:
+        rows = [owners[i] for i in micro.indices]
+        return losses.reverse_kl(out.logits, teacher_logits(run, out, micro, rows, teachers), top_k).sum() / sampled
+
+    return loss_of
+
+
+def learn(run: Run, config: DistillConfig, teachers: dict[str, Frozen], owners: list[str], episodes: list[Trajectory]) -> tuple[float, dict]:
+    """One step's update on the student's episodes (owners[i]: the teacher of episode i), each rank
+    learning its share; returns the step's loss and figures (over every rank)."""
+    encoded = encode_rollouts(run.tokenizer, episodes, config.rollout, config.max_length)
+    usable = [(owner, e) for owner, e in zip(owners, encoded) if e.target_count]
+    if not usable:
+        return 0.0, {"tokens": 0, "sampled_tokens": 0, "updated": False}
+    sampled = sum(e.target_count for _, e in usable)
+    mine = run.ranks.shard(usable)
+    loss = run.accumulate(run.micro_batches([e for _, e in mine]), distill_loss_of(run, [o for o, _ in mine], teachers, sampled, config.top_k))
+    grad_norm = run.optimize()
+    return loss, {"tokens": sum(len(e.input_ids) for _, e in usable), "sampled_tokens": sampled, "grad_norm": grad_norm, "updated": True}
 
 
 async def train_async(config: DistillConfig, on_step: StepCallback | None = None) -> dict:
     """Runs the distillation; returns the run's result."""
-    prompts, trajectory_ids = gather_prompts(config)
     run = Run.start("distill", config, on_step)
-    models_dir = Settings().models_dir
-    teachers = {source: checkpoints.load_frozen(source, models_dir) for source in {teacher_of(p, config) for p in prompts}}
-    pad_id = run.tokenizer.pad_token_id if run.tokenizer.pad_token_id is not None else run.tokenizer.eos_token_id
+    prompts, trajectory_ids = run.ranks.shared(lambda: gather_prompts(config))
+    teachers = {source: run.frozen(source) for source in sorted({teacher_of(p, config) for p in prompts})}
     run_id, rollout_ids = f"distill-{run.checkpoint_id}", []
-    async with rollout_services(run, config.rollout, config.store_addr, config.optim.threads) as (stack, remote):
+    async with rollout_services(run, config.rollout, config.store_addr) as rollouts:
         for step in run.steps():
             started = time.perf_counter()
             draw = random.Random(config.optim.seed * 1_000_003 + step)
             picked = [prompts[i] for i in draw.sample(range(len(prompts)), k=min(config.batch_size, len(prompts)))]
-            episodes = await student_rollouts(stack, picked, config, run_id, step)
+            episodes = await rollouts.collect(lambda stack: student_rollouts(stack, picked, config, run_id, step))
             rollout_ids += [t.id for t in episodes]
-            encoded = encode_rollouts(run.tokenizer, episodes, config.rollout, config.max_length)
-            usable = [(p, e) for p, e in zip(picked, encoded) if e.target_count]
-            if not usable:
-                run.record(step, 0.0, {"tokens": 0, "sampled_tokens": 0, "updated": False}, started)
-                continue
-            batch = tokenization.collate([e for _, e in usable], pad_id)
-            student = forward.target_logits(run.model, batch)
-            owners = [teacher_of(p, config) for p, _ in usable]
-            per_token = losses.reverse_kl(student.logits, teacher_logits(student, batch, owners, teachers), config.top_k)
-            run.update(step, per_token.mean(), {"tokens": batch.tokens, "sampled_tokens": len(per_token), "updated": True}, started)
-            if remote:
-                await reload_remote(run, stack)
+            loss, metrics = learn(run, config, teachers, [teacher_of(p, config) for p in picked], episodes)
+            if metrics["updated"]:
+                await rollouts.publish()
+            run.record(step, loss, metrics, started)
     domains = sorted({p.domain for p in prompts})
     lineage = trajectory_ids + rollout_ids
     result = run.finalize(lineage, data.snapshot_id(lineage), {"prompts": len(prompts), "domains": len(domains)})

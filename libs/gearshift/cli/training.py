@@ -16,10 +16,12 @@ JOB_LIST = "\n".join(f"  {job.name:<8} {job.summary}" for job in JOBS)
 @click.argument("job", type=click.Choice(JOB_NAMES))
 @click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False), help="JSON or YAML job config")
 def train(job: str, config_path: str) -> None:
-    from gearshift.training.jobs import run_job, summary
+    from gearshift.training.jobs import main_process, run_job, summary
 
     with one_line_errors():
-        click.echo(summary(run_job(job, config_path)))
+        result = run_job(job, config_path)
+    if main_process():
+        click.echo(summary(result))
 
 
 @main.command()

@@ -53,7 +53,9 @@ class ModelConfig(Strict):
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         description="Module names LoRA adapts",
     )
-    gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass (less memory, slower)")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute each decoder layer's activations in the backward pass (non-reentrant; less memory, slower)"
+    )
 
 
 class OptimConfig(Strict):
@@ -67,7 +69,26 @@ class OptimConfig(Strict):
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient norm clipping")
     max_steps: int = Field(100, ge=1, description="Optimizer steps in the run")
     seed: int = Field(0, description="Seed of sampling, shuffling and initialisation")
-    threads: int = Field(2, ge=1, description="torch intra-op threads")
+    threads: int = Field(0, ge=0, description="torch intra-op threads per rank (0: OMP_NUM_THREADS when set, else the machine's cores shared among its ranks)")
+
+
+class RuntimeConfig(Strict):
+    """Where and how the job computes: one process as launched, or every rank of a torchrun launch
+    (RANK, WORLD_SIZE, LOCAL_RANK) as one job."""
+
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda:LOCAL_RANK when CUDA is available, else the CPU")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="bf16: bfloat16 compute with float32 master weights, optimizer state and gradient reduction; auto: bf16 on CUDA, fp32 on the CPU"
+    )
+    parallelism: Literal["fsdp", "ddp"] = Field(
+        "fsdp", description="With more than one rank: FSDP2 (parameters, gradients and optimizer state sharded, per decoder layer) or DDP (replicated; small models)"
+    )
+    micro_batch_tokens: int = Field(
+        8192, ge=0, description="Most padded tokens in one forward; a rank's share of the batch is split into micro-batches whose gradients accumulate (0: one forward)"
+    )
+    collective_timeout_seconds: float = Field(
+        3600.0, gt=0, description="How long a rank waits in a collective (the other ranks wait here while rank 0 runs rollouts)"
+    )
 
 
 class OutputConfig(Strict):
@@ -75,10 +96,13 @@ class OutputConfig(Strict):
 
     dir: Path = Field(..., description="Checkpoint directory: weights or artefact, result.json, metrics.jsonl, resume state")
     checkpoint_id: str = Field("", description="Registry id of the new checkpoint (default: a fresh id)")
-    save_every: int = Field(50, ge=1, description="Save resumable state (weights, optimizer, scheduler, step) every N steps")
+    save_every: int = Field(50, ge=1, description="Save resumable state (weights, optimizer, scheduler, step, RNG; sharded) every N steps and at the end")
     resume: bool = Field(True, description="Continue from saved resume state in dir when there is some")
     register_checkpoint: bool = Field(True, description="Register the checkpoint in the store's registry when store_addr is set")
     progress: bool = Field(True, description="Show a progress bar")
+    merged_weights: bool = Field(
+        True, description="LoRA: also save the adapter folded into the base weights (what the built-in server and a rolling restart load); vLLM's runtime LoRA loading needs only the adapter"
+    )
 
 
 class JobConfig(Strict):
@@ -104,6 +128,7 @@ class PolicyJobConfig(JobConfig):
 
     model: ModelConfig = Field(default_factory=ModelConfig, description="The model being trained")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer and schedule")
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description="Device, precision, parallelism across ranks, micro-batches")
 
 
 class RolloutConfig(Strict):

@@ -5,7 +5,10 @@ prompts and masked pieces need no logits, so the head runs on the target positio
 every row of a batch starts with the same system prompt (two thirds of a short episode's
 tokens): the decoder runs it once and the rows continue from its KV cache, broadcast over the
 batch. That is the same computation, gradients included (they flow back through the shared
-cache), done once instead of once per row."""
+cache), done once instead of once per row.
+
+TargetForward makes this forward the forward of one module, so that a DDP or FSDP wrapper around
+it runs its hooks (gradient reduction, parameter gathering) around the whole computation."""
 
 from __future__ import annotations
 
@@ -24,6 +27,10 @@ class TargetLogits:
     tokens: torch.Tensor  # [N] the target tokens
     rows: torch.Tensor  # [N] which batch row each came from
     columns: torch.Tensor  # [N] the target token's position in its row
+
+    def per_row(self, values: torch.Tensor, rows: int) -> list[torch.Tensor]:
+        """Per-target values ([N], in this order: rows ascending) split into one tensor per row."""
+        return list(values.split(torch.bincount(self.rows, minlength=rows).tolist()))
 
 
 def _predicting(batch: Batch) -> torch.Tensor:
@@ -51,10 +58,12 @@ def shared_prefix(batch: Batch) -> int:
     return length if length >= MIN_SHARED_PREFIX else 0
 
 
-def hidden_states(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """[B, T, H] last hidden states; the shared prefix is decoded once."""
+def hidden_states(model: torch.nn.Module, batch: Batch, share_prefix: bool = True) -> torch.Tensor:
+    """[B, T, H] last hidden states; the shared prefix is decoded once where share_prefix allows,
+    except under activation checkpointing, whose recomputed layers take no cache."""
     decoder = model.get_decoder()
-    shared = shared_prefix(batch)
+    checkpointing = model.training and model.is_activation_checkpointing
+    shared = shared_prefix(batch) if share_prefix and not checkpointing else 0
     if not shared:
         return decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
     rows = batch.input_ids.shape[0]
@@ -65,16 +74,28 @@ def hidden_states(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     return torch.cat([prefix.last_hidden_state.expand(rows, -1, -1), rest.last_hidden_state], dim=1)
 
 
-def target_logits(model: torch.nn.Module, batch: Batch) -> TargetLogits:
+def target_logits(model: torch.nn.Module, batch: Batch, share_prefix: bool = True) -> TargetLogits:
     """Runs the decoder on the whole batch and the head on the target positions only."""
-    hidden = hidden_states(model, batch)
+    hidden = hidden_states(model, batch, share_prefix)
     predicting = _predicting(batch)
     rows, columns = predicting.nonzero(as_tuple=True)
     logits = model.get_output_embeddings()(hidden[rows, columns])
     return TargetLogits(logits, batch.input_ids[rows, columns + 1], rows, columns + 1)
 
 
-def dense(values: torch.Tensor, where: TargetLogits, shape: torch.Size) -> torch.Tensor:
-    """Scatters per-target values back to a [B, T] tensor (zeros elsewhere)."""
-    out = torch.zeros(shape, dtype=values.dtype)
-    return out.index_put((where.rows, where.columns), values)
+class TargetForward(torch.nn.Module):
+    """A causal LM whose forward is target_logits: the module DDP and FSDP wrap (their hooks run
+    only around a module's own forward, never around calls to its submodules)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor, share_prefix: bool = True) -> tuple:
+        out = target_logits(self.model, Batch(input_ids, attention_mask, target_mask), share_prefix)
+        return out.logits, out.tokens, out.rows, out.columns  # a tuple: FSDP finds the tensors of a tuple
+
+
+def through(module: torch.nn.Module, batch: Batch, share_prefix: bool = True) -> TargetLogits:
+    """target_logits through a TargetForward, or a DDP or FSDP wrapper of one."""
+    return TargetLogits(*module(batch.input_ids, batch.attention_mask, batch.target_mask, share_prefix))

@@ -12,6 +12,7 @@ import argparse
 import importlib
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,10 +59,17 @@ def summary(result: dict) -> str:
     return json.dumps({"checkpoint_id": result["checkpoint_id"], "uri": result["uri"], **metrics})
 
 
+def main_process() -> bool:
+    """Rank 0 of a torchrun launch, or a process launched alone: the one that prints the summary."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 def job_main(job: str) -> None:
     """python -m gearshift.jobs.<job> --config FILE"""
     parser = argparse.ArgumentParser(prog=f"python -m gearshift.jobs.{job}", description=f"Run the {job} training job")
     parser.add_argument("--config", required=True, help="JSON or YAML config file")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    print(summary(run_job(job, args.config)), flush=True)
+    result = run_job(job, args.config)
+    if main_process():
+        print(summary(result), flush=True)

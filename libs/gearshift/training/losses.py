@@ -1,7 +1,7 @@
 """Loss functions as small pure functions on tensors (after verl's core_algos): each can be read
 and unit-tested alone against hand-computed values.
 
-Shapes: per-token tensors are [B, T] (or any shape [...]) with a boolean mask of the same shape;
+Per-token tensors are flat, [N], over the target tokens of a batch (forward.TargetLogits);
 logits are [..., V].
 """
 
@@ -12,21 +12,10 @@ from dataclasses import dataclass
 import torch
 
 
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean of values where mask is set (0 when nothing is)."""
-    mask = mask.to(values.dtype)
-    return (values * mask).sum() / mask.sum().clamp(min=1)
-
-
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """log p(token) under logits, per position: [..., V] and [...] -> [...]."""
     logits = logits.float()
     return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-
-
-def cross_entropy(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Token-mean negative log-likelihood over the masked positions (SFT)."""
-    return masked_mean(-token_logprobs(logits, tokens), mask)
 
 
 def reverse_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, top_k: int | None = None) -> torch.Tensor:
@@ -51,43 +40,42 @@ def k3_kl(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class PolicyLoss:
-    """The GRPO/APO loss and what it did."""
+    """The GRPO/APO loss of some tokens, and counts that add up over micro-batches and ranks."""
 
-    loss: torch.Tensor
-    clipped_low: float  # share of masked tokens whose ratio was clipped at 1 - eps_low (negative advantage)
-    clipped_high: float  # share clipped at 1 + eps_high (positive advantage)
-    mean_ratio: float
-    kl: float
+    loss: torch.Tensor  # the weighted sum over these tokens (their share of the step's loss)
+    tokens: int
+    clipped_low: int  # tokens whose ratio was clipped at 1 - eps_low (negative advantage)
+    clipped_high: int  # tokens clipped at 1 + eps_high (positive advantage)
+    ratio_sum: float
+    kl_sum: float
 
 
-def group_mean(per_trajectory: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-    """Mean over trajectories within each group, then over groups."""
-    ids, index = torch.unique(groups, return_inverse=True)
-    sums = torch.zeros(len(ids), dtype=per_trajectory.dtype).index_add(0, index, per_trajectory)
-    counts = torch.zeros(len(ids), dtype=per_trajectory.dtype).index_add(0, index, torch.ones_like(per_trajectory))
-    return (sums / counts).mean()
+def trajectory_weights(target_counts: torch.Tensor, groups: torch.Tensor, total_groups: int | None = None) -> torch.Tensor:
+    """[B] weight of each token of trajectory i, so that the weighted sum of per-token losses is
+    the mean over groups of the mean over each group's trajectories of a trajectory's token mean:
+    1 / (T_i * n_g * G), with T_i its target tokens, n_g its group's size and G the step's groups
+    (total_groups where other ranks hold some; default: these)."""
+    ids, index, sizes = torch.unique(groups, return_inverse=True, return_counts=True)
+    return 1.0 / (target_counts.clamp(min=1).double() * sizes[index] * (total_groups or len(ids)))
 
 
 def policy_loss(
     logp: torch.Tensor,
     logp_old: torch.Tensor,
     advantages: torch.Tensor,
-    mask: torch.Tensor,
-    groups: torch.Tensor,
+    weights: torch.Tensor,
     eps_low: float = 0.2,
     eps_high: float = 0.28,
     kl_coef: float = 0.0,
     logp_ref: torch.Tensor | None = None,
 ) -> PolicyLoss:
-    """Clipped policy-gradient loss with clip-higher (DAPO / SR2AM's GRPO).
+    """Clipped policy-gradient loss with clip-higher (DAPO / SR2AM's GRPO) over target tokens.
 
-    logp, logp_old, mask: [B, T]; advantages, groups: [B] (one advantage and group per
-    trajectory). Per token: -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A) (+ kl_coef * k3 KL
-    to the reference); per trajectory: mean over its masked tokens; then mean within each
-    group, then over groups."""
-    mask = mask.bool()
+    Every argument is per token, [N]: logp and logp_old (and logp_ref), the advantage of the
+    token's trajectory and its weight (trajectory_weights). Per token: -min(r A, clip(r, 1 -
+    eps_low, 1 + eps_high) A) (+ kl_coef * k3 KL to the reference); the loss is their weighted sum."""
     ratio = torch.exp(logp - logp_old)
-    advantage = advantages.unsqueeze(-1).to(logp.dtype)
+    advantage = advantages.to(logp.dtype)
     unclipped = ratio * advantage
     clipped = ratio.clamp(1 - eps_low, 1 + eps_high) * advantage
     per_token = -torch.minimum(unclipped, clipped)
@@ -95,17 +83,13 @@ def policy_loss(
     if kl_coef and logp_ref is not None:
         kl = k3_kl(logp, logp_ref)
         per_token = per_token + kl_coef * kl
-    weights = mask.to(per_token.dtype)
-    per_trajectory = (per_token * weights).sum(-1) / weights.sum(-1).clamp(min=1)
-    loss = group_mean(per_trajectory, groups)
+    loss = (per_token * weights.to(per_token.dtype)).sum()
     with torch.no_grad():
-        low = (ratio < 1 - eps_low) & (advantage < 0) & mask
-        high = (ratio > 1 + eps_high) & (advantage > 0) & mask
-        total = max(int(mask.sum()), 1)
-        stats = dict(
-            clipped_low=int(low.sum()) / total,
-            clipped_high=int(high.sum()) / total,
-            mean_ratio=float(masked_mean(ratio, mask)),
-            kl=float(masked_mean(kl, mask)),
+        return PolicyLoss(
+            loss=loss,
+            tokens=len(logp),
+            clipped_low=int(((ratio < 1 - eps_low) & (advantage < 0)).sum()),
+            clipped_high=int(((ratio > 1 + eps_high) & (advantage > 0)).sum()),
+            ratio_sum=float(ratio.sum()),
+            kl_sum=float(kl.sum()),
         )
-    return PolicyLoss(loss=loss, **stats)

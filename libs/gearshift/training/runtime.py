@@ -1,12 +1,18 @@
-"""What every training run does besides its loss: load the model, build the optimizer, resume
-after a crash, step with clipping, log metrics (JSON lines), show progress, save the checkpoint
-with result.json and register it in the store's registry with its lineage."""
+"""What every training run does besides its loss: start on its ranks and device, load and wrap
+the model, build the optimizer, resume after a crash, accumulate a step's micro-batches, step
+with clipping, log metrics (JSON lines), show progress, save the checkpoint with result.json and
+register it in the store's registry with its lineage.
+
+A step's batch is global: every rank draws the same batch from the same seed, takes its own
+slice (Ranks.shard) and normalises its loss by a count over the whole batch, so the same config
+makes the same update on 1 rank or N. Rank 0 alone writes files and talks to the store."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import math
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -15,15 +21,16 @@ from pathlib import Path
 
 import torch
 
-from gearshift import code_version
+from gearshift import code_version, weights
 from gearshift.settings import Settings
-from gearshift.training import checkpoints
+from gearshift.training import batching, checkpoints, distributed, forward
 from gearshift.training.config import OptimConfig, PolicyJobConfig
 from gearshift.training.results import METRICS_FILE, read_metrics, register, write_result
 
 RESUME_DIR = "resume"
 
 StepCallback = Callable[[int, dict], None]
+LossOf = Callable[[batching.MicroBatch, forward.TargetLogits], torch.Tensor]
 
 
 def build_optimizer(model: torch.nn.Module, optim: OptimConfig):
@@ -41,38 +48,76 @@ def build_optimizer(model: torch.nn.Module, optim: OptimConfig):
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
+def intra_op_threads(optim: OptimConfig) -> int:
+    """optim.threads, or OMP_NUM_THREADS, or this node's cores shared among its ranks."""
+    if optim.threads:
+        return optim.threads
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    return max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+@dataclass(frozen=True)
+class Frozen:
+    """A model scored beside the policy: a TargetForward of its own, or None for the policy's base
+    with its LoRA adapter off."""
+
+    module: torch.nn.Module | None
+
+    @property
+    def lockstep(self) -> bool:
+        return self.module is None
+
+
 @dataclass
 class Run:
-    """One training run of a job; create it with Run.start."""
+    """One training run of a job on this process's rank; create it with Run.start."""
 
     job: str
     config: PolicyJobConfig
     policy: checkpoints.LoadedPolicy
+    module: torch.nn.Module  # policy.model as a TargetForward, wrapped for the ranks (DDP, FSDP)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
+    ranks: distributed.Ranks
+    dtype: torch.dtype  # of the forward and backward (bf16 over float32 master weights, or fp32)
     checkpoint_id: str
     start_step: int = 0
     step: int = 0
+    saved_step: int = -1
     on_step: StepCallback | None = None
     last_metrics: dict = field(default_factory=dict)
 
     @classmethod
     def start(cls, job: str, config: PolicyJobConfig, on_step: StepCallback | None = None) -> Run:
-        """Loads the model and optimizer, and resumes from saved state when there is some."""
-        torch.manual_seed(config.optim.seed)
-        torch.set_num_threads(config.optim.threads)
+        """Joins the job's ranks, loads and wraps the model, builds the optimizer, and resumes
+        from saved state when there is some."""
+        ranks = distributed.start(config.runtime)
+        torch.manual_seed(config.optim.seed)  # the same initialisation (LoRA's) on every rank
+        torch.set_num_threads(intra_op_threads(config.optim))
         policy = checkpoints.load_policy(config.model, Settings().models_dir)
         policy.model.train()
-        optimizer, scheduler = build_optimizer(policy.model, config.optim)
+        dtype = distributed.compute_dtype(config.runtime, ranks.device)
+        module = distributed.parallelize(forward.TargetForward(policy.model), ranks, config.runtime, dtype)
+        optimizer, scheduler = build_optimizer(policy.model, config.optim)  # after sharding: it holds the shards
         output = config.output.dir
         output.mkdir(parents=True, exist_ok=True)
-        checkpoint_id = config.output.checkpoint_id or _saved_id(output) or str(uuid.uuid4())
-        (output / "checkpoint_id").write_text(checkpoint_id)
-        step = checkpoints.load_resume(output / RESUME_DIR, policy.model, optimizer, scheduler) if config.output.resume else 0
-        return cls(job, config, policy, optimizer, scheduler, checkpoint_id, start_step=step, step=step, on_step=on_step)
+        checkpoint_id = ranks.shared(lambda: config.output.checkpoint_id or _saved_id(output) or str(uuid.uuid4()))
+        run = cls(job, config, policy, module, optimizer, scheduler, ranks, dtype, checkpoint_id, on_step=on_step)
+        if ranks.main:
+            (output / "checkpoint_id").write_text(checkpoint_id)
+        if config.output.resume:
+            run.start_step = run.step = run.saved_step = checkpoints.load_resume(
+                output / RESUME_DIR, policy.model, optimizer, scheduler, ranks
+            )
+            if ranks.main:
+                _drop_metrics_after(output, run.start_step)
+        return run
 
     @property
     def model(self) -> torch.nn.Module:
+        """The policy itself (its parameters may be shards): state dicts under the same names on any
+        number of ranks."""
         return self.policy.model
 
     @property
@@ -80,13 +125,18 @@ class Run:
         return self.policy.tokenizer
 
     @property
+    def pad_id(self) -> int:
+        tokenizer = self.policy.tokenizer
+        return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    @property
     def output(self) -> Path:
         return self.config.output.dir
 
     def steps(self) -> Iterator[int]:
-        """The steps still to run (1-based), with a progress bar."""
+        """The steps still to run (1-based), with a progress bar on rank 0."""
         remaining = range(self.start_step + 1, self.config.optim.max_steps + 1)
-        if not self.config.output.progress:
+        if not self.config.output.progress or not self.ranks.main:
             yield from remaining
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -98,36 +148,104 @@ class Run:
                 yield step
                 progress.update(task, advance=1, loss=f"loss {self.last_metrics.get('loss', float('nan')):.4f}")
 
-    def update(self, step: int, loss: torch.Tensor, metrics: dict, started: float) -> None:
-        """One optimizer step on loss, then record() the step."""
-        grad_norm = self.optimize(loss)
-        self.record(step, loss.item(), {"grad_norm": grad_norm, **metrics}, started)
+    def micro_batches(self, examples: list) -> list[batching.MicroBatch]:
+        """This rank's examples (tokenization.Encoded) in micro-batches of at most
+        runtime.micro_batch_tokens. Every rank gets as many (fillers pad the shorter plans) and
+        decodes a shared prefix in the same ones: FSDP gathers a layer's weights at each call of
+        the layer, so every rank must call it as often."""
+        plan = batching.plan(examples, self.config.runtime.micro_batch_tokens, self.pad_id)
+        if not self.ranks.distributed:
+            return plan
+        (count,) = self.ranks.max([len(plan)])
+        plan += [batching.filler(self.pad_id) for _ in range(int(count) - len(plan))]
+        shares = self.ranks.min([float(forward.shared_prefix(micro.batch) > 0) for micro in plan])
+        for micro, share in zip(plan, shares):
+            micro.share_prefix = bool(share)
+        return plan
 
-    def optimize(self, loss: torch.Tensor) -> float:
-        """Backward, gradient clipping, optimizer and scheduler step; returns the gradient norm."""
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"loss is {float(loss)}")
-        loss.backward()
+    def forward(self, micro: batching.MicroBatch, module: torch.nn.Module | None = None) -> forward.TargetLogits:
+        """Target logits of a micro-batch on this rank's device, through the wrapped policy (or
+        module, a TargetForward of a frozen model), in the run's precision."""
+        module = module or self.module
+        batch = micro.batch.to(self.ranks.device)
+        with distributed.autocast(module, self.ranks.device, self.dtype):
+            return forward.through(module, batch, micro.share_prefix)
+
+    def frozen(self, source: str) -> Frozen:
+        """source as a model scored beside the policy (a teacher, a KL reference). Under LoRA the
+        base under the adapter is the policy itself with the adapter off, not a second copy; any
+        other source is loaded whole on every rank's device, in the run's precision."""
+        models_dir = Settings().models_dir
+        if self.policy.is_lora and weights.resolve(source, models_dir) == self.policy.source_path:
+            return Frozen(None)
+        return Frozen(forward.TargetForward(checkpoints.load_frozen(source, models_dir, self.ranks.device, self.dtype)))
+
+    def score(self, frozen: Frozen, micro: batching.MicroBatch) -> forward.TargetLogits:
+        """A frozen model's target logits on a micro-batch, without gradients. The policy's own base
+        runs through the wrapped policy, so every rank must call it on every micro-batch (lockstep)."""
+        with torch.no_grad():
+            if frozen.module is None:
+                with self.model.disable_adapter():
+                    return self.forward(micro)
+            return self.forward(micro, frozen.module)
+
+    def accumulate(self, plan: list[batching.MicroBatch], loss_of: LossOf) -> float:
+        """Forward and backward of every micro-batch of the plan, gradients accumulating.
+        loss_of(micro, logits) is the micro-batch's share of the step's loss: normalised by a count
+        over the global batch, so the shares of every rank sum to it (a filler's is zeroed). Returns
+        that sum."""
+        local = 0.0
+        for index, micro in enumerate(plan):
+            with distributed.gradient_sync(self.module, sync=index == len(plan) - 1):
+                out = self.forward(micro)
+                loss = loss_of(micro, out)  # also for a filler: loss_of may call models in lockstep
+                if micro.filler:
+                    loss = loss * 0.0
+                (loss * self.ranks.world_size).backward()  # DDP and FSDP average gradients over the ranks
+            local += float(loss.detach())
+        (total,) = self.ranks.sum([local])
+        if not math.isfinite(total):
+            raise FloatingPointError(f"loss is {total}")
+        return total
+
+    def optimize(self) -> float:
+        """Gradient clipping, optimizer and scheduler step; returns the gradient norm (global)."""
         params = [param for param in self.model.parameters() if param.requires_grad]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.optim.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(grad_norm)
+        return distributed.scalar(grad_norm)
+
+    def update(self, step: int, plan: list[batching.MicroBatch], loss_of: LossOf, metrics: dict, started: float) -> None:
+        """One optimizer step on the plan's loss, then record() the step."""
+        loss = self.accumulate(plan, loss_of)
+        grad_norm = self.optimize()
+        self.record(step, loss, {"grad_norm": grad_norm, **metrics}, started)
 
     def record(self, step: int, loss: float, metrics: dict, started: float) -> None:
-        """Ends a step: a metrics line, the resume state every save_every steps, the callback."""
+        """Ends a step: a metrics line (rank 0), the resume state every save_every steps, the callback.
+        metrics are the whole job's (summed over ranks where each rank saw a part)."""
         self.step = step
         record = {"step": step, "loss": loss, "lr": self.scheduler.get_last_lr()[0], "seconds": time.perf_counter() - started, **metrics}
         if "tokens" in metrics:
             record["tokens_per_second"] = metrics["tokens"] / record["seconds"]
         self.last_metrics = record
-        with open(self.output / METRICS_FILE, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        if self.ranks.main:
+            with open(self.output / METRICS_FILE, "a") as handle:
+                handle.write(json.dumps(record) + "\n")
         if step % self.config.output.save_every == 0:
-            checkpoints.save_resume(self.output / RESUME_DIR, self.model, self.optimizer, self.scheduler, step)
+            self.save_state()
         if self.on_step:
             self.on_step(step, record)
+
+    def save_state(self) -> None:
+        checkpoints.save_resume(self.output / RESUME_DIR, self.model, self.optimizer, self.scheduler, self.step, self.ranks)
+        self.saved_step = self.step
+
+    def save_weights(self, directory: Path, merged: bool = True) -> None:
+        """The policy as a Hugging Face checkpoint in the training precision (every rank calls it)."""
+        checkpoints.save_weights(self.policy, directory, self.ranks, self.dtype, merged)
 
     def finish(self, trajectory_ids: list[str], dataset_snapshot: str, metrics: dict | None = None) -> dict:
         """finalize(), then the registry (from synchronous trainers)."""
@@ -138,14 +256,18 @@ class Run:
 
     @property
     def registers(self) -> bool:
-        return bool(self.config.store_addr and self.config.output.register_checkpoint)
+        """Whether this rank registers the checkpoint (rank 0, with a store)."""
+        return bool(self.ranks.main and self.config.store_addr and self.config.output.register_checkpoint)
 
     def finalize(self, trajectory_ids: list[str], dataset_snapshot: str, metrics: dict | None = None) -> dict:
-        """Saves the weights and writes result.json; returns the result."""
-        checkpoints.save_weights(self.policy, self.output)
-        checkpoints.save_resume(self.output / RESUME_DIR, self.model, self.optimizer, self.scheduler, self.step)
-        history = read_metrics(self.output)
-        losses = [record["loss"] for record in history]
+        """Saves the weights and the final state, and writes result.json; returns the result."""
+        self.save_weights(self.output, self.config.output.merged_weights)
+        if self.saved_step != self.step:
+            self.save_state()
+        return self.ranks.shared(lambda: self._result(trajectory_ids, dataset_snapshot, metrics))
+
+    def _result(self, trajectory_ids: list[str], dataset_snapshot: str, metrics: dict | None) -> dict:
+        losses = [record["loss"] for record in read_metrics(self.output)]
         result = {
             "checkpoint_id": self.checkpoint_id,
             "parent_id": self.config.model.parent_checkpoint_id,
@@ -170,3 +292,15 @@ def _saved_id(output: Path) -> str:
     """The id a previous (interrupted) run of this directory chose, so a resume keeps it."""
     path = output / "checkpoint_id"
     return path.read_text().strip() if path.exists() else ""
+
+
+def _drop_metrics_after(output: Path, step: int) -> None:
+    """A resumed run repeats the steps after its saved state: their old lines go, so the file
+    holds one line per step, as an uninterrupted run's does."""
+    path = output / METRICS_FILE
+    if not path.exists():
+        return
+    kept = [json.dumps(record) + "\n" for record in read_metrics(output) if record["step"] <= step]
+    partial = path.with_suffix(".partial")
+    partial.write_text("".join(kept))
+    os.replace(partial, path)

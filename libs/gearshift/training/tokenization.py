@@ -193,6 +193,9 @@ class Batch:
     def tokens(self) -> int:
         return int(self.attention_mask.sum())
 
+    def to(self, device: torch.device) -> Batch:
+        return Batch(self.input_ids.to(device), self.attention_mask.to(device), self.target_mask.to(device))
+
 
 def collate(examples: list[Encoded], pad_id: int) -> Batch:
     """Pads a list of encoded examples to the longest one."""

@@ -4,6 +4,7 @@ import torch
 from gearshift import weights
 from gearshift.training import checkpoints
 from gearshift.training.config import ModelConfig, OptimConfig
+from gearshift.training.distributed import Ranks
 from gearshift.training.runtime import build_optimizer
 
 
@@ -22,7 +23,7 @@ def _nudge(model):
 def test_full_weights_reload_in_the_policy_server_loader(tiny_dir, tmp_path):
     policy = checkpoints.load_policy(ModelConfig(base=str(tiny_dir)), tmp_path)
     _nudge(policy.model)
-    checkpoints.save_weights(policy, tmp_path / "ckpt")
+    checkpoints.save_weights(policy, tmp_path / "ckpt", Ranks())
     loaded = weights.load(str(tmp_path / "ckpt"), tmp_path)
     ids = torch.tensor([[1, 5, 9, 200]])
     assert torch.allclose(_logits(loaded.model, ids), _logits(policy.model, ids), atol=1e-5)
@@ -32,7 +33,7 @@ def test_lora_saves_adapter_and_merged_weights(tiny_dir, tmp_path):
     policy = checkpoints.load_policy(ModelConfig(base=str(tiny_dir), lora=True, lora_rank=4), tmp_path)
     assert policy.is_lora
     _nudge(policy.model)
-    checkpoints.save_weights(policy, tmp_path / "ckpt")
+    checkpoints.save_weights(policy, tmp_path / "ckpt", Ranks())
     assert (tmp_path / "ckpt" / checkpoints.ADAPTER_DIR / "adapter_model.safetensors").exists()
     loaded = weights.load(str(tmp_path / "ckpt"), tmp_path)
     ids = torch.tensor([[1, 5, 9, 200]])
@@ -47,10 +48,10 @@ def test_resume_state_round_trip(tiny_dir, tmp_path):
     policy.model(input_ids=torch.tensor([[1, 2, 3]])).logits.sum().backward()
     optimizer.step()
     scheduler.step()
-    checkpoints.save_resume(tmp_path / "resume", policy.model, optimizer, scheduler, step=7)
+    checkpoints.save_resume(tmp_path / "resume", policy.model, optimizer, scheduler, 7, Ranks())
     fresh = checkpoints.load_policy(ModelConfig(base=str(tiny_dir)), tmp_path)
     fresh_optimizer, fresh_scheduler = build_optimizer(fresh.model, OptimConfig(learning_rate=1e-2))
-    assert checkpoints.load_resume(tmp_path / "resume", fresh.model, fresh_optimizer, fresh_scheduler) == 7
+    assert checkpoints.load_resume(tmp_path / "resume", fresh.model, fresh_optimizer, fresh_scheduler, Ranks()) == 7
     for (name, a), (_, b) in zip(policy.model.named_parameters(), fresh.model.named_parameters()):
         assert torch.equal(a, b), name
     assert fresh_optimizer.state_dict()["state"].keys() == optimizer.state_dict()["state"].keys()

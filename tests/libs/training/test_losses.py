@@ -7,12 +7,10 @@ import torch
 from gearshift.training import losses
 
 
-def test_cross_entropy_is_the_token_mean_over_the_mask():
-    logits = torch.log(torch.tensor([[[0.5, 0.5], [0.25, 0.75], [0.9, 0.1]]]))
-    tokens = torch.tensor([[0, 1, 1]])
-    mask = torch.tensor([[True, True, False]])
-    expected = (-math.log(0.5) - math.log(0.75)) / 2
-    assert losses.cross_entropy(logits, tokens, mask).item() == pytest.approx(expected, rel=1e-6)
+def test_token_logprobs():
+    logits = torch.log(torch.tensor([[0.5, 0.5], [0.25, 0.75], [0.9, 0.1]]))
+    logp = losses.token_logprobs(logits, torch.tensor([0, 1, 1]))
+    assert logp.tolist() == pytest.approx([math.log(0.5), math.log(0.75), math.log(0.1)], rel=1e-6)
 
 
 def test_reverse_kl_full_vocabulary():
@@ -36,48 +34,54 @@ def test_k3_kl():
     assert losses.k3_kl(logp, ref).item() == pytest.approx(0.5 - math.log(0.5) - 1, rel=1e-6)
 
 
+def weighted(logp, logp_old, advantages, targets, groups, **extra):
+    """policy_loss over flat tokens; advantages, target counts and groups per trajectory."""
+    weights = losses.trajectory_weights(torch.tensor(targets), torch.tensor(groups))
+    owner = torch.repeat_interleave(torch.arange(len(targets)), torch.tensor(targets))
+    return losses.policy_loss(logp, logp_old, torch.tensor(advantages)[owner], weights[owner], **extra)
+
+
 def test_policy_loss_clips_high_for_positive_and_low_for_negative_advantages():
-    # Row 0 (A = +1): ratios 1.5 (clipped to 1.28) and 1.0. Row 1 (A = -1): ratios 0.5 (clipped to
-    # 0.8, -min(-0.5, -0.8) = 0.8) and 1.1 (unclipped: 1.1), third token masked.
-    ratios = torch.tensor([[1.5, 1.0, 1.0], [0.5, 1.1, 3.0]])
-    logp_old = torch.zeros(2, 3)
-    logp = torch.log(ratios)
-    mask = torch.tensor([[True, True, False], [True, True, False]])
-    result = losses.policy_loss(logp, logp_old, torch.tensor([1.0, -1.0]), mask, torch.tensor([0, 0]))
+    # Trajectory 0 (A = +1): ratios 1.5 (clipped to 1.28) and 1.0. Trajectory 1 (A = -1): ratios
+    # 0.5 (clipped to 0.8, -min(-0.5, -0.8) = 0.8) and 1.1 (unclipped: 1.1). One group.
+    ratios = torch.tensor([1.5, 1.0, 0.5, 1.1])
+    result = weighted(torch.log(ratios), torch.zeros(4), [1.0, -1.0], [2, 2], [0, 0])
     row0 = -(1.28 + 1.0) / 2
     row1 = (0.8 + 1.1) / 2
     assert result.loss.item() == pytest.approx((row0 + row1) / 2, rel=1e-6)
-    assert result.clipped_high == pytest.approx(1 / 4)
-    assert result.clipped_low == pytest.approx(1 / 4)
+    assert (result.tokens, result.clipped_high, result.clipped_low) == (4, 1, 1)
 
 
 def test_policy_loss_unclipped_side_keeps_the_ratio():
     # A = +1 with ratio 0.5: min(0.5, clip(0.5)=0.8) = 0.5, so the loss is -0.5 (no clipping below for A > 0).
-    result = losses.policy_loss(torch.log(torch.tensor([[0.5]])), torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1, dtype=torch.bool), torch.tensor([0]))
+    result = weighted(torch.log(torch.tensor([0.5])), torch.zeros(1), [1.0], [1], [0])
     assert result.loss.item() == pytest.approx(-0.5, rel=1e-6)
     assert result.clipped_low == 0 and result.clipped_high == 0
 
 
 def test_policy_loss_token_mean_per_trajectory_then_group_mean():
-    # Ratio 1 everywhere: per-token loss = -A. Group 0: rows with 1 and 3 tokens, A = 2 and 4:
+    # Ratio 1 everywhere: per-token loss = -A. Group 0: trajectories of 1 and 3 tokens, A = 2 and 4:
     # per-trajectory means -2 and -4 -> group mean -3 (a token mean over the group would give -3.5).
-    # Group 1: one row, A = 1 -> -1. Loss = mean(-3, -1) = -2.
-    mask = torch.tensor([[True, False, False], [True, True, True], [True, True, False]])
-    zeros = torch.zeros(3, 3)
-    result = losses.policy_loss(zeros, zeros, torch.tensor([2.0, 4.0, 1.0]), mask, torch.tensor([0, 0, 1]))
-    assert result.loss.item() == pytest.approx(-2.0, rel=1e-6)
+    # Group 1: one trajectory of 2 tokens, A = 1 -> -1. Loss = mean(-3, -1) = -2.
+    zeros = torch.zeros(6)
+    assert weighted(zeros, zeros, [2.0, 4.0, 1.0], [1, 3, 2], [0, 0, 1]).loss.item() == pytest.approx(-2.0, rel=1e-6)
+
+
+def test_trajectory_weights_of_a_share_of_the_groups_use_the_global_count():
+    # A rank holding group 0 of a step's 2 groups: 1 / (T_i * |g| * 2), not * 1.
+    weights = losses.trajectory_weights(torch.tensor([1, 3]), torch.tensor([0, 0]), total_groups=2)
+    assert weights.tolist() == pytest.approx([1 / (1 * 2 * 2), 1 / (3 * 2 * 2)])
 
 
 def test_policy_loss_adds_weighted_kl_to_the_reference():
-    logp = torch.full((1, 1), math.log(0.5))
-    ref = torch.full((1, 1), math.log(0.25))
-    result = losses.policy_loss(logp, logp, torch.tensor([0.0]), torch.ones(1, 1, dtype=torch.bool), torch.tensor([0]), kl_coef=0.1, logp_ref=ref)
+    logp = torch.full((1,), math.log(0.5))
+    ref = torch.full((1,), math.log(0.25))
+    result = weighted(logp, logp, [0.0], [1], [0], kl_coef=0.1, logp_ref=ref)
     assert result.loss.item() == pytest.approx(0.1 * (0.5 - math.log(0.5) - 1), rel=1e-6)
 
 
 def test_policy_loss_gradient_is_zero_where_clipped():
-    logp = torch.log(torch.tensor([[1.5, 1.0]])).requires_grad_()
-    result = losses.policy_loss(logp, torch.zeros(1, 2), torch.tensor([1.0]), torch.ones(1, 2, dtype=torch.bool), torch.tensor([0]))
-    result.loss.backward()
-    assert logp.grad[0, 0].item() == 0.0  # clipped: no push beyond 1 + eps_high
-    assert logp.grad[0, 1].item() == pytest.approx(-0.5)  # d(-r/2)/dlogp at r = 1
+    logp = torch.log(torch.tensor([1.5, 1.0])).requires_grad_()
+    weighted(logp, torch.zeros(2), [1.0], [2], [0]).loss.backward()
+    assert logp.grad[0].item() == 0.0  # clipped: no push beyond 1 + eps_high
+    assert logp.grad[1].item() == pytest.approx(-0.5)  # d(-r/2)/dlogp at r = 1

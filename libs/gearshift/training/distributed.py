@@ -1,0 +1,179 @@
+"""One training job across the ranks torchrun starts, or one process when nothing started it.
+
+torchrun sets RANK, WORLD_SIZE and LOCAL_RANK; from them this module initialises the process
+group (nccl on CUDA, gloo on the CPU), picks the rank's device (cuda:LOCAL_RANK or the CPU),
+wraps the model for data parallelism (FSDP2 per decoder layer then the root, or DDP) and gives
+the jobs the few collectives they need. Without torchrun no process group exists and every
+collective is the identity, so a job runs in one process as it always did."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+
+from gearshift.training.config import RuntimeConfig
+
+log = logging.getLogger("gearshift.training")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place in the job: its rank among world_size, and its device."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def main(self) -> bool:
+        """Rank 0: the one that writes files, registers and publishes."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def shard(self, items: list[T]) -> list[T]:
+        """This rank's contiguous slice of items (the ranks' slices cover items once, in order)."""
+        start, end = (len(items) * self.rank) // self.world_size, (len(items) * (self.rank + 1)) // self.world_size
+        return items[start:end]
+
+    def sum(self, values: list[float]) -> list[float]:
+        """The element-wise sum of values over every rank."""
+        return self._reduce(values, dist.ReduceOp.SUM)
+
+    def max(self, values: list[float]) -> list[float]:
+        return self._reduce(values, dist.ReduceOp.MAX)
+
+    def min(self, values: list[float]) -> list[float]:
+        return self._reduce(values, dist.ReduceOp.MIN)
+
+    def _reduce(self, values: list[float], op) -> list[float]:
+        if not self.distributed:
+            return list(values)
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor, op=op)
+        return tensor.tolist()
+
+    def shared(self, make: Callable[[], T]) -> T:
+        """make() run on rank 0 alone, its result given to every rank (pickled: objects of this job)."""
+        if not self.distributed:
+            return make()
+        box = [make() if self.main else None]
+        dist.broadcast_object_list(box, src=0, device=self.device)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier(device_ids=[self.local_rank] if self.device.type == "cuda" else None)
+
+
+_started: Ranks | None = None
+
+
+def start(runtime: RuntimeConfig) -> Ranks:
+    """This process's ranks; the first call initialises the process group when torchrun started
+    the job (later calls return the same)."""
+    global _started
+    if _started is not None:
+        return _started
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    device = _device(runtime.device, local_rank)
+    if world_size > 1:
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        timeout = timedelta(seconds=runtime.collective_timeout_seconds)
+        dist.init_process_group(backend, timeout=timeout, device_id=device if device.type == "cuda" else None)
+        atexit.register(dist.destroy_process_group)
+        log.info("rank %d of %d on %s (%s)", rank, world_size, device, backend)
+    _started = Ranks(rank, world_size, local_rank, device)
+    return _started
+
+
+def _device(choice: str, local_rank: int) -> torch.device:
+    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ValueError("runtime.device is cuda, but torch sees no CUDA device (a CPU build of torch, or no GPU in the pod)")
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    return device
+
+
+def compute_dtype(runtime: RuntimeConfig, device: torch.device) -> torch.dtype:
+    """The dtype the forward and backward run in: bf16 on CUDA and fp32 on the CPU unless set."""
+    precision = runtime.precision if runtime.precision != "auto" else ("bf16" if device.type == "cuda" else "fp32")
+    return torch.bfloat16 if precision == "bf16" else torch.float32
+
+
+def decoder_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The repeated blocks of the transformers model in module (the classes its _no_split_modules
+    names: the unit FSDP shards by)."""
+    names = next((set(m._no_split_modules) for m in module.modules() if getattr(m, "_no_split_modules", None)), set())
+    layers = [m for m in module.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"{type(module).__name__} holds no model that names its decoder layer class (_no_split_modules)")
+    return layers
+
+
+def parallelize(module: torch.nn.Module, ranks: Ranks, runtime: RuntimeConfig, dtype: torch.dtype) -> torch.nn.Module:
+    """The module on the rank's device, wrapped for data parallelism across more than one rank.
+
+    FSDP2 shards every decoder layer, then the root (the embeddings, the final norm and the head);
+    in bf16 its parameters are gathered in bf16 for compute while the float32 shards stay the
+    master weights and gradients are reduced in float32. DDP replicates the module (bf16 compute
+    then comes from autocast, see autocast())."""
+    module = module.to(ranks.device)
+    if not ranks.distributed:
+        return module
+    if runtime.parallelism == "ddp":
+        device_ids = [ranks.local_rank] if ranks.device.type == "cuda" else None
+        return torch.nn.parallel.DistributedDataParallel(module, device_ids=device_ids)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mixed = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    for layer in decoder_layers(module):
+        fully_shard(layer, mp_policy=mixed)
+    fully_shard(module, mp_policy=mixed)
+    return module
+
+
+def is_sharded(module: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
+def autocast(module: torch.nn.Module, device: torch.device, dtype: torch.dtype):
+    """bf16 compute over float32 weights where FSDP's mixed precision does not already give it."""
+    if dtype == torch.float32 or is_sharded(module):
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+@contextlib.contextmanager
+def gradient_sync(module: torch.nn.Module, sync: bool) -> Iterator[None]:
+    """DDP reduces gradients only on the last micro-batch of a step (FSDP reduce-scatters each
+    micro-batch's gradients into its shards: no unsharded gradients are kept between them)."""
+    if sync or not isinstance(module, torch.nn.parallel.DistributedDataParallel):
+        yield
+        return
+    with module.no_sync():
+        yield
+
+
+def scalar(value: torch.Tensor) -> float:
+    """A float from a tensor that may be a DTensor (FSDP's gradient norm)."""
+    full = getattr(value, "full_tensor", None)
+    return float(full() if full else value)

@@ -1,0 +1,97 @@
+"""A training job's own step code on fixed data, run under torchrun or alone, for the tests that
+compare N ranks with 1: APO's and distillation's `learn` on rollouts the executor wrote once
+(so every run learns from the same episodes), SFT's `fit` on exported trajectories, and SFT
+normalised per rank, the mistake the comparison must catch. Rank 0 writes each step's loss and
+the final weights.
+
+    torchrun --nproc-per-node 2 tests/jobs/ranks_worker.py apo CONFIG DATA OUT
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import signal
+import time
+
+import torch
+from gearshift.training import checkpoints
+from gearshift.training.jobs import load_config
+from gearshift.training.runtime import Run
+
+
+def learn_apo(run: Run, config, data) -> None:
+    from gearshift.jobs.apo import trainer
+
+    reference = run.frozen(config.reference or config.model.base) if config.kl_coef else None
+    for step in run.steps():
+        loss, metrics = trainer.learn(run, data, config, reference)
+        run.record(step, loss, metrics, time.perf_counter())
+
+
+def learn_distill(run: Run, config, data) -> None:
+    from gearshift.jobs.distill import trainer
+
+    owners, episodes = data
+    teachers = {source: run.frozen(source) for source in sorted(set(owners))}
+    for step in run.steps():
+        loss, metrics = trainer.learn(run, config, teachers, owners, episodes)
+        run.record(step, loss, metrics, time.perf_counter())
+
+
+def learn_sft_per_rank(run: Run, config, data) -> None:
+    """SFT as a plain DDP loop does it, each rank's loss a token mean over its own share, averaged
+    over the ranks: wrong on purpose (the ranks' shares hold different numbers of tokens)."""
+    import random
+
+    from gearshift.jobs.sft.trainer import sft_loss_of
+    from gearshift.training import tokenization
+
+    examples = [tokenization.encode_trajectory(run.tokenizer, t, config.max_length, True) for t in data]
+    for step in run.steps():
+        draw = random.Random(config.optim.seed * 1_000_003 + step)
+        mine = run.ranks.shard([examples[i] for i in draw.choices(range(len(examples)), k=config.batch_size)])
+        local = sum(e.target_count for e in mine) * run.ranks.world_size
+        run.update(step, run.micro_batches(mine), sft_loss_of(local), {}, time.perf_counter())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("job", choices=["apo", "distill", "sft", "sft-per-rank"])
+    parser.add_argument("config")
+    parser.add_argument("data", help="pickled rollouts (apo: groups; distill: owners and episodes) or trajectories (sft)")
+    parser.add_argument("out", help="JSON: the losses of every step and where the final weights are")
+    parser.add_argument("--die-at", type=int, default=0, help="this rank kills itself after that step (SIGKILL)")
+    parser.add_argument("--die-rank", type=int, default=1)
+    args = parser.parse_args()
+    job = args.job.removesuffix("-per-rank")
+    config = load_config(job, args.config)
+    with open(args.data, "rb") as handle:
+        data = pickle.load(handle)
+
+    def die(step: int, record: dict) -> None:
+        if step == args.die_at and int(os.environ.get("RANK", "0")) == args.die_rank:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    if job == "sft" and args.job == "sft":
+        from gearshift.jobs.sft.trainer import fit
+
+        run = Run.start(job, config, die)
+        fit(run, config, data)
+    else:
+        run = Run.start(job, config, die)
+        {"apo": learn_apo, "distill": learn_distill, "sft-per-rank": learn_sft_per_rank}[args.job](run, config, data)
+    state = checkpoints.full_state(run.model, run.ranks)
+    if run.ranks.main:
+        weights = os.path.join(os.path.dirname(args.out), "final.pt")
+        torch.save(state, weights)
+        losses = {record["step"]: record["loss"] for record in map(json.loads, open(run.output / "metrics.jsonl"))}
+        with open(args.out, "w") as handle:
+            json.dump({"losses": [losses[step] for step in sorted(losses)], "weights": weights,
+                       "resumed_from": run.start_step}, handle)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,236 @@
+"""One job across ranks (torchrun, gloo on the CPU, the tiny model) learns what one process learns.
+
+The data is what the platform produces: episodes the executor ran (a ScriptedPolicy answering
+products right with python and by reasoning, wrong at once), scored by the reward service and
+stored. SFT runs as users launch it (`torchrun -m gearshift.cli train sft`) and reads the store;
+APO and distillation run their trainers' own `learn` on rollouts collected once
+(tests/jobs/ranks_worker.py), so 1 rank and 2 learn from the same episodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from gearshift.api.common.v1.common_pb2 import Mode, Purpose
+from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
+from gearshift.clients import channel
+from gearshift.embedded import embedded
+from gearshift.protocol.sr2am import PLAN_HEAD
+from gearshift.testing.scripted_policy import serve_scripted
+from gearshift.topology import SERVICE_NAMES
+from safetensors.torch import load_file
+
+pytestmark = pytest.mark.slow
+
+WORKER = Path(__file__).with_name("ranks_worker.py")
+ROOT = Path(__file__).parents[2]
+PRODUCTS = [(12, 34), (7, 8), (123, 45), (5, 6), (81, 27), (1234, 56)]
+WEIGHTS_TOLERANCE = 1e-5
+
+
+def products_policy(body: dict) -> str:
+    """A stand-in that routes products to tools, multiplies right with python and by reasoning,
+    and answers one too many at once."""
+    a, b = map(int, re.search(r"What is (\d+)\*(\d+)\?", str(body.get("messages"))).groups())
+    last = body["messages"][-1]["content"]
+    if "</classification>" in (body.get("stop") or []):
+        return "A product is safer with a tool.\n<classification>\ntoolcalling_agent\n</classification>"
+    if last.startswith("You regulate"):
+        return "ACT"
+    if last.endswith(PLAN_HEAD):
+        return " None"
+    if "<tool_response>" in last:
+        return f"The tool printed it.\n<answer>{a * b}</answer>"
+    if last.rstrip().endswith("<answer>"):
+        return f"{a * b + 1}</answer>"
+    if last.rstrip().endswith("<reasoning>"):
+        return f"{a} times {b} makes {a * b}.</reasoning>\n<answer>{a * b}</answer>"
+    return f"Multiply {a} by {b}.</plan>\n<tool_call>\n{{'id': 1, 'name': 'python', 'arguments': {{'code': 'print({a}*{b})'}}}}\n</tool_call>"
+
+
+@pytest.fixture(scope="module")
+async def platform(store, tmp_path_factory):
+    """The executor, router, planner, sandbox and reward service over the scripted policy,
+    storing into the module's store."""
+    from gearshift.settings import Settings
+
+    settings = Settings(data_dir=tmp_path_factory.mktemp("platform"), metrics_port=0, store_addr=store.address, log_level="WARNING")
+    async with serve_scripted(products_policy) as url:
+        services = tuple(name for name in SERVICE_NAMES if name != "store")
+        async with embedded(settings.with_policy(url), services) as running:
+            yield running.settings
+
+
+@pytest.fixture(scope="module")
+async def sft_data(platform):
+    """Forced-mode episodes of every product, scored and stored (task_source "ranks")."""
+    async with channel(platform.executor_addr, platform) as ch:
+        stub = executor_pb2_grpc.ExecutorStub(ch)
+        for a, b in PRODUCTS:
+            for mode in (Mode.MODE_INSTANT, Mode.MODE_REASONING, Mode.MODE_AGENTIC):
+                request = executor_pb2.SolveRequest(query=f"What is {a}*{b}?", mode=mode, reference_answer=str(a * b),
+                                                    task_source="ranks", split="train", purpose=Purpose.PURPOSE_TRAINING)
+                [item async for item in stub.Solve(request)]
+    return "ranks"
+
+
+@pytest.fixture(scope="module")
+async def rollouts(platform, tiny_dir, teacher_dir, tmp_path_factory):
+    """APO groups (rho = gamma = 1) and distillation episodes of every product, pickled once."""
+    from gearshift.jobs.apo.config import APOConfig
+    from gearshift.jobs.apo.rollouts import collect
+    from gearshift.jobs.distill.config import DistillConfig, Prompt
+    from gearshift.jobs.distill.trainer import student_rollouts
+
+    folder = tmp_path_factory.mktemp("rollouts")
+    prompts = [{"query": f"What is {a}*{b}?", "reference_answer": str(a * b)} for a, b in PRODUCTS]
+    apo = APOConfig.model_validate({"output": {"dir": str(folder)}, "prompts": prompts, "rho": 1, "gamma": 1})
+    groups = await collect(platform, platform.executor_addr, platform.reward_addr, apo.prompts, apo, "ranks-apo", 1)
+    assert all(len(set(group.rewards)) > 1 for group in groups)  # every group informative: all are learned
+    distill = DistillConfig.model_validate({"output": {"dir": str(folder)}, "default_teacher": str(teacher_dir)})
+    modes = ["instant", "reasoning", "agentic"]
+    episodes = await student_rollouts(platform, [Prompt(query=p["query"], mode=modes[i % 3]) for i, p in enumerate(prompts)],
+                                      distill, "ranks-distill", 1)
+    (folder / "apo.pkl").write_bytes(pickle.dumps(groups))
+    (folder / "distill.pkl").write_bytes(pickle.dumps(([str(teacher_dir)] * len(episodes), episodes)))
+    return folder
+
+
+def launch(ranks: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """args under torchrun with ranks processes on this machine (ranks 1: a plain process)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    if ranks == 1:
+        command = [sys.executable, *args]
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+
+
+def write_config(path: Path, body: dict) -> Path:
+    path.write_text(json.dumps(body))
+    return path
+
+
+def base_config(tiny_dir, out: Path, **extra) -> dict:
+    body = {
+        "model": {"base": str(tiny_dir)},
+        "optim": {"learning_rate": 1e-3, "max_steps": 3, "seed": 3, "threads": 1},
+        "output": {"dir": str(out), "save_every": 2, "progress": False},
+    }
+    for key, value in extra.items():
+        body[key] = {**body.get(key, {}), **value} if isinstance(value, dict) else value
+    return body
+
+
+def run_worker(ranks: int, job: str, config: dict, data: Path, folder: Path, *flags: str) -> dict:
+    folder.mkdir(parents=True, exist_ok=True)
+    config_path = write_config(folder / "config.json", config)
+    done = launch(ranks, str(WORKER), job, str(config_path), str(data), str(folder / "out.json"), *flags)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((folder / "out.json").read_text())
+
+
+def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[key].float() - b[key].float()).abs().max()) for key in a)
+
+
+def assert_same_run(one: dict, many: dict) -> None:
+    assert many["losses"] == pytest.approx(one["losses"], rel=1e-5, abs=1e-7)
+    assert max_difference(torch.load(one["weights"]), torch.load(many["weights"])) < WEIGHTS_TOLERANCE
+
+
+def sft_config(tiny_dir, out: Path, store, **extra) -> dict:
+    data = {"task_source": "ranks", "correctness": "correct"}
+    return base_config(tiny_dir, out, store_addr=store.address, data=data, batch_size=6, **extra)
+
+
+def train_sft(ranks: int, config: dict, folder: Path) -> subprocess.CompletedProcess:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = write_config(folder / "sft.json", config)
+    return launch(ranks, "-m", "gearshift.cli", "train", "sft", "--config", str(path))
+
+
+@pytest.fixture(scope="module")
+def sft_alone(tiny_dir, store, sft_data, tmp_path_factory):
+    """SFT in one process: the reference of every comparison."""
+    out = tmp_path_factory.mktemp("sft") / "one"
+    done = train_sft(1, sft_config(tiny_dir, out, store), out.parent / "config-one")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("parallelism", ["fsdp", "ddp"])
+def test_sft_under_torchrun_is_one_job_that_learns_what_one_process_learns(tiny_dir, store, sft_alone, tmp_path, parallelism):
+    out = tmp_path / "two"
+    config = sft_config(tiny_dir, out, store, runtime={"parallelism": parallelism})
+    done = train_sft(2, config, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(done.stdout.strip().splitlines()) == 1  # one summary: rank 0's
+    history, alone = metrics(out), metrics(sft_alone)
+    assert [r["step"] for r in history] == [1, 2, 3]  # one line per step, not one per rank
+    assert [r["loss"] for r in history] == pytest.approx([r["loss"] for r in alone], rel=1e-5)
+    assert [r["grad_norm"] for r in history] == pytest.approx([r["grad_norm"] for r in alone], rel=1e-4)
+    assert [r["target_tokens"] for r in history] == [r["target_tokens"] for r in alone]
+    assert max_difference(load_file(out / "model.safetensors"), load_file(sft_alone / "model.safetensors")) < WEIGHTS_TOLERANCE
+    result = json.loads((out / "result.json").read_text())
+    assert store.checkpoint(result["checkpoint_id"]).uri == str(out.resolve())  # registered once, by rank 0
+    retried = train_sft(2, config, tmp_path)  # a retry after the registration completes
+    assert retried.returncode == 0, retried.stderr[-3000:]
+    assert json.loads((out / "result.json").read_text())["checkpoint_id"] == result["checkpoint_id"]
+    assert [r["step"] for r in metrics(out)] == [1, 2, 3]
+
+
+def test_sft_normalised_per_rank_differs_from_one_process(tiny_dir, store, sft_alone, tmp_path):
+    """The comparison above catches a loss normalised by each rank's own token count."""
+    from gearshift.training.data import load_trajectories
+    from gearshift.training.config import DataConfig
+
+    data = tmp_path / "trajectories.pkl"
+    data.write_bytes(pickle.dumps(load_trajectories(store.address, DataConfig(task_source="ranks", correctness="correct"))))
+    config = sft_config(tiny_dir, tmp_path / "out", store)
+    per_rank = run_worker(2, "sft-per-rank", config, data, tmp_path)
+    alone = [r["loss"] for r in metrics(sft_alone)]
+    assert per_rank["losses"] != pytest.approx(alone, rel=1e-5)  # what the comparison above asserts
+    difference = max_difference(torch.load(per_rank["weights"]), load_file(sft_alone / "model.safetensors"))
+    assert difference > 10 * WEIGHTS_TOLERANCE, difference
+
+
+ON_POLICY = {
+    "apo": {"rho": 1, "gamma": 1, "updates_per_batch": 2, "kl_coef": 0.05, "prompts": [{"query": "q", "reference_answer": "a"}],
+            "rollout": {"exact_tokens": False}},
+    "distill": {"top_k": 64, "prompts": [{"query": "q"}], "rollout": {"exact_tokens": False}},
+}
+
+
+@pytest.mark.parametrize("job", ["apo", "distill"])
+@pytest.mark.parametrize("parallelism, lora", [("fsdp", False), ("ddp", False), ("fsdp", True)])
+def test_on_policy_updates_on_two_ranks_equal_one_process(tiny_dir, teacher_dir, rollouts, tmp_path, job, parallelism, lora):
+    """Fixed rollouts; micro-batches small enough that the ranks hold different numbers of them
+    (fillers keep the ranks in step). Under LoRA, APO's KL reference is the base with the adapter
+    off, and so is the teacher of half the distillation episodes (the student's own base: it runs
+    through the sharded policy, on every micro-batch of every rank)."""
+    model = {"lora": True, "lora_rank": 4} if lora else {}
+    extra = dict(ON_POLICY[job], **({"default_teacher": str(teacher_dir)} if job == "distill" else {}))
+    data = rollouts / f"{job}.pkl"
+    if job == "distill" and lora:
+        _, episodes = pickle.loads(data.read_bytes())
+        data = tmp_path / "distill-base.pkl"
+        owners = [str(tiny_dir) if index % 2 else str(teacher_dir) for index in range(len(episodes))]
+        data.write_bytes(pickle.dumps((owners, episodes)))
+    runtime = {"parallelism": parallelism, "micro_batch_tokens": 700}
+    one = run_worker(1, job, base_config(tiny_dir, tmp_path / "one" / "out", model=model, runtime=runtime, **extra), data, tmp_path / "one")
+    two = run_worker(2, job, base_config(tiny_dir, tmp_path / "two" / "out", model=model, runtime=runtime, **extra), data, tmp_path / "two")
+    assert_same_run(one, two)
+    assert one["losses"][0] != one["losses"][-1]  # it learned something to compare
