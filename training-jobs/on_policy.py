@@ -10,7 +10,8 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
@@ -25,6 +26,9 @@ from gearshift.topology import SERVICE_NAMES
 from gearshift.training import checkpoints, distributed, tokenization
 from gearshift.training.config import RolloutConfig
 from gearshift.training.runtime import Run, intra_op_threads
+
+if TYPE_CHECKING:
+    from gearshift.services.policy_server.core import PolicyEngine
 
 SERVED_NAME = "policy-in-training"
 T = TypeVar("T")
@@ -50,26 +54,25 @@ def encode_rollouts(tokenizer, rollouts: list[Trajectory], rollout: RolloutConfi
     ]
 
 
+@dataclass
 class Rollouts:
     """Where a run's episodes come from. Rank 0 runs them, for every rank (episodes are gRPC calls
     to an executor, their compute is the policy server's), and after each update makes the
     policy that samples them carry the new weights:
     - an in-process stack whose built-in server generates with the very module being trained
-      (one CPU process in float32: rollouts and updates alternate, nothing to copy);
+      (one CPU process: rollouts and updates alternate, nothing to copy);
     - the same stack generating with a CPU copy on rank 0, refreshed from the gathered weights
       after each update (the module is sharded across ranks, or on a GPU the built-in server
       does not use);
-    - a running executor whose policy server loads the saved weights (POST /v1/load)."""
+    - a running executor whose policy server loads the saved weights (POST /v1/load).
+    remote and copied are the same on every rank: they decide the collectives publish() makes."""
 
-    def __init__(self, run: Run, settings: Settings | None, engine=None, copy: torch.nn.Module | None = None):
-        self.run = run
-        self.settings = settings  # the stack's (rank 0); None on the other ranks
-        self.engine = engine  # the in-process policy server, or None for a remote one
-        self.copy = copy  # rank 0's serving copy, when the module cannot serve itself
-
-    @property
-    def remote(self) -> bool:
-        return self.engine is None
+    run: Run
+    remote: bool
+    copied: bool
+    settings: Settings | None = None  # the stack's, on rank 0 (and on every rank when remote)
+    engine: PolicyEngine | None = None  # the in-process built-in server, on rank 0
+    copy: torch.nn.Module | None = None  # rank 0's serving copy when copied
 
     async def collect(self, episodes: Callable[[Settings], Awaitable[T]]) -> T:
         """await episodes(settings) on rank 0; every rank gets the result."""
@@ -87,11 +90,12 @@ class Rollouts:
                 async with PolicyClient.from_settings(self.settings) as policy:
                     await policy.load(str(serving.resolve()))
             self.run.ranks.barrier()
-        elif self.copy is not None:
+            return time.perf_counter() - started
+        if self.copied:
             state = checkpoints.full_state(self.run.model, self.run.ranks, trainable_only=True)
             if self.run.ranks.main:
-                self.copy.load_state_dict(state, strict=False)
-        if self.engine is not None and self.run.ranks.main:
+                checkpoints.load_full_state(self.copy, state, trainable_only=True)
+        if self.engine is not None:
             self.engine.weights_changed()  # prefixes cached with the old weights are stale
         return time.perf_counter() - started
 
@@ -108,7 +112,7 @@ def serving_copy(run: Run) -> torch.nn.Module | None:
     if not run.ranks.main:
         return None
     copy = checkpoints.load_policy(run.config.model.model_copy(update={"gradient_checkpointing": False}), Settings().models_dir).model
-    copy.load_state_dict(state)
+    checkpoints.load_full_state(copy, state)
     return copy.eval()
 
 
@@ -120,19 +124,20 @@ async def rollout_services(run: Run, rollout: RolloutConfig, store_addr: str) ->
     settings = Settings()
     if rollout.executor_addr:
         remote = settings.model_copy(update={"executor_addr": rollout.executor_addr})
-        rollouts = Rollouts(run, remote.with_policy(rollout.policy_url) if rollout.policy_url else remote)
+        rollouts = Rollouts(run, remote=True, copied=False, settings=remote.with_policy(rollout.policy_url) if rollout.policy_url else remote)
         await rollouts.publish()  # the remote server starts from this run's weights
         yield rollouts
         return
-    copy = None if serves_itself(run) else serving_copy(run)
+    copied = not serves_itself(run)
+    copy = serving_copy(run) if copied else None
     if not run.ranks.main:
-        yield Rollouts(run, None)
+        yield Rollouts(run, remote=False, copied=copied)
         return
     from gearshift.services.policy_server.core import PolicyEngine
 
     threads = intra_op_threads(run.config.optim)
     server = PolicyServerSettings(model=str(run.output), served_model_name=SERVED_NAME, threads=threads, max_tokens_cap=4096)
-    model = run.model if copy is None else copy
+    model = copy if copied else run.model
     served = weights.LoadedModel(model=model, tokenizer=run.tokenizer, source="training", path=run.output, load_seconds=0.0)
     engine = PolicyEngine(served, server, settings.models_dir)
     executor = ExecutorSettings(temperature=rollout.temperature, top_p=rollout.top_p, max_tokens_per_turn=rollout.max_tokens_per_turn)
@@ -144,7 +149,7 @@ async def rollout_services(run: Run, rollout: RolloutConfig, store_addr: str) ->
         services = tuple(name for name in SERVICE_NAMES if name != "store")
     try:
         async with embedded(local, services, policy_engine=engine) as platform:
-            yield Rollouts(run, platform.settings, engine, copy)
+            yield Rollouts(run, remote=False, copied=copied, settings=platform.settings, engine=engine, copy=copy)
     finally:
         engine.close()
 

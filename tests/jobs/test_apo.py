@@ -4,6 +4,7 @@ in-process executor (forced and free rollouts), scores with the reward service a
 import json
 
 import pytest
+import torch
 from gearshift.api.common.v1.common_pb2 import Mode, RoutingStrategy
 from gearshift.jobs.apo import trainer
 from gearshift.jobs.apo.config import APOConfig, APOPrompt
@@ -127,3 +128,40 @@ def test_the_apo_reward_needs_forced_rollouts(tiny_dir):
     with pytest.raises(ValueError, match="rho >= 1"):
         config(tiny_dir, "/tmp/unused", rho=0, gamma=4)
     assert config(tiny_dir, "/tmp/unused", rho=0, gamma=4, reward="sr2am").group_size == 4
+
+
+def parameters_in_memory() -> int:
+    """Elements of every distinct parameter alive in this process."""
+    import gc
+
+    gc.collect()
+    found = {id(obj.untyped_storage()): obj.numel() for obj in gc.get_objects() if isinstance(obj, torch.nn.Parameter)}
+    return sum(found.values())
+
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_the_kl_reference_under_lora_is_the_base_with_the_adapter_off_not_a_copy(tiny_dir, tmp_path, lora):
+    from gearshift.training.batching import MicroBatch
+    from gearshift.training.forward import target_logits
+    from gearshift.training.tokenization import collate, encode_trajectory
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    base_parameters = sum(p.numel() for p in base.parameters())
+    before = parameters_in_memory()
+    cfg = config(tiny_dir, tmp_path / "out", kl_coef=0.1, model={"base": str(tiny_dir), "lora": lora, "lora_rank": 4})
+    run = Run.start("apo", cfg)
+    reference = run.frozen(cfg.reference or cfg.model.base)
+    held = parameters_in_memory() - before
+    if not lora:  # the control: a full fine-tune's reference is a second copy, and the count sees it
+        assert reference.module is not None and held > 1.9 * base_parameters
+        return
+    assert reference.module is None and held < 1.1 * base_parameters  # one copy of the base, plus the adapters
+    with torch.no_grad():
+        for name, param in run.model.named_parameters():
+            if "lora_B" in name:
+                param.add_(0.05)  # the policy now differs from its base
+    micro = MicroBatch([0], collate([encode_trajectory(run.tokenizer, forced_agentic(), 1024, True)], run.pad_id))
+    expected = target_logits(base, micro.batch).logits
+    assert torch.allclose(run.score(reference, micro).logits, expected, atol=1e-5)
+    assert not torch.allclose(run.forward(micro).logits, expected, atol=1e-3)

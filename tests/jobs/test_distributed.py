@@ -113,6 +113,13 @@ def launch(ranks: int, *args: str, timeout: float = 300) -> subprocess.Completed
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
+def first_error(stderr: str) -> str:
+    """The first rank's traceback of a failed launch (each line prefixed [rankN]: by torchrun)."""
+    lines = stderr.splitlines()
+    start = next((i for i, line in enumerate(lines) if "Traceback" in line), max(0, len(lines) - 40))
+    return "\n".join(lines[start:start + 60])
+
+
 def write_config(path: Path, body: dict) -> Path:
     path.write_text(json.dumps(body))
     return path
@@ -133,7 +140,8 @@ def run_worker(ranks: int, job: str, config: dict, data: Path, folder: Path, *fl
     folder.mkdir(parents=True, exist_ok=True)
     config_path = write_config(folder / "config.json", config)
     done = launch(ranks, str(WORKER), job, str(config_path), str(data), str(folder / "out.json"), *flags)
-    assert done.returncode == 0, done.stderr[-3000:]
+    (folder / "stderr.txt").write_text(done.stderr)
+    assert done.returncode == 0, first_error(done.stderr)
     return json.loads((folder / "out.json").read_text())
 
 
@@ -147,9 +155,10 @@ def assert_same_run(one: dict, many: dict) -> None:
     assert max_difference(torch.load(one["weights"]), torch.load(many["weights"])) < WEIGHTS_TOLERANCE
 
 
-def sft_config(tiny_dir, out: Path, store, **extra) -> dict:
+def sft_config(tiny_dir, out: Path, store=None, **extra) -> dict:
+    """SFT on the stored episodes; without store, for the worker, which is given them."""
     data = {"task_source": "ranks", "correctness": "correct"}
-    return base_config(tiny_dir, out, store_addr=store.address, data=data, batch_size=6, **extra)
+    return base_config(tiny_dir, out, store_addr=store.address if store else "", data=data, batch_size=6, **extra)
 
 
 def train_sft(ranks: int, config: dict, folder: Path) -> subprocess.CompletedProcess:
@@ -192,15 +201,20 @@ def test_sft_under_torchrun_is_one_job_that_learns_what_one_process_learns(tiny_
     assert [r["step"] for r in metrics(out)] == [1, 2, 3]
 
 
-def test_sft_normalised_per_rank_differs_from_one_process(tiny_dir, store, sft_alone, tmp_path):
-    """The comparison above catches a loss normalised by each rank's own token count."""
-    from gearshift.training.data import load_trajectories
+@pytest.fixture(scope="module")
+def sft_trajectories(store, sft_data, tmp_path_factory) -> Path:
+    """What the SFT job reads from the store, pickled for the worker."""
     from gearshift.training.config import DataConfig
+    from gearshift.training.data import load_trajectories
 
-    data = tmp_path / "trajectories.pkl"
-    data.write_bytes(pickle.dumps(load_trajectories(store.address, DataConfig(task_source="ranks", correctness="correct"))))
-    config = sft_config(tiny_dir, tmp_path / "out", store)
-    per_rank = run_worker(2, "sft-per-rank", config, data, tmp_path)
+    path = tmp_path_factory.mktemp("sft-data") / "trajectories.pkl"
+    path.write_bytes(pickle.dumps(load_trajectories(store.address, DataConfig(task_source=sft_data, correctness="correct"))))
+    return path
+
+
+def test_sft_normalised_per_rank_differs_from_one_process(tiny_dir, store, sft_alone, sft_trajectories, tmp_path):
+    """The comparison above catches a loss normalised by each rank's own token count."""
+    per_rank = run_worker(2, "sft-per-rank", sft_config(tiny_dir, tmp_path / "out"), sft_trajectories, tmp_path)
     alone = [r["loss"] for r in metrics(sft_alone)]
     assert per_rank["losses"] != pytest.approx(alone, rel=1e-5)  # what the comparison above asserts
     difference = max_difference(torch.load(per_rank["weights"]), load_file(sft_alone / "model.safetensors"))
@@ -214,23 +228,89 @@ ON_POLICY = {
 }
 
 
+def on_policy_config(job: str, tiny_dir, teacher_dir, out: Path, parallelism: str, lora: bool) -> dict:
+    """Micro-batches small enough that the ranks hold different numbers of them (fillers keep
+    the ranks in step); two steps, the second learning from the first's update."""
+    extra = dict(ON_POLICY[job], **({"default_teacher": str(teacher_dir)} if job == "distill" else {}))
+    model = {"lora": True, "lora_rank": 4} if lora else {}
+    runtime = {"parallelism": parallelism, "micro_batch_tokens": 700}
+    return base_config(tiny_dir, out, model=model, runtime=runtime, optim={"max_steps": 2}, **extra)
+
+
+def on_policy_data(job: str, rollouts: Path, tiny_dir, teacher_dir, lora: bool) -> Path:
+    """The fixed rollouts; under LoRA half the distillation episodes are scored by the student's
+    own base (the adapter off: it runs through the sharded policy on every micro-batch of every
+    rank), the other half by the other teacher."""
+    if not (job == "distill" and lora):
+        return rollouts / f"{job}.pkl"
+    _, episodes = pickle.loads((rollouts / "distill.pkl").read_bytes())
+    owners = [str(tiny_dir) if index % 2 else str(teacher_dir) for index in range(len(episodes))]
+    path = rollouts / "distill-base.pkl"
+    path.write_bytes(pickle.dumps((owners, episodes)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def on_policy_alone(tiny_dir, teacher_dir, rollouts, tmp_path_factory):
+    """The one-process run of a (job, lora) case, made once for every parallelism compared with it."""
+    done: dict[tuple[str, bool], dict] = {}
+
+    def alone(job: str, lora: bool) -> dict:
+        if (job, lora) not in done:
+            folder = tmp_path_factory.mktemp(f"{job}-alone")
+            config = on_policy_config(job, tiny_dir, teacher_dir, folder / "out", "fsdp", lora)
+            done[job, lora] = run_worker(1, job, config, on_policy_data(job, rollouts, tiny_dir, teacher_dir, lora), folder)
+        return done[job, lora]
+
+    return alone
+
+
 @pytest.mark.parametrize("job", ["apo", "distill"])
 @pytest.mark.parametrize("parallelism, lora", [("fsdp", False), ("ddp", False), ("fsdp", True)])
-def test_on_policy_updates_on_two_ranks_equal_one_process(tiny_dir, teacher_dir, rollouts, tmp_path, job, parallelism, lora):
-    """Fixed rollouts; micro-batches small enough that the ranks hold different numbers of them
-    (fillers keep the ranks in step). Under LoRA, APO's KL reference is the base with the adapter
-    off, and so is the teacher of half the distillation episodes (the student's own base: it runs
-    through the sharded policy, on every micro-batch of every rank)."""
-    model = {"lora": True, "lora_rank": 4} if lora else {}
-    extra = dict(ON_POLICY[job], **({"default_teacher": str(teacher_dir)} if job == "distill" else {}))
-    data = rollouts / f"{job}.pkl"
-    if job == "distill" and lora:
-        _, episodes = pickle.loads(data.read_bytes())
-        data = tmp_path / "distill-base.pkl"
-        owners = [str(tiny_dir) if index % 2 else str(teacher_dir) for index in range(len(episodes))]
-        data.write_bytes(pickle.dumps((owners, episodes)))
-    runtime = {"parallelism": parallelism, "micro_batch_tokens": 700}
-    one = run_worker(1, job, base_config(tiny_dir, tmp_path / "one" / "out", model=model, runtime=runtime, **extra), data, tmp_path / "one")
-    two = run_worker(2, job, base_config(tiny_dir, tmp_path / "two" / "out", model=model, runtime=runtime, **extra), data, tmp_path / "two")
+def test_on_policy_updates_on_two_ranks_equal_one_process(tiny_dir, teacher_dir, rollouts, on_policy_alone, tmp_path, job, parallelism, lora):
+    """Under LoRA, APO's KL reference is the base with the adapter off."""
+    one = on_policy_alone(job, lora)
+    config = on_policy_config(job, tiny_dir, teacher_dir, tmp_path / "out", parallelism, lora)
+    two = run_worker(2, job, config, on_policy_data(job, rollouts, tiny_dir, teacher_dir, lora), tmp_path)
     assert_same_run(one, two)
     assert one["losses"][0] != one["losses"][-1]  # it learned something to compare
+
+
+def test_a_rank_that_dies_fails_the_job_and_a_rerun_on_one_rank_resumes_to_the_same_weights(
+    tiny_dir, store, sft_alone, sft_trajectories, tmp_path
+):
+    config = sft_config(tiny_dir, tmp_path / "out")  # saves every 2 steps
+    config_path = write_config(tmp_path / "config.json", config)
+    out_json = str(tmp_path / "out.json")
+    died = launch(2, str(WORKER), "sft", str(config_path), str(sft_trajectories), out_json, "--die-at", "3", "--die-rank", "1")
+    assert died.returncode != 0
+    assert re.search(r"rank\s*:\s*1 \(local_rank: 1\)\n\s*exitcode\s*:\s*-9", died.stderr), died.stderr[-3000:]  # torchrun names it
+    assert not (tmp_path / "out" / "result.json").exists()
+    resumed = run_worker(1, "sft", config, sft_trajectories, tmp_path)  # saved at 2 ranks, loaded at 1
+    assert resumed["resumed_from"] == 2
+    assert resumed["losses"] == pytest.approx([r["loss"] for r in metrics(sft_alone)], rel=1e-5)  # one line per step
+    assert max_difference(torch.load(resumed["weights"]), load_file(sft_alone / "model.safetensors")) < WEIGHTS_TOLERANCE
+
+
+def test_state_saved_at_one_rank_resumes_at_two(tiny_dir, store, sft_alone, sft_trajectories, tmp_path):
+    run_worker(1, "sft", sft_config(tiny_dir, tmp_path / "out", optim={"max_steps": 2}), sft_trajectories, tmp_path)
+    resumed = run_worker(2, "sft", sft_config(tiny_dir, tmp_path / "out"), sft_trajectories, tmp_path)
+    assert resumed["resumed_from"] == 2
+    assert max_difference(torch.load(resumed["weights"]), load_file(sft_alone / "model.safetensors")) < WEIGHTS_TOLERANCE
+
+
+def test_distillation_under_torchrun_rolls_out_on_rank_zero_and_learns_on_every_rank(tiny_dir, teacher_dir, store, tmp_path):
+    """The whole job: rank 0's in-process stack runs the episodes with a copy of the sharded
+    student (refreshed after each update), both ranks learn their share, rank 0 stores and registers."""
+    out = tmp_path / "out"
+    prompts = [{"query": f"What is {a}*{b}?", "mode": mode} for (a, b), mode in zip(PRODUCTS, ["instant", "agentic"] * 3)]
+    config = base_config(tiny_dir, out, store_addr=store.address, default_teacher=str(teacher_dir), prompts=prompts, batch_size=4,
+                         rollout={"max_tokens_per_turn": 12, "max_steps": 1, "temperature": 0.0}, optim={"max_steps": 2})
+    done = launch(2, "-m", "gearshift.cli", "train", "distill", "--config", str(write_config(tmp_path / "distill.json", config)))
+    assert done.returncode == 0, first_error(done.stderr)
+    history = metrics(out)
+    assert [r["step"] for r in history] == [1, 2] and all(r["updated"] and r["sampled_tokens"] > 0 for r in history)
+    result = json.loads((out / "result.json").read_text())
+    assert len(result["trajectory_ids"]) == 8  # 4 episodes a step, run once (on rank 0), not once per rank
+    assert sorted(t.id for t in store.export(run_id=f"distill-{result['checkpoint_id']}")) == result["trajectory_ids"]
+    assert store.checkpoint(result["checkpoint_id"]).job == "distill"

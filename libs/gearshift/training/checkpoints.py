@@ -91,6 +91,16 @@ def full_state(model: torch.nn.Module, ranks: Ranks, trainable_only: bool = Fals
     return {name: value for name, value in state.items() if name not in aliases}
 
 
+def load_full_state(model: torch.nn.Module, state: dict[str, torch.Tensor], trainable_only: bool = False) -> None:
+    """Loads a full_state() into a whole model of the same architecture (rank 0's copy)."""
+    names = set(model.state_dict())
+    expected = {name for name, param in model.named_parameters() if param.requires_grad} if trainable_only else names
+    absent, unexpected = expected - set(state) - _tied_aliases(model), set(state) - names
+    if absent or unexpected:
+        raise ValueError(f"the state does not fit the model: missing {sorted(absent)[:3]}, unexpected {sorted(unexpected)[:3]}")
+    model.load_state_dict(state, strict=False)
+
+
 def _tied_aliases(model: torch.nn.Module) -> set[str]:
     """Names of parameters that are another, earlier named parameter."""
     seen, aliases = set(), set()
