@@ -3,23 +3,33 @@
 SFT: tokens/s of gearshift's SFT step (the loop of gearshift.jobs.sft: head on target tokens
 only, AdamW, clipping, metrics line) against TRL's SFTTrainer and a plain PyTorch loop, on
 SmolLM2-135M and the same 4 prompt/completion pairs of about 133 tokens (loss on the
-completion in all three).
+completion in all three). With --ranks N, also gearshift as one job on N ranks under torchrun
+(FSDP2, gloo), the same global batch and the machine's threads shared among the ranks: the
+scaling efficiency is its tokens/s over one rank's, and the peak resident memory of each rank is
+set against one rank's (parameters, gradients and optimizer state are sharded).
 APO: one gearshift APO step (1 prompt, rho=1 forced rollout per mode + gamma=1 free = 4
 rollouts, at most 32 generated tokens per call, through the in-process executor, sandbox,
 router, planner and reward service) against one TRL GRPOTrainer step (1 prompt x 4
 completions x 32 tokens, generation with transformers).
 
-SFT runs the three round-robin (a shared machine's load falls on all alike); figures are\nmedians over the timed steps (each trainer's first step is a warm-up and not counted).
+SFT runs the trainers round-robin (a shared machine's load falls on all alike); figures are
+medians over the timed steps (each run's first step is a warm-up and not counted). Every trainer
+of a run uses the same malloc: jemalloc when Debian's libjemalloc2 is installed (glibc's keeps the
+freed buffers of FSDP's gathers and gradients resident, and runs slower), else glibc's.
 
-    .venv/bin/python benchmarks/training_speed.py [--rounds 3] [--per-round 2] [--apo-steps 3] [--threads 2]
+    apt-get install -y libjemalloc2   # optional; --allocator glibc to compare
+    .venv/bin/python benchmarks/training_speed.py [--ranks 2] [--rounds 3] [--per-round 2] [--apo-steps 3] [--threads 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -51,6 +61,9 @@ PAIRS = [
 ]
 
 
+JEMALLOC = Path("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")  # Debian's libjemalloc2
+
+
 def median_after_warmup(values: list[float]) -> float:
     return statistics.median(values[1:] if len(values) > 1 else values)
 
@@ -62,7 +75,7 @@ def model_dir() -> Path:
 # SFT
 
 
-def sft_batch(tokenizer):
+def sft_examples(tokenizer):
     """The shared batch: chat-rendered prompt, completion as the target."""
     from gearshift.training import tokenization
 
@@ -72,35 +85,59 @@ def sft_batch(tokenizer):
         ids = tokenizer(prompt_ids, add_special_tokens=False)["input_ids"]
         target = tokenizer(completion + "<|im_end|>", add_special_tokens=False)["input_ids"]
         encoded.append(tokenization.Encoded(ids + target, [False] * len(ids) + [True] * len(target)))
-    return tokenization.collate(encoded, tokenizer.pad_token_id)
+    return encoded
 
 
-class GearshiftSFT:
-    """gearshift's SFT step (the loop body of gearshift.jobs.sft) on the shared batch."""
+def sft_batch(tokenizer):
+    from gearshift.training import tokenization
 
-    def __init__(self, path: Path, threads: int, out: Path):
-        from gearshift.jobs.sft.config import SFTConfig
-        from gearshift.training.runtime import Run
+    return tokenization.collate(sft_examples(tokenizer), tokenizer.pad_token_id)
 
-        config = SFTConfig.model_validate(
-            {"model": {"base": str(path)}, "optim": {"learning_rate": 1e-5, "max_steps": 1_000, "threads": threads},
-             "output": {"dir": str(out), "save_every": 10_000, "progress": False, "resume": False}}
-        )
-        self.run = Run.start("sft", config)
-        self.batch = sft_batch(self.run.tokenizer)
-        self.step = 0
 
-    def steps(self, count: int) -> list[float]:
-        from gearshift.jobs.sft.trainer import sft_loss
+def sft_worker(path: Path, out: Path, steps: int, threads: int, scratch: Path, parallelism: str) -> None:
+    """gearshift's SFT step (the loop body of gearshift.jobs.sft: the run's micro-batches of this
+    rank's share, AdamW, clipping, a metrics line) on the shared batch, in this process, alone or
+    as one rank of a torchrun launch. Rank 0 writes each step's seconds and every rank's peak RSS."""
+    from gearshift.jobs.sft.config import SFTConfig
+    from gearshift.jobs.sft.trainer import sft_loss_of
+    from gearshift.training.runtime import Run
 
-        seconds = []
-        for _ in range(count):
-            self.step += 1
-            started = time.perf_counter()
-            loss, targets = sft_loss(self.run.model, self.batch)
-            self.run.update(self.step, loss, {"tokens": self.batch.tokens, "target_tokens": targets}, started)
-            seconds.append(time.perf_counter() - started)
-        return seconds
+    config = SFTConfig.model_validate(
+        {"model": {"base": str(path)}, "optim": {"learning_rate": 1e-5, "max_steps": steps, "threads": threads},
+         "output": {"dir": str(scratch), "save_every": 10_000, "progress": False, "resume": False},
+         "runtime": {"parallelism": parallelism}}
+    )
+    run = Run.start("sft", config)
+    examples = sft_examples(run.tokenizer)
+    total = sum(example.target_count for example in examples)
+    seconds = []
+    for step in run.steps():
+        started = time.perf_counter()
+        run.update(step, run.micro_batches(run.ranks.shard(examples)), sft_loss_of(total), {}, started)
+        seconds.append(time.perf_counter() - started)
+    # This process's own high-water mark (getrusage's maxrss would count the benchmark process,
+    # whose memory a fork and exec pass on to it).
+    peak = int(next(line for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM")).split()[1]) / 1024
+    peaks = [run.ranks.max([peak if rank == run.ranks.rank else 0.0])[0] for rank in range(run.ranks.world_size)]
+    if run.ranks.main:
+        tokens = sum(len(example.input_ids) for example in examples)
+        out.write_text(json.dumps({"seconds": seconds, "tokens": tokens, "peak_rss_mib": peaks}))
+
+
+def gearshift_sft(path: Path, ranks: int, threads: int, steps: int, scratch: Path, parallelism: str = "fsdp") -> dict:
+    """sft_worker in fresh processes: one, or `ranks` under torchrun (each with threads // ranks)."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    out = scratch / f"sft-{ranks}.json"
+    worker = [__file__, "--sft-worker", str(out), "--steps", str(steps), "--threads", str(max(1, threads // ranks)),
+              "--parallelism", parallelism]
+    if ranks > 1:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *worker]
+    else:
+        command = [sys.executable, *worker]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(max(1, threads // ranks))})
+    if done.returncode:
+        raise RuntimeError(f"the {ranks}-rank SFT worker failed:\n{done.stderr[-3000:]}")
+    return json.loads(out.read_text())
 
 
 class PlainSFT:
@@ -170,27 +207,43 @@ class TrlSFT:
         return self.timer.seconds[1:]
 
 
-def bench_sft(path: Path, tokenizer, rounds: int, per_round: int, threads: int, scratch: Path) -> dict:
+def bench_sft(path: Path, tokenizer, rounds: int, per_round: int, threads: int, ranks: int, scratch: Path) -> dict:
     """Round-robin rounds of a few steps each, so load from other processes on a shared machine
-    falls on the three alike; medians over all steps but each trainer's very first."""
-    trainers = {
-        "gearshift": GearshiftSFT(path, threads, scratch / "sft"),
-        "plain_pytorch": PlainSFT(path, tokenizer),
-        "trl_sfttrainer": TrlSFT(path, scratch / "trl-sft", per_round + 1),
-    }
-    seconds: dict[str, list[float]] = {name: [] for name in trainers}
+    falls on every trainer alike; medians over all steps but each run's first (a warm-up).
+    gearshift runs in its own processes (alone, and with --ranks N under torchrun, the machine's
+    threads shared among the ranks); TRL and the plain loop in this one."""
+    runs = {"gearshift": lambda: gearshift_sft(path, 1, threads, per_round + 1, scratch / "one")}
+    for parallelism in ("fsdp", "ddp") if ranks > 1 else ():
+        runs[f"gearshift_{ranks}_ranks_{parallelism}"] = functools.partial(
+            gearshift_sft, path, ranks, threads, per_round + 1, scratch / parallelism, parallelism
+        )
+    plain, trl = PlainSFT(path, tokenizer), TrlSFT(path, scratch / "trl-sft", per_round + 1)
+    seconds: dict[str, list[float]] = {name: [] for name in [*runs, "trl_sfttrainer", "plain_pytorch"]}
+    peaks: dict[str, list[float]] = {}
     for _ in range(rounds):
-        for name, trainer in trainers.items():
-            seconds[name] += trainer.steps(per_round if name != "trl_sfttrainer" else per_round + 1)
-    tokens = trainers["gearshift"].batch.tokens
-    rates = {name: tokens / median_after_warmup(values) for name, values in seconds.items()}
-    return {
+        for name, start in runs.items():
+            report = start()
+            seconds[name] += report["seconds"][1:]
+            peaks.setdefault(name, []).append(max(report["peak_rss_mib"]))  # the largest rank's
+        seconds["trl_sfttrainer"] += trl.steps(per_round + 1)
+        seconds["plain_pytorch"] += plain.steps(per_round + 1)[1:]
+    tokens = sft_batch(tokenizer).tokens
+    rates = {name: tokens / statistics.median(values) for name, values in seconds.items()}
+    report = {
         "batch_tokens": tokens,
-        "steps_timed": {name: len(values) - 1 for name, values in seconds.items()},
+        "threads": threads,
+        "steps_timed": {name: len(values) for name, values in seconds.items()},
         "tokens_per_second": {name: round(rate, 1) for name, rate in rates.items()},
         "gearshift_vs_trl": round(rates["gearshift"] / rates["trl_sfttrainer"], 2),
         "gearshift_vs_plain": round(rates["gearshift"] / rates["plain_pytorch"], 2),
+        "peak_rss_mib_of_a_rank_by_round": {name: [round(peak) for peak in values] for name, values in peaks.items()},
     }
+    for parallelism in ("fsdp", "ddp") if ranks > 1 else ():
+        many = f"gearshift_{ranks}_ranks_{parallelism}"
+        report[f"{many}_vs_trl"] = round(rates[many] / rates["trl_sfttrainer"], 2)
+        report[f"scaling_efficiency_{parallelism}"] = round(rates[many] / rates["gearshift"], 2)  # the same cores in all
+        report[f"peak_rss_per_rank_vs_one_rank_{parallelism}"] = round(statistics.median(peaks[many]) / statistics.median(peaks["gearshift"]), 2)
+    return report
 
 
 # APO
@@ -239,8 +292,22 @@ def main() -> None:
     parser.add_argument("--per-round", type=int, default=2, help="SFT steps per trainer per round")
     parser.add_argument("--apo-steps", type=int, default=3, help="APO / GRPO steps (the first is a warm-up)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    parser.add_argument("--ranks", type=int, default=1, help="also run gearshift's SFT as one job on this many ranks (torchrun)")
     parser.add_argument("--skip", nargs="*", default=[], choices=["sft", "apo"], help="parts to leave out")
+    parser.add_argument("--sft-worker", type=Path, help=argparse.SUPPRESS)  # a gearshift SFT process (gearshift_sft)
+    parser.add_argument("--steps", type=int, default=3, help=argparse.SUPPRESS)
+    parser.add_argument("--parallelism", default="fsdp", help=argparse.SUPPRESS)
+    parser.add_argument("--allocator", choices=["jemalloc", "jemalloc-eager", "glibc"], default="jemalloc",
+                        help="malloc of every trainer in the run: jemalloc (when installed; what PyTorch recommends for CPU training), "
+                             "jemalloc returning freed pages at once (what the ranks hold, at some speed), or glibc's")
     args = parser.parse_args()
+    if args.allocator != "glibc" and JEMALLOC.exists() and str(JEMALLOC) not in os.environ.get("LD_PRELOAD", ""):
+        eager = {"MALLOC_CONF": "dirty_decay_ms:0,muzzy_decay_ms:0"} if args.allocator == "jemalloc-eager" else {}
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "LD_PRELOAD": str(JEMALLOC), **eager})  # workers inherit it
+    if args.sft_worker:
+        out = args.sft_worker
+        sft_worker(model_dir(), out, args.steps, args.threads, out.parent / f"{out.stem}-run", args.parallelism)
+        return
     torch.set_num_threads(args.threads)
     # Every generation of the APO rollouts (routing, planning, turns) stays within 32 tokens.
     os.environ.update({"GEARSHIFT_ROUTER__MAX_TOKENS": "32", "GEARSHIFT_PLANNER__MAX_TOKENS": "32", "GEARSHIFT_METRICS_PORT": "0"})
@@ -248,13 +315,13 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path)
-    report: dict = {"model": str(path), "threads": args.threads}
+    report: dict = {"model": str(path), "threads": args.threads, "allocator": args.allocator if str(JEMALLOC) in os.environ.get("LD_PRELOAD", "") else "glibc"}
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         os.environ["GEARSHIFT_DATA_DIR"] = str(scratch / "data")  # the in-process store's SQLite file
         (scratch / "data" / "models").mkdir(parents=True)
         if "sft" not in args.skip:
-            report["sft"] = bench_sft(path, tokenizer, args.rounds, args.per_round, args.threads, scratch)
+            report["sft"] = bench_sft(path, tokenizer, args.rounds, args.per_round, args.threads, args.ranks, scratch)
             print(json.dumps(report["sft"]), flush=True)
         if "apo" not in args.skip:
             history = bench_gearshift_apo(path, args.apo_steps, args.threads, scratch / "apo")

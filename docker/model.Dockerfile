@@ -68,7 +68,12 @@ EXPOSE 8400
 ENTRYPOINT ["python", "-m", "gearshift.services.policy_server"]
 
 FROM runtime AS training
+# jemalloc, as PyTorch advises for CPU training: glibc's malloc keeps the freed buffers of FSDP's
+# gathers and of gradients resident (benchmarks/training_speed.py measures both).
+RUN apt-get update && apt-get install -y --no-install-recommends libjemalloc2 && rm -rf /var/lib/apt/lists/* \
+    && ln -s "$(dpkg -L libjemalloc2 | grep '/libjemalloc.so.2$')" /usr/local/lib/libjemalloc.so.2
 USER 10001:10001
 # torch.distributed (torchrun) and the inductor cache read the user name; uid 10001 has one.
-ENV USER=gearshift
+ENV USER=gearshift \
+    LD_PRELOAD=/usr/local/lib/libjemalloc.so.2
 ENTRYPOINT ["gearshift", "train"]

@@ -314,3 +314,15 @@ def test_distillation_under_torchrun_rolls_out_on_rank_zero_and_learns_on_every_
     assert len(result["trajectory_ids"]) == 8  # 4 episodes a step, run once (on rank 0), not once per rank
     assert sorted(t.id for t in store.export(run_id=f"distill-{result['checkpoint_id']}")) == result["trajectory_ids"]
     assert store.checkpoint(result["checkpoint_id"]).job == "distill"
+
+
+def test_lora_in_bf16_under_fsdp_learns_what_one_process_learns(tiny_dir, sft_trajectories, tmp_path):
+    """The GPU default for LoRA on gloo: a bf16 base and float32 adapters in one FSDP group."""
+    config = sft_config(tiny_dir, tmp_path / "one" / "out", model={"lora": True, "lora_rank": 4}, runtime={"precision": "bf16"},
+                        optim={"learning_rate": 1e-2})
+    one = run_worker(1, "sft", config, sft_trajectories, tmp_path / "one")
+    config["output"]["dir"] = str(tmp_path / "two" / "out")
+    two = run_worker(2, "sft", config, sft_trajectories, tmp_path / "two")
+    assert two["losses"] == pytest.approx(one["losses"], rel=1e-2)  # bf16 rounding differs with the split
+    assert one["losses"][-1] < one["losses"][0]
+    assert {v.dtype for k, v in torch.load(two["weights"]).items() if "lora_" not in k} == {torch.bfloat16}

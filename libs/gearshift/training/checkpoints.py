@@ -47,12 +47,14 @@ class LoadedPolicy:
         return hasattr(self.model, "peft_config")
 
 
-def load_policy(config: ModelConfig, models_dir: Path) -> LoadedPolicy:
-    """Loads the starting weights in fp32 on the CPU (the master weights), wrapped in LoRA
-    adapters when configured."""
+def load_policy(config: ModelConfig, models_dir: Path, compute_dtype: torch.dtype = torch.float32) -> LoadedPolicy:
+    """Loads the starting weights on the CPU: in float32, the master weights of what trains; under
+    LoRA the frozen base in compute_dtype (it needs no master copy), the adapters in float32
+    (peft's autocast_adapter_dtype)."""
     path = weights.resolve(config.base, models_dir)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+    dtype = compute_dtype if config.lora else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
     if config.gradient_checkpointing:
         # Non-reentrant: correct with frozen inputs (LoRA) and with FSDP's hooks outside the checkpoint.
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})

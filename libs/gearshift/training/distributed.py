@@ -139,7 +139,7 @@ def parallelize(module: torch.nn.Module, ranks: Ranks, runtime: RuntimeConfig, d
         return module
     if runtime.parallelism == "ddp":
         device_ids = [ranks.local_rank] if ranks.device.type == "cuda" else None
-        return torch.nn.parallel.DistributedDataParallel(module, device_ids=device_ids)
+        return torch.nn.parallel.DistributedDataParallel(module, device_ids=device_ids, gradient_as_bucket_view=True)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mixed = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)

@@ -27,11 +27,11 @@ def loss_and_grads(model, batch) -> tuple[torch.Tensor, torch.Tensor, list[torch
 
 def test_the_shared_prefix_is_decoded_once_with_the_same_logits_and_gradients(tiny_dir, batch, monkeypatch):
     shared = forward.shared_prefix(batch)
-    assert shared >= forward.MIN_SHARED_PREFIX and not forward._predicting(batch)[:, :shared].any()
+    assert shared * 2 >= forward.MIN_TOKENS_SAVED and not forward._predicting(batch)[:, :shared].any()
     assert batch.attention_mask.min() == 0  # rows of different lengths: the shorter ones are padded
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
     logits, loss, grads = loss_and_grads(model, batch)
-    monkeypatch.setattr(forward, "MIN_SHARED_PREFIX", 10**9)  # every row decoded whole
+    monkeypatch.setattr(forward, "MIN_TOKENS_SAVED", 10**9)  # every row decoded whole
     assert forward.shared_prefix(batch) == 0
     whole_logits, whole_loss, whole_grads = loss_and_grads(model, batch)
     assert torch.allclose(logits, whole_logits, atol=1e-5) and torch.allclose(loss, whole_loss, atol=1e-6)

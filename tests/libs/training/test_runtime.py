@@ -96,3 +96,12 @@ def test_micro_batch_plan_bounds_padded_tokens_and_covers_every_row_once():
     assert [len(micro.indices) for micro in plan] == [1, 2, 4]  # longest first: 60 | 30, 29 | 12, 12, 7, 5
     assert len(batching.plan(rows, 0, pad_id=0)) == 1
     assert len(batching.plan([tokenization.Encoded([1] * 100, [True] * 100)], 64, pad_id=0)) == 1  # too long: alone
+
+
+def test_under_lora_in_bf16_the_frozen_base_is_bf16_and_the_adapters_float32(tiny_dir, tmp_path):
+    run = Run.start("sft", config(tiny_dir, tmp_path, model={"lora": True, "lora_rank": 4}, runtime={"precision": "bf16"}))
+    dtypes = {name: param.dtype for name, param in run.model.named_parameters()}
+    assert {dtype for name, dtype in dtypes.items() if "lora_" in name} == {torch.float32}  # master weights of what trains
+    assert {dtype for name, dtype in dtypes.items() if "lora_" not in name} == {torch.bfloat16}
+    loss, grads, _ = gradients(run)
+    assert loss == loss and grads and all(g.dtype == torch.float32 for g in grads.values())
