@@ -71,7 +71,7 @@ def model_flops(config, tokens: int, targets: int, length: int) -> float:
 def matmul_tflops(device: torch.device) -> float:
     """This device's bf16 matrix product, measured (8192^3, mean of 10 after 3 warm-ups)."""
     if device.type != "cuda":
-        return float("nan")
+        return None
     a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
     for _ in range(3):
         a @ a
@@ -87,7 +87,7 @@ class Memory:
     """Peak device memory of what runs inside."""
 
     def __init__(self, device: torch.device):
-        self.device, self.peak_gib = device, float("nan")
+        self.device, self.peak_gib = device, None
 
     def __enter__(self):
         if self.device.type == "cuda":
@@ -105,7 +105,7 @@ def figures(name: str, seconds: list[float], tokens: int, flops: float, memory: 
     achieved = flops / step / 1e12
     return {"trainer": name, "steps_timed": len(seconds), "step_seconds": round(step, 3), "tokens_per_second": round(tokens / step),
             "model_tflops": round(achieved, 1), **{f"mfu_vs_{k}": round(achieved / v, 3) for k, v in peaks.items()},
-            "peak_gpu_gib": round(memory.peak_gib, 2)}
+            "peak_gpu_gib": None if memory.peak_gib is None else round(memory.peak_gib, 2)}
 
 
 def gearshift_sft(model_dir: Path, examples, args, scratch: Path) -> list[float]:
@@ -247,8 +247,8 @@ def main() -> None:
                     "shape": args.shape, "rows": args.rows, "length": args.length, "checkpointing": args.checkpointing}
     measured = matmul_tflops(device)
     peaks = {name: tflops for name, tflops in DATASHEET_BF16_TFLOPS.items() if name in report["device"]}
-    peaks = {f"{name.lower()}_datasheet": tflops for name, tflops in peaks.items()} | ({"measured_matmul": measured} if measured == measured else {})
-    report["bf16_matmul_tflops"] = round(measured, 1)
+    peaks = {f"{name.lower()}_datasheet": tflops for name, tflops in peaks.items()} | ({"measured_matmul": measured} if measured else {})
+    report["bf16_matmul_tflops"] = measured and round(measured, 1)
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         os.environ["GEARSHIFT_DATA_DIR"] = str(scratch / "data")

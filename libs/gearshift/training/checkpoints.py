@@ -57,7 +57,11 @@ def load_policy(config: ModelConfig, models_dir: Path, compute_dtype: torch.dtyp
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
     if config.gradient_checkpointing:
         # Non-reentrant: correct with frozen inputs (LoRA) and with FSDP's hooks outside the checkpoint.
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        # transformers renamed the method (and its argument) in 5.2x; older releases have only the first.
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if config.lora:
         from peft import LoraConfig, get_peft_model
 

@@ -64,7 +64,7 @@ def hidden_states(model: torch.nn.Module, batch: Batch, share_prefix: bool = Tru
     """[B, T, H] last hidden states; the shared prefix is decoded once where share_prefix allows,
     except under activation checkpointing, whose recomputed layers take no cache."""
     decoder = model.get_decoder()
-    checkpointing = model.training and model.is_activation_checkpointing
+    checkpointing = model.training and getattr(decoder, "gradient_checkpointing", False)  # the flag every transformers sets
     shared = shared_prefix(batch) if share_prefix and not checkpointing else 0
     if not shared:
         return decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state

@@ -64,7 +64,7 @@ def test_activation_checkpointing_gives_the_gradients_of_a_plain_backward(tiny_d
     model = {"lora": lora, "lora_rank": 4}
     plain_loss, plain, _ = gradients(Run.start("sft", config(tiny_dir, tmp_path, model=model)))
     checkpointed = Run.start("sft", config(tiny_dir, tmp_path, model=model | {"gradient_checkpointing": True}))
-    assert checkpointed.model.is_activation_checkpointing
+    assert checkpointed.model.get_decoder().gradient_checkpointing
     loss, grads, _ = gradients(checkpointed)
     assert loss == pytest.approx(plain_loss, rel=1e-5)
     assert_same_gradients(plain, grads)
