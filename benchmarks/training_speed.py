@@ -333,6 +333,8 @@ def main() -> None:
                 "gearshift_rollout_seconds": round(rollout, 2),
                 "gearshift_update_seconds": round(step - rollout, 2),
                 "gearshift_rollout_tokens": [r["tokens"] for r in history],
+                # A step whose groups all had equal rewards learns nothing: its time is rollouts only.
+                "gearshift_steps_updated": sum(bool(r["updated"]) for r in history),
                 "trl_grpo_step_seconds": round(median_after_warmup(grpo), 2),
                 "gearshift_vs_trl": round(median_after_warmup(grpo) / step, 2),
             }

@@ -94,7 +94,7 @@ def teacher_logits(run: Run, student: forward.TargetLogits, micro: MicroBatch, o
         if rows:
             scored = run.score(teacher, micro.select(rows, share_prefix=not teacher.lockstep)).logits
             logits[torch.isin(student.rows, torch.tensor(rows, device=student.rows.device))] = scored.to(logits.dtype)
-        elif teacher.lockstep:
+        elif teacher.lockstep and run.ranks.distributed:
             run.score(teacher, batching.filler(run.pad_id, share_prefix=False))
     return logits
 
