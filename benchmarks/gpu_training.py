@@ -108,17 +108,24 @@ def figures(name: str, seconds: list[float], tokens: int, flops: float, memory: 
             "peak_gpu_gib": None if memory.peak_gib is None else round(memory.peak_gib, 2)}
 
 
+def job_config(job: str, model_dir: Path, args, scratch: Path, learning_rate: float, **extra):
+    """The job's config as this benchmark runs it (the device, checkpointing, micro-batches)."""
+    from gearshift.training.jobs import BY_NAME
+
+    return BY_NAME[job].config_class().model_validate({
+        "model": {"base": str(model_dir), "gradient_checkpointing": args.checkpointing},
+        "optim": {"learning_rate": learning_rate, "max_steps": args.steps},
+        "output": {"dir": str(scratch / job), "save_every": 10_000, "progress": False, "resume": False},
+        "runtime": {"device": args.device, "micro_batch_tokens": args.micro_batch_tokens},
+        **extra,
+    })
+
+
 def gearshift_sft(model_dir: Path, examples, args, scratch: Path) -> list[float]:
-    from gearshift.jobs.sft.config import SFTConfig
     from gearshift.jobs.sft.trainer import sft_loss_of
     from gearshift.training.runtime import Run
 
-    config = SFTConfig.model_validate({
-        "model": {"base": str(model_dir), "gradient_checkpointing": args.checkpointing},
-        "optim": {"learning_rate": 1e-5, "max_steps": args.steps},
-        "output": {"dir": str(scratch / "sft"), "save_every": 10_000, "progress": False, "resume": False},
-        "runtime": {"device": args.device, "micro_batch_tokens": args.micro_batch_tokens},
-    })
+    config = job_config("sft", model_dir, args, scratch, 1e-5)
     run = Run.start("sft", config)
     total = sum(e.target_count for e in examples)
     seconds = []
@@ -191,18 +198,11 @@ def plain_sft(model_dir: Path, examples, args) -> list[float]:
 
 
 def gearshift_apo(model_dir: Path, rollouts, args, scratch: Path) -> list[float]:
-    from gearshift.jobs.apo.config import APOConfig
     from gearshift.jobs.apo.trainer import RolloutBatch, apo_update
     from gearshift.training import advantages, losses
     from gearshift.training.runtime import Run
 
-    config = APOConfig.model_validate({
-        "model": {"base": str(model_dir), "gradient_checkpointing": args.checkpointing},
-        "optim": {"learning_rate": 1e-6, "max_steps": args.steps},
-        "output": {"dir": str(scratch / "apo"), "save_every": 10_000, "progress": False, "resume": False},
-        "runtime": {"device": args.device, "micro_batch_tokens": args.micro_batch_tokens},
-        "prompts": [{"query": "q", "reference_answer": "a"}],
-    })
+    config = job_config("apo", model_dir, args, scratch, 1e-6, prompts=[{"query": "q", "reference_answer": "a"}])
     run = Run.start("apo", config)
     rewards = torch.tensor([1.0, 0.0] * (len(rollouts) // 2))
     groups = torch.zeros(len(rollouts), dtype=torch.long)
