@@ -83,13 +83,20 @@ def host_sockets(canaries: list[str]) -> list[str]:
     well-known paths, and abstract sockets (listed by the kernel as @name)."""
     found = set(WELL_KNOWN_SOCKETS) | set(canaries)
     for top in ("/", "/run", "/var/run", "/tmp", "/dev/shm"):
-        listing = subprocess.run(["find", top, "-xdev", "-type", "s"], capture_output=True, text=True, timeout=60)
+        # A cold walk of a CI machine's disk (a virtualenv with torch and vLLM) took over a minute.
+        listing = subprocess.run(["find", top, "-xdev", "-type", "s"], capture_output=True, text=True, timeout=600)
         found |= {line for line in listing.stdout.splitlines() if line}
     for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
         fields = line.split()
         if len(fields) == 8:
             found.add(fields[7])
     return sorted(found)
+
+
+@pytest.fixture(scope="module")
+def host_socket_names(canaries) -> list[str]:
+    """Listed once for both modes: the host's sockets do not depend on the sandbox's mode."""
+    return host_sockets(canaries)
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +118,8 @@ def canaries():
     shutil.rmtree(directory, ignore_errors=True)
 
 
-async def test_no_host_socket_can_be_opened(service: RunningSandbox, canaries):
-    names = host_sockets(canaries)
+async def test_no_host_socket_can_be_opened(service: RunningSandbox, canaries, host_socket_names):
+    names = host_socket_names
     assert "/run/postgresql/.s.PGSQL.5432" in names and len(names) > len(WELL_KNOWN_SOCKETS)
     for canary in canaries:  # reachable from here, so unreachable means the sandbox stopped it
         with socket.socket(socket.AF_UNIX) as probe:
