@@ -30,3 +30,13 @@ def orchestration_db():
             yield engine
         finally:
             engine.dispose()
+
+
+@pytest.fixture
+def fake_kube():
+    """A fake Kubernetes API over HTTP (tests/fake_kubernetes.py); fake_kube.api_client is a real
+    kubernetes ApiClient pointed at it."""
+    from tests.fake_kubernetes import fake_kubernetes
+
+    with fake_kubernetes() as fake:
+        yield fake
