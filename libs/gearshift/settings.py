@@ -281,6 +281,9 @@ class KubernetesSettings(BaseModel):
     ttl_seconds_after_finished: int = Field(86_400, ge=0, description="Finished Jobs are deleted after this long")
     poll_seconds: float = Field(10.0, gt=0, description="How often a running Job's status is read")
     policy_deployment: str = Field("gearshift-policy", description="Deployment restarted by a rolling publish")
+    policy_service: str | None = Field(
+        None, description="Service of the policy pods: a vllm_lora publish loads the adapter on every ready pod behind it (its EndpointSlices); none: on policy_client.url alone"
+    )
     policy_container: str = Field("policy", description="Container of that Deployment whose model argument changes")
 
 
