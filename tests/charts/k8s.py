@@ -1,16 +1,24 @@
-"""Rendering the gearshift chart with the real helm binary, and walking what it renders."""
+"""Rendering the gearshift chart with the real helm binary, walking what it renders, and
+validating every rendered object strictly (`python -m tests.charts.k8s < rendered.yaml` is
+scripts/check-chart.sh's validation step)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 
+import jsonschema
+import kubernetes_validate
 import yaml
 from gearshift.topology import SERVICE_NAMES
+from kubeflow_trainer_api.models import TrainerV1alpha1TrainJob
+from kubernetes_validate.utils import SchemaNotFoundError
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "gearshift"
@@ -19,6 +27,9 @@ RELEASE = "gearshift"  # release name == chart name, so objects are named gearsh
 GRPC_SERVICES = SERVICE_NAMES  # the chart lists them too (gearshift.grpcServices); the tests check both agree
 COMPONENTS = (*GRPC_SERVICES, "worker", "policy")
 POD_KINDS = ("Deployment", "StatefulSet", "Job", "CronJob", "Pod")
+TRAINER_API = "trainer.kubeflow.org/v1alpha1"
+SERVICE_MONITOR_SCHEMA = json.loads((ROOT / "tests" / "charts" / "servicemonitor.schema.json").read_text())
+API_VERSIONS_LINE = "# api-versions:"  # a values file's first line may name the CRD API versions its cluster serves
 
 
 def find_helm() -> str:
@@ -41,6 +52,18 @@ def scenarios() -> dict[str, tuple[str, ...]]:
     return found
 
 
+def api_versions(values_files: tuple[str, ...]) -> tuple[str, ...]:
+    """The API versions the values files' scenario cluster serves beyond the built-in ones, from
+    a first line `# api-versions: group/version[, ...]` (helm template --api-versions; helm lint
+    cannot take them)."""
+    found: list[str] = []
+    for name in values_files:
+        first = (CHART / name).read_text().partition("\n")[0]
+        if first.startswith(API_VERSIONS_LINE):
+            found += [v.strip() for v in first[len(API_VERSIONS_LINE):].split(",") if v.strip()]
+    return tuple(found)
+
+
 class HelmError(Exception):
     """helm refused to render (schema violation, a template's fail, ...); the message is helm's."""
 
@@ -50,9 +73,12 @@ def helm(*args: str) -> subprocess.CompletedProcess:
 
 
 @lru_cache(maxsize=None)
-def render(values_files: tuple[str, ...] = (), sets: tuple[str, ...] = ()) -> tuple[dict, ...]:
-    """`helm template` of the chart with these values files (relative to the chart) and --set pairs."""
+def render(values_files: tuple[str, ...] = (), sets: tuple[str, ...] = (), apis: tuple[str, ...] | None = None) -> tuple[dict, ...]:
+    """`helm template` of the chart with these values files (relative to the chart), --set pairs
+    and API versions (None: those the values files name)."""
     args = ["template", RELEASE, str(CHART), "--namespace", RELEASE, "--kube-version", KUBE_VERSION]
+    for version in api_versions(values_files) if apis is None else apis:
+        args += ["--api-versions", version]
     for name in values_files:
         args += ["-f", str(CHART / name)]
     for pair in sets:
@@ -131,3 +157,77 @@ def apply_patches(document, patches: list[dict]):
                 raise KeyError(f"replace of missing {patch['path']}")
             target[last] = patch["value"]
     return document
+
+
+def first_difference(expected, got, path: str = "") -> str | None:
+    """Where two YAML trees first differ (a JSON-pointer-like path and both sides), or None."""
+    if isinstance(expected, dict) and isinstance(got, dict):
+        for key in sorted(set(expected) | set(got)):
+            if key not in got:
+                return f"{path}/{key}: not in the model (an unknown or misspelt field)"
+            if key not in expected:
+                return f"{path}/{key}: added by the model"
+            found = first_difference(expected[key], got[key], f"{path}/{key}")
+            if found:
+                return found
+        return None
+    if isinstance(expected, list) and isinstance(got, list) and len(expected) == len(got):
+        for index, (a, b) in enumerate(zip(expected, got)):
+            found = first_difference(a, b, f"{path}/{index}")
+            if found:
+                return found
+        return None
+    return None if expected == got else f"{path}: {expected!r} became {got!r}"
+
+
+def validate_trainjob(doc: dict) -> None:
+    """A TrainJob against kubeflow-trainer-api's models. They drop keys they do not know (and
+    from_dict does not pass them on) instead of refusing them, so the object must survive a round
+    trip unchanged: a misspelt or unknown field, or a value of the wrong type, fails."""
+    name = doc.get("metadata", {}).get("name") or doc.get("metadata", {}).get("generateName")
+    if doc.get("apiVersion") != TRAINER_API:
+        raise ValueError(f"TrainJob {name}: apiVersion {doc.get('apiVersion')!r}, not {TRAINER_API}")
+    try:
+        again = TrainerV1alpha1TrainJob.from_dict(doc).to_dict()
+    except ValueError as error:  # pydantic's: a value of the wrong type, a required field missing
+        raise ValueError(f"TrainJob {name}: {error}") from None
+    difference = first_difference(doc, again)
+    if difference:
+        raise ValueError(f"TrainJob {name}: {difference}")
+
+
+CUSTOM_KINDS = {
+    "ServiceMonitor": lambda doc: jsonschema.validate(doc, SERVICE_MONITOR_SCHEMA),
+    "TrainJob": validate_trainjob,
+}
+
+
+def validate_strictly(doc: dict) -> None:
+    """One rendered object, strictly: built-in kinds with kubernetes-validate (Kubernetes
+    KUBE_VERSION's schema, unknown fields refused), the chart's CRD kinds against their own
+    schema or models; a kind that neither knows fails rather than passing unchecked."""
+    if doc.get("kind") in CUSTOM_KINDS:
+        CUSTOM_KINDS[doc["kind"]](doc)
+        return
+    try:
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+    except SchemaNotFoundError:
+        raise ValueError(f"no schema for {doc.get('apiVersion')} {doc.get('kind')}: add its validation to CUSTOM_KINDS") from None
+
+
+def main() -> int:
+    """Validates every object of a rendered chart on stdin; prints what fails."""
+    failed = 0
+    for doc in yaml.safe_load_all(sys.stdin):
+        if not doc:
+            continue
+        try:
+            validate_strictly(doc)
+        except (ValueError, jsonschema.ValidationError, kubernetes_validate.ValidationError) as error:
+            failed += 1
+            print(f"{doc.get('kind')}/{doc.get('metadata', {}).get('name')}: {error}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,7 +8,6 @@ import json
 import subprocess
 import sys
 
-import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -21,7 +20,9 @@ from tests.charts.k8s import (
     GRPC_SERVICES,
     KUBE_VERSION,
     RELEASE,
+    TRAINER_API,
     HelmError,
+    api_versions,
     component_of,
     containers,
     helm,
@@ -30,11 +31,14 @@ from tests.charts.k8s import (
     render,
     scenarios,
     split_image,
+    validate_strictly,
+    validate_trainjob,
     workloads,
 )
 
 SCENARIOS = scenarios()
-SERVICE_MONITOR_SCHEMA = json.loads((CHART.parent.parent / "tests/charts/servicemonitor.schema.json").read_text())
+TRAINJOB = "ci/trainjob-values.yaml"
+VLLM_REPLICAS = "ci/vllm-replicas-values.yaml"
 COMMON_KEYS = {
     "enabled", "image", "replicaCount", "resources", "autoscaling", "pdb", "serviceMonitor",
     "securityContext", "nodeSelector", "tolerations", "affinity", "env", "envFromSecret",
@@ -55,7 +59,8 @@ def name(component: str) -> str:
 
 def test_matrix_is_not_trivial():
     assert len(SCENARIOS) >= 8
-    assert {"ci/defaults-values.yaml", "values-cpu.yaml", "values-gpu.yaml", "values-production.yaml"} <= set(SCENARIOS)
+    assert {"ci/defaults-values.yaml", "values-cpu.yaml", "values-gpu.yaml", "values-production.yaml", TRAINJOB, VLLM_REPLICAS} <= set(SCENARIOS)
+    assert api_versions(SCENARIOS[TRAINJOB]) == (TRAINER_API,)
 
 
 @matrix()
@@ -70,17 +75,55 @@ _valid: set[str] = set()  # objects already validated: most are the same in ever
 
 @matrix()
 def test_every_object_validates_strictly_against_kubernetes(scenario):
+    """Built-in kinds against Kubernetes 1.35's schema, TrainJobs against Kubeflow Trainer's
+    models, ServiceMonitors against theirs; a kind none of them knows fails (never skipped)."""
     docs = rendered(scenario)
     assert docs
     for doc in docs:
         key = json.dumps(doc, sort_keys=True)
         if key in _valid:
             continue
-        if doc["kind"] == "ServiceMonitor":  # a CRD: kubernetes-validate has no schema for it
-            jsonschema.validate(doc, SERVICE_MONITOR_SCHEMA)
-        else:
-            kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+        validate_strictly(doc)
         _valid.add(key)
+    if scenario == TRAINJOB:
+        assert of_kind(docs, "TrainJob"), "the trainjob scenario renders TrainJobs"
+
+
+def node_pod(trainjob: dict) -> dict:
+    """The pod template of a TrainJob's runtime patch (the runtime's replicated job `node`)."""
+    (patch,) = trainjob["spec"]["runtimePatches"]
+    (node,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    assert node["name"] == "node"
+    return node["template"]["spec"]["template"]
+
+
+UNKNOWN = "not in the model"
+
+
+@pytest.mark.parametrize(
+    "breaking, message",
+    [
+        (lambda doc: doc["spec"]["trainer"].update(numNode=2), f"/spec/trainer/numNode: {UNKNOWN}"),  # numNodes misspelt
+        (lambda doc: doc["spec"].update(ttlSecondsAfterFinished=60), f"/spec/ttlSecondsAfterFinished: {UNKNOWN}"),  # a Job's field
+        (lambda doc: doc["spec"]["trainer"].update(numNodes="2"), "numNodes\n  Input should be a valid integer"),
+        (lambda doc: node_pod(doc)["spec"].update(automountServiceAccountToken=False), f"automountServiceAccountToken: {UNKNOWN}"),
+        (lambda doc: node_pod(doc)["spec"]["containers"][0].update(image="x"), f"containers/0/image: {UNKNOWN}"),
+        (lambda doc: node_pod(doc)["spec"]["volumes"][0].update(emptyDirr={}), f"volumes/0/emptyDirr: {UNKNOWN}"),
+        (lambda doc: node_pod(doc)["spec"]["nodeSelector"].update(zone=1), "Input should be a valid string"),
+    ],
+)
+def test_an_unknown_or_misspelt_trainjob_field_fails_validation(breaking, message):
+    (trainjob,) = of_kind(rendered(TRAINJOB), "TrainJob")
+    validate_trainjob(trainjob)
+    doc = json.loads(json.dumps(trainjob))
+    breaking(doc)
+    with pytest.raises(ValueError, match=message):
+        validate_trainjob(doc)
+
+
+def test_an_object_of_a_kind_without_a_schema_fails_validation():
+    with pytest.raises(ValueError, match="no schema for example.com/v1 Widget"):
+        validate_strictly({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}})
 
 
 @matrix()
@@ -111,9 +154,11 @@ def test_every_deployment_has_probes_and_resources(scenario):
     deployments = of_kind(rendered(scenario), "Deployment")
     assert deployments
     for deployment in deployments:
-        for container in containers(deployment["spec"]["template"]["spec"]):
+        pod = deployment["spec"]["template"]["spec"]
+        for container in containers(pod):
             where = f"{deployment['metadata']['name']}/{container['name']}"
-            assert "livenessProbe" in container and "readinessProbe" in container, where
+            if container in pod["containers"]:  # an init container runs to completion: no probes
+                assert "livenessProbe" in container and "readinessProbe" in container, where
             for kind in ("requests", "limits"):
                 assert {"cpu", "memory"} <= set(container["resources"].get(kind, {})), f"{where} {kind}"
 
@@ -320,6 +365,10 @@ def test_vllm_policy_runs_on_gpu_nodes_with_configurable_parsers_and_weights_fro
         (("podSecurityContext.runAsUser=0",), "runAsUser"),
         (("router.replicas=2",), "additional properties 'replicas' not allowed"),
         (("policy.engine=sglang",), "engine"),
+        (("policy.publishTarget=vllm_lora",), "vllm_lora loads LoRA adapters into vLLM: it needs policy.engine=vllm"),
+        (("policy.engine=vllm", "policy.image.repository=vllm/vllm-openai", "policy.image.tag=v0.33.0", "policy.vllm.weights.create=true",
+          "policy.publishTarget=builtin"), "with policy.engine=vllm use vllm_lora or deployment"),
+        (("training.launcher=slurm",), "launcher"),
     ],
 )
 def test_values_that_would_break_the_platform_are_refused(sets, message):
@@ -327,20 +376,25 @@ def test_values_that_would_break_the_platform_are_refused(sets, message):
         render((), sets)
 
 
-@pytest.mark.parametrize("values", ["ci/gpu-agents-a1-values.yaml", "ci/cpu-training-values.yaml"])
+def training_runs(docs) -> list[tuple[list[str], list[dict]]]:
+    """(the train command's args, the pod's volumes) of every Job, CronJob and TrainJob."""
+    runs = [(s["containers"][0]["args"], s["volumes"]) for d, s in workloads(docs) if d["kind"] in ("Job", "CronJob")]
+    return runs + [(d["spec"]["trainer"]["args"], node_pod(d)["spec"]["volumes"]) for d in of_kind(docs, "TrainJob")]
+
+
+@pytest.mark.parametrize("values", ["ci/gpu-agents-a1-values.yaml", "ci/cpu-training-values.yaml", TRAINJOB])
 def test_every_rendered_training_config_is_valid_for_its_job(values):
-    """Each Job's and CronJob's --config file validates as the job's own config class (the job
-    would refuse it at start otherwise: output.dir is required, unknown keys are errors)."""
+    """Each Job's, CronJob's and TrainJob's --config file validates as the job's own config class
+    (the job would refuse it at start otherwise: output.dir is required, unknown keys are errors)."""
     from gearshift.training.jobs import BY_NAME
 
     docs = render((values,))
-    runs = [(d, s) for d, s in workloads(docs) if d["kind"] in ("Job", "CronJob")]
+    runs = training_runs(docs)
     assert runs
-    for _, spec in runs:
-        container = spec["containers"][0]
-        config_map = next(v["configMap"]["name"] for v in spec["volumes"] if v["name"] == "config")
+    for args, volumes in runs:
+        config_map = next(v["configMap"]["name"] for v in volumes if v["name"] == "config")
         text = named(docs, "ConfigMap", config_map)["data"]["config.yaml"]
-        config = BY_NAME[container["args"][0]].config_class().model_validate(yaml.safe_load(text))
+        config = BY_NAME[args[0]].config_class().model_validate(yaml.safe_load(text))
         assert str(config.output.dir).startswith("/checkpoints/") and config.store_addr == f"{name('store')}:50051"
 
 
@@ -427,19 +481,281 @@ def test_a_changed_training_run_gets_a_new_job_name_and_an_unchanged_one_keeps_i
     assert changed != first and changed.startswith(name("train-sft-bootstrap"))
 
 
+def role_rules(docs) -> dict[tuple[str, str], set[str]]:
+    """The worker Role's verbs per (API group, resource)."""
+    role = named(docs, "Role", name("worker"))
+    return {(group, resource): set(rule["verbs"]) for rule in role["rules"] for group in rule["apiGroups"] for resource in rule["resources"]}
+
+
+def worker_env(docs) -> dict[str, str | None]:
+    container = named(docs, "Deployment", name("worker"))["spec"]["template"]["spec"]["containers"][0]
+    return {item["name"]: item.get("value") for item in container["env"]}
+
+
 def test_worker_may_manage_jobs_and_read_pod_logs_and_is_the_only_pod_with_an_api_token():
     docs = render()
-    role = named(docs, "Role", name("worker"))
-    rules = {(group, resource): set(rule["verbs"]) for rule in role["rules"] for group in rule["apiGroups"] for resource in rule["resources"]}
+    rules = role_rules(docs)
     assert {"create", "get", "list", "watch", "delete"} <= rules[("batch", "jobs")]
-    assert "get" in rules[("", "pods/log")]
+    assert {"get", "list"} <= rules[("", "pods")] and {"get", "list"} <= rules[("", "pods/log")]
+    assert {"create", "get", "patch", "delete"} <= rules[("", "configmaps")]  # patch: the owner reference to the run
+    assert ("trainer.kubeflow.org", "trainjobs") not in rules  # only with launcher trainjob
+    # Publishing: every policy replica's address, and a rolling restart of the policy Deployment alone.
+    assert {"get", "list"} <= rules[("discovery.k8s.io", "endpointslices")]
+    assert {"get", "patch"} <= rules[("apps", "deployments")] and "get" in rules[("apps", "deployments/status")]
+    role = named(docs, "Role", name("worker"))
+    assert all(rule["resourceNames"] == [name("policy")] for rule in role["rules"] if rule["apiGroups"] == ["apps"])
     binding = named(docs, "RoleBinding", name("worker"))
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": name("worker"), "namespace": RELEASE}]
     for doc, spec in workloads(docs):
         assert spec.get("automountServiceAccountToken") is (component_of(doc) == "worker"), doc["metadata"]["name"]
     template = yaml.safe_load(named(docs, "ConfigMap", name("training-job"))["data"]["job.yaml"])
     kubernetes_validate.validate(template, KUBE_VERSION, strict=True)
-    assert template["spec"]["ttlSecondsAfterFinished"] > 0
+    assert template["kind"] == "Job" and template["spec"]["ttlSecondsAfterFinished"] > 0
+    assert template["spec"]["template"]["spec"]["serviceAccountName"] == name("training")
+    account = named(docs, "ServiceAccount", name("training"))
+    assert account["automountServiceAccountToken"] is False
+    env = worker_env(docs)
+    assert env["GEARSHIFT_KUBERNETES__LAUNCHER"] == "job" and env["GEARSHIFT_KUBERNETES__NODES"] == "1"
+    assert env["GEARSHIFT_ORCHESTRATION__PUBLISH_TARGET"] == "builtin"
+    assert env["GEARSHIFT_KUBERNETES__POLICY_DEPLOYMENT"] == env["GEARSHIFT_KUBERNETES__POLICY_SERVICE"] == name("policy")
+
+
+def test_trainjob_scenario_runs_each_run_as_a_trainjob_across_nodes_with_the_jobs_pod():
+    docs = rendered(TRAINJOB)
+    assert not of_kind(docs, "Job") and not of_kind(docs, "CronJob")
+    (trainjob,) = of_kind(docs, "TrainJob")
+    assert trainjob["apiVersion"] == TRAINER_API and trainjob["metadata"]["labels"]["gearshift.io/training-run"] == "sft-multinode"
+    spec = trainjob["spec"]
+    assert spec["runtimeRef"] == {"name": "torch-distributed", "apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime"}
+    assert spec["activeDeadlineSeconds"] == 86400
+    trainer = spec["trainer"]
+    # torchrun takes nodes, rank and rendezvous from the runtime's PET_* variables.
+    assert trainer["command"] == ["torchrun", "-m", "gearshift.cli", "train"]
+    assert trainer["args"] == ["sft", "--config", "/etc/gearshift/train/config.yaml"]
+    assert trainer["image"] == "gearshift-training-cuda:0.1.0"
+    assert trainer["numNodes"] == 2 and trainer["numProcPerNode"] == 4
+    assert trainer["resourcesPerNode"] == {"requests": {"cpu": "16", "memory": "128Gi"},
+                                           "limits": {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": 4}}
+    env = {item["name"]: item for item in trainer["env"]}
+    assert len(env) == len(trainer["env"])
+    assert env["OMP_NUM_THREADS"]["value"] == "8" and env["NCCL_DEBUG"]["value"] == "WARN" and env["TORCH_NCCL_ASYNC_ERROR_HANDLING"]["value"] == "1"
+    assert "secretKeyRef" in env["GEARSHIFT_AUTH_TOKEN"]["valueFrom"] and env["GEARSHIFT_DATA_DIR"]["value"] == "/checkpoints"
+    assert not any(name.startswith("PET_") for name in env)  # the runtime's to set
+    (patch,) = spec["runtimePatches"]
+    assert patch["manager"] == "gearshift.io/chart"
+    pod = node_pod(trainjob)
+    assert pod["metadata"]["labels"]["app.kubernetes.io/part-of"] == "gearshift"  # the store's NetworkPolicy admits it
+    pod = pod["spec"]
+    assert pod["serviceAccountName"] == name("training")
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"} and pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": name("checkpoints")}
+    assert volumes["config"]["configMap"]["name"] == f"{name('train-sft-multinode')}-config"
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
+    (container,) = pod["containers"]
+    assert container["name"] == "node"
+    assert {m["name"]: m["mountPath"] for m in container["volumeMounts"]} == {
+        "tmp": "/tmp", "dshm": "/dev/shm", "checkpoints": "/checkpoints", "config": "/etc/gearshift/train"}
+    # The same pod security as a Job's pod.
+    job_pod = yaml.safe_load(named(render(), "ConfigMap", name("training-job"))["data"]["job.yaml"])["spec"]["template"]["spec"]
+    assert pod["securityContext"] == job_pod["securityContext"] and container["securityContext"] == job_pod["containers"][0]["securityContext"]
+    assert named(docs, "PersistentVolumeClaim", name("checkpoints"))["spec"]["accessModes"] == ["ReadWriteMany"]
+
+    # The worker's template: the same TrainJob, filled in per run.
+    template = yaml.safe_load(named(docs, "ConfigMap", name("training-job"))["data"]["job.yaml"])
+    validate_trainjob(template)
+    assert template["kind"] == "TrainJob" and template["metadata"]["generateName"] == f"{name('train')}-"
+    assert {v["name"]: v for v in node_pod(template)["spec"]["volumes"]}["config"]["configMap"]["name"] == "REPLACED-PER-RUN"
+    assert template["spec"]["trainer"]["numNodes"] == 2
+    assert {"create", "get", "list", "watch", "delete"} <= role_rules(docs)[("trainer.kubeflow.org", "trainjobs")]
+    env = worker_env(docs)
+    assert (env["GEARSHIFT_KUBERNETES__LAUNCHER"], env["GEARSHIFT_KUBERNETES__NODES"], env["GEARSHIFT_KUBERNETES__TRAINJOB_RUNTIME"]) == (
+        "trainjob", "2", "torch-distributed")
+
+
+def test_a_cpu_trainjob_runs_one_process_per_node():
+    docs = render((), ("training.launcher=trainjob", "training.jobs[0].name=cpu", "training.jobs[0].algorithm=apo"), (TRAINER_API,))
+    (trainjob,) = of_kind(docs, "TrainJob")
+    trainer = trainjob["spec"]["trainer"]
+    assert trainer["numNodes"] == 1 and trainer["numProcPerNode"] == 1 and "nvidia.com/gpu" not in trainer["resourcesPerNode"]["limits"]
+    assert {item["name"]: item.get("value") for item in trainer["env"]}["OMP_NUM_THREADS"] == "4"
+    validate_trainjob(trainjob)
+
+
+@pytest.mark.parametrize(
+    "values_files, sets, message",
+    [
+        ((TRAINJOB,), (), "training.launcher=trainjob needs Kubeflow Trainer"),  # no CRD in the cluster
+        ((), ("training.launcher=trainjob",), "needs Kubeflow Trainer \\(the TrainJob CRD, trainer.kubeflow.org/v1alpha1\\)"),
+        ((), ("training.nodes=2",), "training.nodes > 1 needs training.launcher=trainjob"),
+    ],
+)
+def test_trainjobs_are_refused_without_kubeflow_trainer_and_several_nodes_without_trainjobs(values_files, sets, message):
+    with pytest.raises(HelmError, match=message):
+        render(values_files, sets, ())
+
+
+@pytest.mark.parametrize(
+    "sets, message",
+    [
+        (("training.envFromSecret=keys",), "a TrainJob's trainer takes env entries only"),
+        (("training.schedules[0].name=nightly", "training.schedules[0].algorithm=apo", "training.schedules[0].schedule=0 3 * * *"),
+         "training.schedules run as CronJobs, whose Jobs are one pod"),
+    ],
+)
+def test_what_a_trainjob_across_nodes_cannot_do_is_refused(sets, message):
+    with pytest.raises(HelmError, match=message):
+        render((TRAINJOB,), sets)
+
+
+@pytest.mark.parametrize(
+    "values_files, sets, modes",
+    [
+        ((), (), ["ReadWriteOnce"]),  # one training pod at a time, nothing else mounts it
+        ((TRAINJOB,), (), ["ReadWriteMany"]),  # training pods on two nodes
+        ((), ("policy.mountCheckpoints=true",), ["ReadWriteMany"]),  # the policy reads what training writes
+        ((VLLM_REPLICAS,), (), ["ReadWriteMany"]),  # vllm_lora mounts it in every replica
+        (("ci/production-values.yaml",), (), ["ReadWriteOnce"]),  # two policy replicas, neither mounts it
+        ((), ("training.checkpoints.accessModes={ReadWriteOncePod}",), ["ReadWriteOncePod"]),  # given, nothing shared: kept
+        ((TRAINJOB,), ("training.checkpoints.accessModes={ReadWriteMany,ReadOnlyMany}",), ["ReadWriteMany", "ReadOnlyMany"]),
+    ],
+)
+def test_checkpoints_claim_is_read_write_many_whenever_pods_on_several_nodes_use_it(values_files, sets, modes):
+    claim = named(render(values_files, sets), "PersistentVolumeClaim", name("checkpoints"))
+    assert claim["spec"]["accessModes"] == modes
+
+
+@pytest.mark.parametrize(
+    "values_files, sets, because",
+    [
+        ((TRAINJOB,), ("training.checkpoints.accessModes={ReadWriteOnce}",), "training on 2 nodes"),
+        ((), ("policy.mountCheckpoints=true", "training.checkpoints.accessModes={ReadWriteOnce}"), "the policy server reading checkpoints"),
+        # An existing claim declared without ReadWriteMany is refused as well.
+        ((VLLM_REPLICAS,), ("training.checkpoints.existingClaim=old", "training.checkpoints.accessModes={ReadWriteOnce}"), "policy server"),
+    ],
+)
+def test_checkpoints_access_modes_without_read_write_many_are_refused_when_shared(values_files, sets, because):
+    with pytest.raises(HelmError, match="which needs ReadWriteMany") as refused:
+        render(values_files, sets)
+    assert because in str(refused.value)
+
+
+def policy_pod(docs) -> dict:
+    return named(docs, "Deployment", name("policy"))["spec"]["template"]["spec"]
+
+
+def test_vllm_replicas_load_published_adapters_at_startup_through_an_init_container():
+    docs = rendered(VLLM_REPLICAS)
+    assert named(docs, "Deployment", name("policy"))["spec"]["replicas"] == 2
+    pod = policy_pod(docs)
+    (init,) = pod["initContainers"]
+    (vllm,) = pod["containers"]
+    # The init container: the gearshift CLI of the training image asks the store for the published adapters.
+    assert init["command"] == ["gearshift", "publish-startup-adapters", "--output", "/var/run/gearshift/lora/args"]
+    assert split_image(init["image"])[0] == "gearshift-training-cuda"
+    env = {item["name"]: item for item in init["env"]}
+    assert env["GEARSHIFT_STORE_ADDR"]["value"] == f"{name('store')}:50051"
+    assert env["GEARSHIFT_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == name("auth")
+    assert env["GEARSHIFT_POLICY_CLIENT__MODEL"]["value"] == "smollm2"
+    assert not {"GEARSHIFT_REDIS_URL", "GEARSHIFT_DATABASE_URL"} & set(env)
+    # One emptyDir shared by both; the adapters' checkpoints mounted read-only in both.
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes["lora-args"]
+    assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": name("checkpoints"), "readOnly": True}
+    for container in (init, vllm):
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        assert mounts["lora-args"]["mountPath"] == "/var/run/gearshift/lora"
+        assert mounts["checkpoints"] == {"name": "checkpoints", "mountPath": "/checkpoints", "readOnly": True}
+    assert {m["name"]: m for m in vllm["volumeMounts"]}["lora-args"]["readOnly"] is True
+    # vLLM's command line appends the file's words to its own args, which stay a list (a rolling publish edits --model).
+    shell, flag, script, zero = vllm["command"]
+    assert (shell, flag, zero) == ("sh", "-c", "vllm")
+    assert script == """eval 'exec python3 -m vllm.entrypoints.openai.api_server "$@"' "$(cat /var/run/gearshift/lora/args)\""""
+    assert vllm["args"][:2] == ["--model", "/models/smollm2"] and "--enable-lora" in vllm["args"]
+    assert {e["name"]: e.get("value") for e in vllm["env"]}["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    # The store lets the policy pods in (its NetworkPolicy selects every platform pod of the release).
+    selector = named(docs, "NetworkPolicy", name("store"))["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
+    labels = named(docs, "Deployment", name("policy"))["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= labels.items()
+    env = worker_env(docs)
+    assert env["GEARSHIFT_ORCHESTRATION__PUBLISH_TARGET"] == "vllm_lora" and env["GEARSHIFT_KUBERNETES__POLICY_SERVICE"] == name("policy")
+
+
+def test_vllm_without_runtime_lora_has_no_init_container_and_publishes_by_a_rolling_restart():
+    docs = render(("values-gpu.yaml",))
+    pod = policy_pod(docs)
+    (vllm,) = pod["containers"]
+    assert "initContainers" not in pod and vllm["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert "--enable-lora" not in vllm["args"] and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in {e["name"] for e in vllm["env"]}
+    assert "checkpoints" not in {v["name"] for v in pod["volumes"]}
+    assert worker_env(docs)["GEARSHIFT_ORCHESTRATION__PUBLISH_TARGET"] == "deployment"
+
+
+def test_vllm_pods_drain_their_requests_before_stopping():
+    for docs, grace in ((rendered(VLLM_REPLICAS), 180), (render(("values-gpu.yaml",)), 120)):
+        pod = policy_pod(docs)
+        assert pod["terminationGracePeriodSeconds"] == grace
+        (vllm,) = pod["containers"]
+        command = vllm["lifecycle"]["preStop"]["exec"]["command"]
+        assert command == ["python3", "-c", (CHART / "files" / "drain-vllm.py").read_text(), "8000", "5"]
+
+
+def test_the_builtin_server_drains_on_sigterm_after_leaving_the_endpoints():
+    pod = policy_pod(render())
+    (server,) = pod["containers"]
+    assert pod["terminationGracePeriodSeconds"] == 120
+    assert server["lifecycle"] == {"preStop": {"exec": {"command": ["sleep", "5"]}}}
+    env = {e["name"]: e.get("value") for e in server["env"]}
+    assert env["GEARSHIFT_GRACE_SECONDS"] == "110"  # uvicorn's drain: the grace less the pause and a margin
+    own = policy_pod(render((), ("env.GEARSHIFT_GRACE_SECONDS=30",)))["containers"][0]["env"]
+    assert [e["value"] for e in own if e["name"] == "GEARSHIFT_GRACE_SECONDS"] == ["30"]
+
+
+def serve_metrics(bodies: list[str]):
+    """A /metrics server on loopback answering each body in turn (the last one for good)."""
+    import http.server
+    import threading
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = (bodies.pop(0) if len(bodies) > 1 else bodies[0]).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def vllm_metrics(running: int, waiting: int) -> str:
+    return (
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+        "# TYPE vllm:num_requests_running gauge\n"
+        f'vllm:num_requests_running{{engine="0",model_name="smollm2"}} {running}.0\n'
+        f'vllm:num_requests_waiting{{engine="0",model_name="smollm2"}} {waiting}.0\n'
+        'vllm:num_requests_waiting_by_reason{engine="0",reason="capacity"} 7.0\n'
+    )
+
+
+def test_the_vllm_drain_waits_until_no_request_runs_or_waits():
+    import time
+
+    script = (CHART / "files" / "drain-vllm.py").read_text()
+    server = serve_metrics([vllm_metrics(2, 1), vllm_metrics(1, 0), vllm_metrics(0, 1), vllm_metrics(0, 0)])
+    try:
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-c", script, str(server.server_address[1]), "0"], timeout=30)
+        assert done.returncode == 0 and time.monotonic() - started >= 3  # three busy answers, a second apart
+    finally:
+        server.shutdown()
+    # No server (it already stopped): nothing to wait for.
+    done = subprocess.run([sys.executable, "-c", script, str(server.server_address[1]), "0"], timeout=10)
+    assert done.returncode == 0
 
 
 def test_helm_test_pod_checks_every_enabled_grpc_service():

@@ -9,13 +9,15 @@ Args (a dict):
   name            component name (router, worker, policy, ...)
   values          the component's values (.Values.<name>)
   container       dict: command, args, env, ports, startupProbe, livenessProbe, readinessProbe,
-                  volumeMounts (all optional)
+                  lifecycle, volumeMounts (all optional)
+  initContainers  list of complete init containers, run before the component's (optional)
   volumes         list of extra pod volumes
   servicePorts    list of Service ports ({name, port, targetPort, appProtocol}); none: no Service
   metricsPort     name of the Service port Prometheus scrapes ("" when there is none)
   automountToken  mount the ServiceAccount token (only the worker, which calls the API server)
   strategy        Deployment strategy (optional)
   podLabels       extra pod labels (optional)
+  terminationGracePeriodSeconds  how long a stopping pod may take (optional; Kubernetes: 30)
 */}}
 {{- define "gearshift.component" -}}
 {{- $root := .root -}}
@@ -80,6 +82,13 @@ spec:
       imagePullSecrets:
         {{- toYaml . | nindent 8 }}
       {{- end }}
+      {{- with .terminationGracePeriodSeconds }}
+      terminationGracePeriodSeconds: {{ . }}
+      {{- end }}
+      {{- with .initContainers }}
+      initContainers:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
       containers:
         - name: {{ $name }}
           image: {{ include "gearshift.image" (dict "root" $root "image" $v.image) }}
@@ -106,9 +115,9 @@ spec:
             - secretRef:
                 name: {{ . }}
           {{- end }}
-          {{- range $probe := list "startupProbe" "livenessProbe" "readinessProbe" }}
-          {{- with index $container $probe }}
-          {{ $probe }}:
+          {{- range $field := list "startupProbe" "livenessProbe" "readinessProbe" "lifecycle" }}
+          {{- with index $container $field }}
+          {{ $field }}:
             {{- toYaml . | nindent 12 }}
           {{- end }}
           {{- end }}

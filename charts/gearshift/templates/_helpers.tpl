@@ -109,6 +109,27 @@ there is one, else a fresh one. Args: root, secret (name), key.
 {{- end }}
 {{- end }}
 
+{{/*
+How the worker publishes a checkpoint (GEARSHIFT_ORCHESTRATION__PUBLISH_TARGET): policy.publishTarget,
+by default builtin for the built-in server and deployment (a rolling restart) for vLLM.
+*/}}
+{{- define "gearshift.publishTarget" -}}
+{{- $p := .Values.policy -}}
+{{- $target := $p.publishTarget | default (ternary "deployment" "builtin" (eq $p.engine "vllm")) -}}
+{{- if and $p.enabled (eq $target "vllm_lora") (ne $p.engine "vllm") }}
+{{- fail "policy.publishTarget=vllm_lora loads LoRA adapters into vLLM: it needs policy.engine=vllm" }}
+{{- end }}
+{{- if and $p.enabled (eq $target "builtin") (ne $p.engine "builtin") }}
+{{- fail "policy.publishTarget=builtin is the built-in server's /v1/load: with policy.engine=vllm use vllm_lora or deployment" }}
+{{- end }}
+{{- $target }}
+{{- end }}
+
+{{/* "true" when the policy pods mount the checkpoints claim (read-only), else empty. */}}
+{{- define "gearshift.policyMountsCheckpoints" -}}
+{{- if and .Values.policy.enabled (or .Values.policy.mountCheckpoints (eq (include "gearshift.publishTarget" .) "vllm_lora")) }}true{{ end }}
+{{- end }}
+
 {{/* The policy server's base URL (GEARSHIFT_POLICY_CLIENT__URL). */}}
 {{- define "gearshift.policyURL" -}}
 {{- $port := ternary .Values.policy.vllm.port .Values.policy.builtin.port (eq .Values.policy.engine "vllm") -}}

@@ -4,6 +4,30 @@
 {{- end }}
 
 {{/*
+The checkpoints claim's access modes as a YAML list. More than one pod may use the claim at once
+when training spans nodes or the policy server reads checkpoints that training writes; pods on
+different nodes then need ReadWriteMany. Empty training.checkpoints.accessModes: ReadWriteMany in
+those cases, else ReadWriteOnce; modes given without ReadWriteMany in those cases are refused.
+(Concurrent one-pod runs, worker.concurrency > 1, share a ReadWriteOnce claim on one node.)
+*/}}
+{{- define "gearshift.checkpointsAccessModes" -}}
+{{- $modes := .Values.training.checkpoints.accessModes | default list -}}
+{{- $sharers := list -}}
+{{- if gt (int .Values.training.nodes) 1 }}
+{{- $sharers = append $sharers (printf "training on %d nodes" (int .Values.training.nodes)) }}
+{{- end }}
+{{- if include "gearshift.policyMountsCheckpoints" . }}
+{{- $sharers = append $sharers "the policy server reading checkpoints" }}
+{{- end }}
+{{- if not $modes }}
+{{- $modes = list (ternary "ReadWriteMany" "ReadWriteOnce" (gt (len $sharers) 0)) }}
+{{- else if and $sharers (not (has "ReadWriteMany" $modes)) }}
+{{- fail (printf "training.checkpoints.accessModes %v: the claim is used by pods on several nodes (%s), which needs ReadWriteMany (leave accessModes empty to get it)" $modes (join ", " $sharers)) }}
+{{- end }}
+{{- toYaml $modes }}
+{{- end }}
+
+{{/*
 Whole CPUs in a CPU quantity ("4", 4, "2.5", "500m"), rounded down; 0 when it cannot be read.
 */}}
 {{- define "gearshift.wholeCPUs" -}}
@@ -37,11 +61,12 @@ collective. Args: values (training), processes, cpu (the CPU limit).
 {{- end }}
 
 {{/*
-The Job spec of one training run: `gearshift train <algorithm> --config <file>` (under torchrun
-when training.gpus > 1), checkpoints on the shared claim, GPUs from training.gpus.
-Args: root, algorithm, configMap (holds config.yaml), ttl (bool: delete the Job after it ends).
+What a training pod is made of under either launcher, from the training values: the processes
+per pod (GPUs, at least one), resources (GPUs in the limits), the train container's env and
+volume mounts, and the pod's volumes (the run's config from configMap, checkpoints on the shared
+claim, /tmp and /dev/shm as emptyDirs). Args: root, configMap.
 */}}
-{{- define "gearshift.trainingJobSpec" -}}
+{{- define "gearshift.trainingPodParts" -}}
 {{- $root := .root -}}
 {{- $t := $root.Values.training -}}
 {{- $gpus := int $t.gpus -}}
@@ -49,7 +74,57 @@ Args: root, algorithm, configMap (holds config.yaml), ttl (bool: delete the Job 
 {{- $resources := deepCopy $t.resources -}}
 {{- if gt $gpus 0 }}
 {{- $_ := set $resources "limits" (merge (dict "nvidia.com/gpu" $gpus) ($resources.limits | default dict)) }}
+{{- end -}}
+processes: {{ $processes }}
+resources:
+  {{- toYaml $resources | nindent 2 }}
+env:
+  {{- include "gearshift.platformEnv" (dict "root" $root "database" true "dataDir" $t.checkpoints.mountPath) | nindent 2 }}
+  - name: USER
+    value: gearshift
+  {{- include "gearshift.trainingEnv" (dict "values" $t "processes" $processes "cpu" (dig "limits" "cpu" "" $resources)) | nindent 2 }}
+volumeMounts:
+  - name: tmp
+    mountPath: /tmp
+  - name: dshm
+    mountPath: /dev/shm
+  - name: checkpoints
+    mountPath: {{ $t.checkpoints.mountPath }}
+  - name: config
+    mountPath: /etc/gearshift/train
+    readOnly: true
+volumes:
+  - name: tmp
+    emptyDir:
+      sizeLimit: 10Gi
+  # torch DataLoader workers and NCCL share tensors through /dev/shm; unset: 2Gi per process.
+  - name: dshm
+    emptyDir:
+      medium: Memory
+      sizeLimit: {{ $t.shmSize | default (printf "%dGi" (mul 2 $processes)) }}
+  - name: checkpoints
+    persistentVolumeClaim:
+      claimName: {{ include "gearshift.checkpointsClaim" $root }}
+  - name: config
+    configMap:
+      name: {{ .configMap }}
 {{- end }}
+
+{{/* The ServiceAccount of training pods: no API token, the pods never call the API server. */}}
+{{- define "gearshift.trainingServiceAccount" -}}
+{{- include "gearshift.componentName" (dict "root" . "name" "training") }}
+{{- end }}
+
+{{/*
+The Job spec of one training run (training.launcher job): `gearshift train <algorithm> --config
+<file>` in one pod, under torchrun --standalone when training.gpus > 1.
+Args: root, algorithm, configMap (holds config.yaml), ttl (bool: delete the Job after it ends).
+*/}}
+{{- define "gearshift.trainingJobSpec" -}}
+{{- $root := .root -}}
+{{- $t := $root.Values.training -}}
+{{- $gpus := int $t.gpus -}}
+{{- $parts := fromYaml (include "gearshift.trainingPodParts" (dict "root" $root "configMap" .configMap)) -}}
 {{- $labels := include "gearshift.labels" (dict "root" $root "name" "training") -}}
 backoffLimit: {{ $t.backoffLimit }}
 activeDeadlineSeconds: {{ $t.activeDeadlineSeconds }}
@@ -62,6 +137,7 @@ template:
       {{- $labels | nindent 6 }}
   spec:
     restartPolicy: Never
+    serviceAccountName: {{ include "gearshift.trainingServiceAccount" $root }}
     automountServiceAccountToken: false
     enableServiceLinks: false
     securityContext:
@@ -81,44 +157,20 @@ template:
         {{- end }}
         args: [{{ .algorithm | quote }}, "--config", "/etc/gearshift/train/config.yaml"]
         env:
-          {{- include "gearshift.platformEnv" (dict "root" $root "database" true "dataDir" $t.checkpoints.mountPath) | nindent 10 }}
-          - name: USER
-            value: gearshift
-          {{- include "gearshift.trainingEnv" (dict "values" $t "processes" $processes "cpu" (dig "limits" "cpu" "" $resources)) | nindent 10 }}
+          {{- toYaml $parts.env | nindent 10 }}
         {{- with $t.envFromSecret }}
         envFrom:
           - secretRef:
               name: {{ . }}
         {{- end }}
         resources:
-          {{- toYaml $resources | nindent 10 }}
+          {{- toYaml $parts.resources | nindent 10 }}
         securityContext:
           {{- include "gearshift.containerSecurityContext" (dict "root" $root "values" dict) | nindent 10 }}
         volumeMounts:
-          - name: tmp
-            mountPath: /tmp
-          - name: dshm
-            mountPath: /dev/shm
-          - name: checkpoints
-            mountPath: {{ $t.checkpoints.mountPath }}
-          - name: config
-            mountPath: /etc/gearshift/train
-            readOnly: true
+          {{- toYaml $parts.volumeMounts | nindent 10 }}
     volumes:
-      - name: tmp
-        emptyDir:
-          sizeLimit: 10Gi
-      # torch DataLoader workers and NCCL share tensors through /dev/shm; unset: 2Gi per process.
-      - name: dshm
-        emptyDir:
-          medium: Memory
-          sizeLimit: {{ $t.shmSize | default (printf "%dGi" (mul 2 $processes)) }}
-      - name: checkpoints
-        persistentVolumeClaim:
-          claimName: {{ include "gearshift.checkpointsClaim" $root }}
-      - name: config
-        configMap:
-          name: {{ .configMap }}
+      {{- toYaml $parts.volumes | nindent 6 }}
     {{- with $t.nodeSelector }}
     nodeSelector:
       {{- toYaml . | nindent 6 }}
@@ -131,6 +183,112 @@ template:
     affinity:
       {{- toYaml . | nindent 6 }}
     {{- end }}
+{{- end }}
+
+{{/*
+The TrainJob spec of one training run (training.launcher trainjob): Kubeflow Trainer runs
+training.nodes pods of the runtime's `node` job, each `torchrun -m gearshift.cli train ...` with
+one process per GPU; torchrun's rendezvous (nodes, rank, master) comes from the PET_* variables
+the runtime sets. The runtime's pods get what the Job's pod has through one runtime patch (a
+TrainJob may patch only the pod fields a PodSpecPatch/ContainerPatch has: no envFrom, no
+automountServiceAccountToken, hence the token-less ServiceAccount).
+Args: root, algorithm, configMap (holds config.yaml).
+*/}}
+{{- define "gearshift.trainJobSpec" -}}
+{{- $root := .root -}}
+{{- $t := $root.Values.training -}}
+{{- if $t.envFromSecret }}
+{{- fail "training.envFromSecret: a TrainJob's trainer takes env entries only (no envFrom); with training.launcher=trainjob give secret settings as training.env or through the chart's Secrets" }}
+{{- end }}
+{{- $parts := fromYaml (include "gearshift.trainingPodParts" (dict "root" $root "configMap" .configMap)) -}}
+runtimeRef:
+  name: {{ $t.trainJobRuntime }}
+  apiGroup: trainer.kubeflow.org
+  kind: ClusterTrainingRuntime
+activeDeadlineSeconds: {{ $t.activeDeadlineSeconds }}
+trainer:
+  image: {{ include "gearshift.image" (dict "root" $root "image" $t.image) }}
+  command: ["torchrun", "-m", "gearshift.cli", "train"]
+  args: [{{ .algorithm | quote }}, "--config", "/etc/gearshift/train/config.yaml"]
+  numNodes: {{ int $t.nodes }}
+  numProcPerNode: {{ $parts.processes }}
+  resourcesPerNode:
+    {{- toYaml $parts.resources | nindent 4 }}
+  env:
+    {{- toYaml $parts.env | nindent 4 }}
+runtimePatches:
+  - manager: gearshift.io/chart
+    trainingRuntimeSpec:
+      template:
+        spec:
+          replicatedJobs:
+            - name: node
+              template:
+                spec:
+                  template:
+                    metadata:
+                      # The platform labels: the store's NetworkPolicy admits pods that carry them.
+                      labels:
+                        {{- include "gearshift.labels" (dict "root" $root "name" "training") | nindent 24 }}
+                    spec:
+                      serviceAccountName: {{ include "gearshift.trainingServiceAccount" $root }}
+                      securityContext:
+                        {{- toYaml $root.Values.podSecurityContext | nindent 24 }}
+                      {{- with $root.Values.imagePullSecrets }}
+                      imagePullSecrets:
+                        {{- toYaml . | nindent 24 }}
+                      {{- end }}
+                      {{- with $t.nodeSelector }}
+                      nodeSelector:
+                        {{- toYaml . | nindent 24 }}
+                      {{- end }}
+                      {{- with $t.tolerations }}
+                      tolerations:
+                        {{- toYaml . | nindent 24 }}
+                      {{- end }}
+                      {{- with $t.affinity }}
+                      affinity:
+                        {{- toYaml . | nindent 24 }}
+                      {{- end }}
+                      volumes:
+                        {{- toYaml $parts.volumes | nindent 24 }}
+                      containers:
+                        - name: node
+                          securityContext:
+                            {{- include "gearshift.containerSecurityContext" (dict "root" $root "values" dict) | nindent 28 }}
+                          volumeMounts:
+                            {{- toYaml $parts.volumeMounts | nindent 28 }}
+{{- end }}
+
+{{/*
+A training run's object for training.launcher: the Job or the TrainJob of one run, with its
+apiVersion and kind. TrainJobs need Kubeflow Trainer's CRDs in the cluster (helm template:
+--api-versions trainer.kubeflow.org/v1alpha1). Args: root, metadata (dict), algorithm,
+configMap, ttl (Jobs only).
+*/}}
+{{- define "gearshift.trainingRun" -}}
+{{- $t := .root.Values.training -}}
+{{- if eq $t.launcher "trainjob" }}
+{{- include "gearshift.requireTrainer" .root }}
+{{- toYaml (dict
+  "apiVersion" "trainer.kubeflow.org/v1alpha1"
+  "kind" "TrainJob"
+  "metadata" .metadata
+  "spec" (fromYaml (include "gearshift.trainJobSpec" .))) }}
+{{- else }}
+{{- toYaml (dict
+  "apiVersion" "batch/v1"
+  "kind" "Job"
+  "metadata" .metadata
+  "spec" (fromYaml (include "gearshift.trainingJobSpec" .))) }}
+{{- end }}
+{{- end }}
+
+{{/* Refuses launcher trainjob on a cluster without Kubeflow Trainer's TrainJob CRD. */}}
+{{- define "gearshift.requireTrainer" -}}
+{{- if not (.Capabilities.APIVersions.Has "trainer.kubeflow.org/v1alpha1") }}
+{{- fail "training.launcher=trainjob needs Kubeflow Trainer (the TrainJob CRD, trainer.kubeflow.org/v1alpha1) in the cluster: install Kubeflow Trainer and its torch-distributed runtime first, or set training.launcher=job (with helm template, pass --api-versions trainer.kubeflow.org/v1alpha1)" }}
+{{- end }}
 {{- end }}
 
 {{/*
