@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, create_model, field_validator
+from pydantic import BaseModel, Field, SecretStr, create_model, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gearshift.topology import BY_NAME, METRICS_PORT_OFFSET, POLICY_PORT, SERVICES
@@ -261,7 +261,15 @@ class KubernetesSettings(BaseModel):
     """Training Jobs on a cluster (KubernetesRunner) and the policy Deployment (rolling publish)."""
 
     namespace: str = Field("default", description="Namespace of training Jobs, their ConfigMaps and the policy Deployment")
-    job_template: Path | None = Field(None, description="YAML of the Job to start from (the chart's training-job ConfigMap); none: built from these settings")
+    job_template: Path | None = Field(
+        None, description="YAML of the Job or TrainJob to start from (the chart's training-job ConfigMap; its kind decides the launcher); none: built from these settings"
+    )
+    launcher: Literal["job", "trainjob"] = Field(
+        "job", description="What a run is without a template: job = a batch/v1 Job on one node; trainjob = a Kubeflow Trainer TrainJob on the torch-distributed runtime, for jobs across nodes"
+    )
+    nodes: int = Field(1, ge=1, description="Training nodes of a run (trainjob only: a Job runs on one node, and more is refused)")
+    trainjob_runtime: str = Field("torch-distributed", description="ClusterTrainingRuntime a TrainJob runs on")
+    log_tail_bytes: int = Field(64_000, ge=1_000, description="Most bytes of a run's pod logs read per look (all its pods together, rank 0 first)")
     image: str = Field("gearshift-training:latest", description="Training image (without a job template)")
     gpus: int = Field(0, ge=0, description="nvidia.com/gpu per training pod; more than one runs under torchrun")
     cpu: str = Field("2", description="CPU request and limit of a training pod; OMP_NUM_THREADS gets it split over the processes (one per GPU, at least one)")
@@ -285,6 +293,12 @@ class KubernetesSettings(BaseModel):
         None, description="Service of the policy pods: a vllm_lora publish loads the adapter on every ready pod behind it (its EndpointSlices); none: on policy_client.url alone"
     )
     policy_container: str = Field("policy", description="Container of that Deployment whose model argument changes")
+
+    @model_validator(mode="after")
+    def _one_node_per_job(self) -> KubernetesSettings:
+        if self.launcher == "job" and self.nodes > 1:
+            raise ValueError(f"kubernetes.nodes={self.nodes} needs kubernetes.launcher=trainjob: a batch/v1 Job runs on one node")
+        return self
 
 
 class _Settings(BaseSettings):

@@ -1,6 +1,8 @@
-"""Where a training run executes: a subprocess on this machine (the embedded default) or a
-Kubernetes Job on GPU nodes. Both are re-attachable: start() on a run that was already started
-(a task redelivered after a worker crash) finds it instead of starting a second one.
+"""Where a training run executes: a subprocess on this machine (the embedded default) or, on a
+cluster, a Kubernetes Job (one node) or Kubeflow Trainer TrainJob (across nodes). Both are
+re-attachable: start() on a run that was already started (a task redelivered after a worker
+crash) finds it instead of starting a second one; on a cluster, start() on a run whose last
+attempt failed starts a new attempt (see KubernetesRunner).
 
 Every run is `gearshift train <job> --config FILE` (`python -m gearshift.jobs.<job>` locally),
 writing its checkpoint directory with a result.json and registering it in the store.
@@ -8,7 +10,7 @@ writing its checkpoint directory with a result.json and registering it in the st
 
 from __future__ import annotations
 
-import copy
+import json
 import os
 import shlex
 import signal
@@ -22,11 +24,22 @@ from typing import Protocol
 
 import yaml
 
+from gearshift.orchestration.training_manifests import (
+    RESOURCES,
+    RUN_LABEL,
+    attempt_of,
+    build_config_map,
+    build_run,
+    config_map_name,
+    pod_selector,
+    rank_order,
+    run_kind,
+    verdict,
+)
 from gearshift.settings import KubernetesSettings, Settings
 from gearshift.training.results import RESULT_FILE, read_result
 
 LOG_TAIL_CHARS = 64_000
-TRAIN_CONFIG_PATH = "/etc/gearshift/train/config.yaml"  # where the chart mounts the run's ConfigMap
 
 
 @dataclass
@@ -59,7 +72,10 @@ class Runner(Protocol):
         """Starts the run, or finds it started; returns its external id."""
 
     def wait(self, spec: RunSpec, external_id: str, heartbeat: Heartbeat, timeout: float) -> RunOutcome:
-        """Watches the run to its end."""
+        """Watches the run to its end (stopping it when the timeout passes)."""
+
+    def cancel(self, spec: RunSpec, external_id: str) -> None:
+        """Stops the run."""
 
 
 def _tail(path: Path) -> str:
@@ -125,6 +141,9 @@ class LocalRunner:
             return RunOutcome(False, external_id, log, reason=f"no {RESULT_FILE} in {spec.output_dir}")
         return RunOutcome(True, external_id, log, result)
 
+    def cancel(self, spec: RunSpec, external_id: str) -> None:
+        self.stop(Path(external_id))
+
     def stop(self, run_dir: Path) -> None:
         pid = self._pid(run_dir)
         if pid:
@@ -161,202 +180,193 @@ class LocalRunner:
 # ---------------------------------------------------------------- Kubernetes
 
 
-def config_map_name(spec: RunSpec) -> str:
-    return f"{spec.name}-config"
-
-
-def build_config_map(spec: RunSpec, labels: dict[str, str]):
-    """The run's --config file as a ConfigMap (mounted at /etc/gearshift/train)."""
-    from kubernetes import client
-
-    return client.V1ConfigMap(
-        api_version="v1", kind="ConfigMap",
-        metadata=client.V1ObjectMeta(name=config_map_name(spec), labels=labels),
-        data={"config.yaml": yaml.safe_dump(spec.config, sort_keys=False)},
-    )
-
-
-def _whole_cpus(quantity: str) -> int:
-    """Whole CPUs in a CPU quantity ("4", "2.5", "500m"), rounded down; 0 when it cannot be read
-    (the chart's gearshift.wholeCPUs)."""
-    try:
-        return int(quantity[:-1]) // 1000 if quantity.endswith("m") else int(float(quantity))
-    except (ValueError, OverflowError):
-        return 0
-
-
-def _training_env(settings: KubernetesSettings) -> dict[str, str]:
-    """The environment torchrun's processes need, under settings.env (which wins), as the chart
-    sets it. OMP_NUM_THREADS: the CPU limit shared by the processes (torchrun would set 1,
-    starving a lone CPU process). TORCH_NCCL_ASYNC_ERROR_HANDLING: when a rank dies the others
-    fail fast instead of hanging in a collective."""
-    env = {"OMP_NUM_THREADS": str(max(1, _whole_cpus(settings.cpu) // max(settings.gpus, 1)))}
-    if settings.gpus:
-        env |= {"NCCL_DEBUG": "WARN", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
-    return env | settings.env
-
-
-def _default_job(settings: KubernetesSettings):
-    """A training Job built from settings alone (no template): the same shape as the chart's."""
-    from kubernetes import client
-
-    limits = {"cpu": settings.cpu, "memory": settings.memory}
-    if settings.gpus:
-        limits["nvidia.com/gpu"] = str(settings.gpus)
-    if settings.gpus > 1:
-        command = ["torchrun", "--standalone", "--nproc-per-node", str(settings.gpus), "-m", "gearshift.cli", "train"]
-    else:
-        command = ["gearshift", "train"]
-    env = {"GEARSHIFT_DATA_DIR": settings.checkpoints_mount_path} | _training_env(settings)
-    shm_size = settings.shm_size or f"{2 * max(settings.gpus, 1)}Gi"
-    container = client.V1Container(
-        name="train",
-        image=settings.image,
-        command=command,
-        env=[client.V1EnvVar(name=name, value=value) for name, value in env.items()],
-        resources=client.V1ResourceRequirements(requests={"cpu": settings.cpu, "memory": settings.memory}, limits=limits),
-        volume_mounts=[
-            client.V1VolumeMount(name="checkpoints", mount_path=settings.checkpoints_mount_path),
-            client.V1VolumeMount(name="config", mount_path=str(Path(TRAIN_CONFIG_PATH).parent), read_only=True),
-            client.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
-        ],
-    )
-    pod = client.V1PodSpec(
-        restart_policy="Never",
-        containers=[container],
-        service_account_name=settings.service_account,
-        node_selector=settings.node_selector or None,
-        tolerations=[client.V1Toleration(**_snake(t)) for t in settings.tolerations] or None,
-        volumes=[
-            client.V1Volume(
-                name="checkpoints",
-                persistent_volume_claim=client.V1PersistentVolumeClaimVolumeSource(claim_name=settings.checkpoints_claim),
-            ),
-            client.V1Volume(name="config", config_map=client.V1ConfigMapVolumeSource(name="REPLACED-PER-RUN")),
-            # torch DataLoader workers and NCCL share tensors through /dev/shm.
-            client.V1Volume(name="dshm", empty_dir=client.V1EmptyDirVolumeSource(medium="Memory", size_limit=shm_size)),
-        ],
-    )
-    return client.V1Job(
-        api_version="batch/v1",
-        kind="Job",
-        metadata=client.V1ObjectMeta(),
-        spec=client.V1JobSpec(
-            backoff_limit=settings.backoff_limit,
-            active_deadline_seconds=settings.active_deadline_seconds,
-            ttl_seconds_after_finished=settings.ttl_seconds_after_finished,
-            template=client.V1PodTemplateSpec(metadata=client.V1ObjectMeta(), spec=pod),
-        ),
-    )
-
-
-def _snake(toleration: dict) -> dict:
-    """Kubernetes' camelCase toleration keys as the client models' keyword arguments."""
-    names = {"tolerationSeconds": "toleration_seconds"}
-    return {names.get(key, key): value for key, value in toleration.items()}
-
-
-def load_template(path: Path):
-    """The chart's Job template (YAML) as a V1Job."""
-    from kubernetes import client
-
-    document = yaml.safe_load(Path(path).read_text())
-    return client.ApiClient()._ApiClient__deserialize(document, "V1Job")
-
-
-def build_job(spec: RunSpec, settings: KubernetesSettings, labels: dict[str, str] | None = None):
-    """The run's Job: the template (the chart's, or one built from settings) with this run's
-    name, labels, container args and config ConfigMap."""
-    job = load_template(settings.job_template) if settings.job_template else _default_job(settings)
-    job = copy.deepcopy(job)
-    labels = {"gearshift.io/training-run": spec.name, "gearshift.io/job": spec.job} | (labels or {})
-    job.metadata.name, job.metadata.generate_name = spec.name, None
-    job.metadata.namespace = settings.namespace
-    job.metadata.labels = (job.metadata.labels or {}) | labels
-    template = job.spec.template
-    template.metadata.labels = (template.metadata.labels or {}) | labels
-    container = next(c for c in template.spec.containers if c.name == "train")
-    container.args = [spec.job, "--config", TRAIN_CONFIG_PATH]
-    config_volume = next(v for v in template.spec.volumes if v.name == "config")
-    config_volume.config_map.name = config_map_name(spec)
-    return job
-
-
-def to_manifest(model) -> dict:
-    """A client model as the plain dict kubectl would send (camelCase keys, no nulls)."""
-    from kubernetes import client
-
-    return client.ApiClient().sanitize_for_serialization(model)
-
-
 def kube_api_client():
-    """A Kubernetes API client: the pod's service account in a cluster, else the kubeconfig."""
+    """A Kubernetes API client: the pod's service account in a cluster, else the kubeconfig
+    ($KUBECONFIG as it is now: the client library reads it once, at import), each on a
+    configuration of its own rather than the library's global one."""
     from kubernetes import client, config
 
+    configuration = client.Configuration()
     try:
-        config.load_incluster_config()
+        config.load_incluster_config(client_configuration=configuration)
     except config.ConfigException:
-        config.load_kube_config()
-    return client.ApiClient()
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration, persist_config=False)
+    return client.ApiClient(configuration)
+
+
+def _transient(error: Exception) -> bool:
+    """An API error worth looking again after: throttling, a server error, a dropped connection."""
+    import urllib3
+    from kubernetes.client.rest import ApiException
+
+    if isinstance(error, ApiException):
+        return error.status == 429 or error.status >= 500
+    return isinstance(error, urllib3.exceptions.HTTPError)
+
+
+def _api_message(error: Exception) -> str:
+    """The message of the Status object an API error carries (else the error's own text)."""
+    try:
+        return json.loads(error.body)["message"]
+    except (AttributeError, TypeError, ValueError, KeyError):
+        return str(error)
 
 
 class KubernetesRunner:
-    """A batch/v1 Job per run, with its config in a ConfigMap owned by the Job (deleted with it)."""
+    """Each attempt of a run is one object, a batch/v1 Job or a Kubeflow Trainer TrainJob
+    (training_manifests.run_kind), named attempt_name(run, attempt), its --config in a ConfigMap
+    that the object owns.
+
+    start(spec) decides from the cluster, so the Runner protocol needs no attempt number: it
+    lists the run's objects (label gearshift.io/training-run) and takes the newest attempt. One
+    still running or succeeded is re-attached to (a redelivered task never starts a second
+    copy); one failed or being deleted makes attempt N+1 (a retried run starts anew instead of
+    watching its old failure until the TTL removes it); none makes attempt 1. The ConfigMap is
+    created before the object, so no pod ever waits for its config, and owned by it afterwards,
+    so deleting the object removes it. A start that died between the two finds the ConfigMap
+    (409) and reuses it; one that died before taking ownership takes it on re-attaching.
+
+    wait() ends on the object's conditions (Failed, with its reason and message, or Complete),
+    tolerates a briefly unavailable API, and on timeout deletes the object (Foreground: its pods
+    go first). Both kinds go through CustomObjectsApi, which speaks to any group/version/plural
+    (batch/v1 jobs with the very requests BatchV1Api sends) and answers plain dicts.
+    """
 
     def __init__(self, settings: KubernetesSettings, api_client=None):
         from kubernetes import client
 
         api_client = api_client or kube_api_client()
         self.settings = settings
-        self.batch = client.BatchV1Api(api_client)
         self.core = client.CoreV1Api(api_client)
+        self.objects = client.CustomObjectsApi(api_client)
+        self.kind = run_kind(settings)
+        group, version, plural = RESOURCES[self.kind]
+        self.resource = (group, version, settings.namespace, plural)  # every CustomObjectsApi call's first arguments
 
     def start(self, spec: RunSpec) -> str:
-        from kubernetes import client
-        from kubernetes.client.rest import ApiException
-
-        namespace = self.settings.namespace
-        job = build_job(spec, self.settings)
-        try:
-            created = self.batch.create_namespaced_job(namespace, job)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            return spec.name  # created by an earlier attempt: watch that one
-        config_map = build_config_map(spec, job.metadata.labels)
-        config_map.metadata.owner_references = [
-            client.V1OwnerReference(api_version="batch/v1", kind="Job", name=created.metadata.name, uid=created.metadata.uid)
-        ]
-        try:
-            self.core.create_namespaced_config_map(namespace, config_map)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-        return spec.name
+        latest = self._latest_attempt(spec)
+        ended = verdict(latest) if latest else None
+        if latest and (ended is None or ended.succeeded):  # running or done: re-attach
+            self._own_config_map(latest)
+            return latest["metadata"]["name"]
+        attempt = attempt_of(latest) + 1 if latest else 1
+        run = build_run(spec, self.settings, attempt)
+        self._put_config_map(spec, run, attempt)
+        created = self._create(run)
+        self._own_config_map(created)
+        return created["metadata"]["name"]
 
     def wait(self, spec: RunSpec, external_id: str, heartbeat: Heartbeat, timeout: float) -> RunOutcome:
+        from kubernetes.client.rest import ApiException
+
         deadline = time.monotonic() + timeout
+        log = ""
         while True:
-            status = self.batch.read_namespaced_job_status(external_id, self.settings.namespace).status
-            log = self.logs(external_id)
-            if status.succeeded:
+            try:
+                # The object itself, status included: the /status subresource needs RBAC of its own.
+                obj = self.objects.get_namespaced_custom_object(*self.resource, external_id)
+                log = self.logs(external_id)
+                ended = verdict(obj)
+            except Exception as error:
+                if isinstance(error, ApiException) and error.status == 404:
+                    return RunOutcome(False, external_id, log, reason=f"{self.kind} {external_id} no longer exists")
+                if not _transient(error):
+                    raise
+                ended = None  # the API is briefly away: look again next time
+            if ended and ended.succeeded:
                 return RunOutcome(True, external_id, log, read_result(spec.output_dir))
-            if status.failed and status.failed > self.settings.backoff_limit:
-                return RunOutcome(False, external_id, log, reason=f"Job {external_id} failed")
+            if ended:
+                return RunOutcome(False, external_id, log, reason=ended.reason)
             if time.monotonic() > deadline:
-                return RunOutcome(False, external_id, log, reason=f"timed out after {timeout:.0f} s")
+                return RunOutcome(False, external_id, log, reason=f"timed out after {timeout:.0f} s; {self._cancelled(spec, external_id)}")
             heartbeat(log)
             time.sleep(self.settings.poll_seconds)
 
-    def logs(self, job_name: str) -> str:
-        pods = self.core.list_namespaced_pod(self.settings.namespace, label_selector=f"job-name={job_name}").items
-        if not pods:
-            return ""
-        newest = max(pods, key=lambda pod: pod.metadata.creation_timestamp)
+    def cancel(self, spec: RunSpec, external_id: str) -> None:
+        """Deletes the attempt's object, its pods first (Foreground), and with it its ConfigMap."""
+        from kubernetes.client.rest import ApiException
+
         try:
-            return self.core.read_namespaced_pod_log(newest.metadata.name, self.settings.namespace, tail_lines=500)
-        except Exception:  # a pod still pulling its image has no log yet
-            return ""
+            self.objects.delete_namespaced_custom_object(*self.resource, external_id, propagation_policy="Foreground")
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def logs(self, name: str) -> str:
+        """Every pod's log, rank 0 first, each under a header line naming the pod; each pod gets
+        an equal share of settings.log_tail_bytes."""
+        pods = self.core.list_namespaced_pod(self.settings.namespace, label_selector=pod_selector(self.kind, name)).items
+        share = self.settings.log_tail_bytes // max(len(pods), 1)
+        return "\n".join(f"==> pod {pod.metadata.name} <==\n{self._pod_log(pod.metadata.name, share)}"
+                         for pod in sorted(pods, key=rank_order))
+
+    def _pod_log(self, pod: str, share: int) -> str:
+        """The end of a pod's log in at most `share` characters. The API cuts limitBytes from the
+        start of the tail it was asked for, so the tail asked for is about a share of lines (at
+        64 bytes a line) with room to spare, and its end is kept here."""
+        from kubernetes.client.rest import ApiException
+
+        try:
+            answer = self.core.read_namespaced_pod_log(pod, self.settings.namespace, tail_lines=max(10, share // 64),
+                                                       limit_bytes=4 * share, _preload_content=False)
+        except ApiException as error:  # a pod still pulling its image has no log yet
+            return f"(no log: {_api_message(error)})"
+        # Read raw: the client turns a "str" response into the text of a bytes object ("b'...'").
+        return answer.data.decode(errors="replace")[-share:]
+
+    def _latest_attempt(self, spec: RunSpec) -> dict | None:
+        listed = self.objects.list_namespaced_custom_object(*self.resource, label_selector=f"{RUN_LABEL}={spec.name}")
+        return max(listed.get("items") or [], key=attempt_of, default=None)
+
+    def _create(self, run: dict) -> dict:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            return self.objects.create_namespaced_custom_object(*self.resource, run)
+        except ApiException as error:
+            if error.status != 409:
+                raise
+            return self.objects.get_namespaced_custom_object(*self.resource, run["metadata"]["name"])  # a concurrent start's
+
+    def _put_config_map(self, spec: RunSpec, run: dict, attempt: int) -> None:
+        """Creates the attempt's ConfigMap. One already there without an owner is a crashed
+        start's: reused. One with an owner belonged to an object of this name now gone (the
+        garbage collector has yet to remove it): replaced, so it cannot vanish under the new one."""
+        from kubernetes.client.rest import ApiException
+
+        namespace = self.settings.namespace
+        config_map = build_config_map(spec, run["metadata"]["labels"], attempt)
+        try:
+            self.core.create_namespaced_config_map(namespace, config_map)
+            return
+        except ApiException as error:
+            if error.status != 409:
+                raise
+        name = config_map["metadata"]["name"]
+        if not self.core.read_namespaced_config_map(name, namespace).metadata.owner_references:
+            return
+        self.core.delete_namespaced_config_map(name, namespace)
+        self.core.create_namespaced_config_map(namespace, config_map)
+
+    def _own_config_map(self, obj: dict) -> None:
+        """Makes the ConfigMap a dependent of the object: deleted with it."""
+        from kubernetes.client.rest import ApiException
+
+        meta = obj["metadata"]
+        owner = {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": meta["name"], "uid": meta["uid"]}
+        try:
+            self.core.patch_namespaced_config_map(config_map_name(meta["name"]), self.settings.namespace,
+                                                  {"metadata": {"ownerReferences": [owner]}})
+        except ApiException as error:
+            if error.status != 404:  # an object of before this change whose ConfigMap went: nothing to own
+                raise
+
+    def _cancelled(self, spec: RunSpec, external_id: str) -> str:
+        try:
+            self.cancel(spec, external_id)
+        except Exception as error:
+            return f"deleting {self.kind} {external_id} failed: {type(error).__name__}: {error}"
+        return f"{self.kind} {external_id} deleted"
 
 
 def make_runner(settings: Settings) -> Runner:

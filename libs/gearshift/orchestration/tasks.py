@@ -22,7 +22,7 @@ from gearshift.orchestration.app import app
 from gearshift.orchestration.evaluators import GateEvaluator
 from gearshift.orchestration.journal import Claim, JobJournal
 from gearshift.orchestration.promotion import Evaluator
-from gearshift.orchestration.runners import make_runner
+from gearshift.orchestration.runners import Runner, RunSpec, make_runner
 from gearshift.settings import Settings, get_settings
 from gearshift.storage import create_store_engine, upgrade_to_head
 
@@ -96,16 +96,23 @@ def train(previous: dict | None = None, job: str = "sft", config: dict | None = 
     spec = steps.train_config(settings, job, config or {}, key, data, parent)
     runner = make_runner(settings)
 
-    def work(book: JobJournal, external_id: str) -> dict:
-        if not external_id:  # a first attempt; a retried one re-attaches to what it recorded
-            external_id = runner.start(spec)
-            book.heartbeat(key, external_id=external_id)
-        result = steps.train(runner, spec, external_id, lambda tail: book.heartbeat(key, log=tail),
-                             settings.orchestration.job_timeout_seconds)
-        book.heartbeat(key, log=result.pop("log_tail"))
+    def work(book: JobJournal, _recorded: str) -> dict:
+        result = run_training(book, key, runner, spec, settings.orchestration.job_timeout_seconds)
         return result | {"snapshot": previous.get("snapshot", "")}
 
     return once(key, "train", {"job": job, "config": spec.config}, work)
+
+
+def run_training(book: JobJournal, key: str, runner: Runner, spec: RunSpec, timeout: float) -> dict:
+    """One training run of a claimed key, to its end. The runner's start() decides between
+    re-attaching (a redelivered task whose run is still going, or done) and a new attempt (a
+    retried run whose attempt failed): so the journal's recorded external id is only a record,
+    updated to the attempt being watched."""
+    external_id = runner.start(spec)
+    book.heartbeat(key, external_id=external_id)
+    result = steps.train(runner, spec, external_id, lambda tail: book.heartbeat(key, log=tail), timeout)
+    book.heartbeat(key, log=result.pop("log_tail"))
+    return result
 
 
 @app.task(name="gearshift.orchestration.tasks.promote")
