@@ -324,3 +324,14 @@ def test_a_runner_without_a_client_builds_one_from_the_kubeconfig_of_now(fake_ku
     spec = make_spec(tmp_path)
     runner = KubernetesRunner(KubernetesSettings(namespace=NAMESPACE))
     assert runner.start(spec) == spec.name and fake_kube.get("jobs", NAMESPACE, spec.name)
+
+
+def test_a_run_still_being_deleted_counts_as_ended_and_the_next_attempt_gets_a_new_name(fake_kube, tmp_path):
+    """A Foreground deletion keeps the object (deletionTimestamp set) until its pods are gone:
+    a retry meanwhile must neither attach to it nor reuse its name."""
+    spec = make_spec(tmp_path)
+    runner = make_runner(fake_kube)
+    first = runner.start(spec)
+    fake_kube.patch("jobs", NAMESPACE, first, {"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}, "application/merge-patch+json")
+    assert runner.wait(spec, first, no_heartbeat, timeout=30).reason == f"Job {first} is being deleted"
+    assert runner.start(spec) == f"{spec.name}-a2"
