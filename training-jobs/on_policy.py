@@ -2,15 +2,23 @@
 the model being trained, served by the embedded platform, runs episodes through the real
 executor, router, planner and sandbox, exactly as serving runs them. Every model call of an
 episode samples with the rollout settings (routing and planning explore too). Under torchrun,
-rank 0 runs the episodes and every rank learns from its share of them."""
+rank 0 runs the episodes and every rank learns from its share of them.
+
+Against a running executor (rollout.executor_addr) the policy server it calls gets the new weights
+after every update without a restart, by the route its engine has (RemotePolicy): vLLM serves
+each step's LoRA adapter under a new name, or reloads full weights in place; the built-in server
+loads the saved checkpoint. The time it takes is the step's sync_seconds in metrics.jsonl."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 import torch
@@ -20,7 +28,7 @@ from gearshift.api.common.v1.common_pb2 import Sampling, Trajectory
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.embedded import embedded
 from gearshift.errors import FailedPrecondition
-from gearshift.policy_client import PolicyClient
+from gearshift.policy_client import VLLM, PolicyClient
 from gearshift.settings import ExecutorSettings, PolicyServerSettings, Settings
 from gearshift.topology import SERVICE_NAMES
 from gearshift.training import checkpoints, distributed, tokenization
@@ -31,6 +39,8 @@ if TYPE_CHECKING:
     from gearshift.services.policy_server.core import PolicyEngine
 
 SERVED_NAME = "policy-in-training"
+SERVING_DIR = "serving"  # in the run's output dir: what a remote server loads (the checkpoints volume)
+ADAPTER_PREFIX = "adapter-step-"
 T = TypeVar("T")
 
 
@@ -54,6 +64,89 @@ def encode_rollouts(tokenizer, rollouts: list[Trajectory], rollout: RolloutConfi
     ]
 
 
+def save_adapter(run: Run, directory: Path) -> None:
+    """The LoRA adapter alone (peft's files) in directory, from rank 0; every rank calls it (the
+    shards are gathered), and only the trainable weights travel, not the frozen base. Written
+    beside and renamed: a server never reads half an adapter."""
+    state = checkpoints.full_state(run.model, run.ranks, trainable_only=True)
+    if not run.ranks.main:
+        return
+    partial = directory.with_name(directory.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    run.model.save_pretrained(partial, state_dict=state)
+    shutil.rmtree(directory, ignore_errors=True)
+    os.replace(partial, directory)
+
+
+def drop_other_adapters(current: Path) -> None:
+    """Deletes the step adapters beside current: the server no longer serves them, and vLLM
+    reads an adapter's files only when it loads it."""
+    for other in current.parent.glob(ADAPTER_PREFIX + "*"):
+        if other != current:
+            shutil.rmtree(other, ignore_errors=True)
+
+
+@dataclass
+class RemotePolicy:
+    """A running policy server that samples the run's episodes, and the route by which it gets
+    the run's weights after each update, chosen once per run from the engine it runs:
+    - vLLM, LoRA run: rank 0 saves the adapter alone in output/serving/adapter-step-NNNNNNNN and
+      vLLM serves it as `<alias>@<step>`, unloading the alias's older versions
+      (PolicyClient.serve_adapter). alias is the model name the stack's policy clients ask for
+      (policy_client.model: set the same on this job and on the executor, router and planner),
+      and they follow it to its newest version. A new name per step, because vLLM keeps the
+      prefix blocks it cached under a name reloaded in place;
+    - vLLM, full weights: the checkpoint saved in output/serving, reloaded into the running model
+      (collective_rpc reload_weights, then the prefix cache dropped; vLLM needs
+      VLLM_SERVER_DEV_MODE=1): the one full-weight route of vLLM 0.32.0 that works on its CPU
+      build, where sleep/wake_up are no-ops and the weight-transfer engines need NCCL or CUDA;
+    - the built-in server: the checkpoint (a LoRA adapter merged in) in output/serving,
+      POST /v1/load.
+    The server reads the files from the run's output dir (on Kubernetes the checkpoints volume,
+    which the policy pods mount too)."""
+
+    client: PolicyClient | None  # rank 0's
+    adapters: bool  # the adapter alone travels (vLLM and a LoRA run); the same on every rank
+    alias: str
+    admin_token: str | None = None  # the built-in server's, for /v1/load
+
+    async def publish(self, run: Run, step: int) -> None:
+        """Gives the server the run's current weights as step's (every rank calls it)."""
+        if self.adapters:
+            directory = run.output / SERVING_DIR / f"{ADAPTER_PREFIX}{step:08d}"
+            save_adapter(run, directory)
+            if self.client is not None:
+                await self.client.serve_adapter(self.alias, step, str(directory.resolve()))
+                drop_other_adapters(directory)
+        else:
+            serving = run.output / SERVING_DIR
+            run.save_weights(serving)
+            if self.client is not None:
+                await self.client.switch_weights(str(serving.resolve()), self.admin_token)
+        run.ranks.barrier()
+
+
+@contextlib.asynccontextmanager
+async def remote_policy(run: Run, settings: Settings) -> AsyncIterator[RemotePolicy]:
+    """The policy server settings.policy_client names, its engine asked once on rank 0."""
+    client = PolicyClient.from_settings(settings) if run.ranks.main else None
+    try:
+        engine = await client.engine() if client is not None else None
+        adapters = run.ranks.shared(lambda: engine == VLLM and run.policy.is_lora)
+        alias = settings.policy_client.model
+        if client is not None and adapters and alias in await client.models():
+            raise FailedPrecondition(
+                f"vLLM serves {alias!r} itself, so rollouts asking for it would never reach the trained adapter: name the "
+                f"policy by an alias vLLM does not serve, the same for this job and for the executor, router and planner "
+                f"(GEARSHIFT_POLICY_CLIENT__MODEL={SERVED_NAME})"
+            )
+        admin = settings.policy_server.admin_token
+        yield RemotePolicy(client, adapters, alias, admin.get_secret_value() if admin else None)
+    finally:
+        if client is not None:
+            await client.aclose()
+
+
 @dataclass
 class Rollouts:
     """Where a run's episodes come from. Rank 0 runs them, for every rank (episodes are gRPC calls
@@ -64,11 +157,11 @@ class Rollouts:
     - the same stack generating with a CPU copy on rank 0, refreshed from the gathered weights
       after each update (the module is sharded across ranks, or on a GPU the built-in server
       does not use);
-    - a running executor whose policy server loads the saved weights (POST /v1/load).
+    - a running executor whose policy server gets the saved weights (RemotePolicy).
     remote and copied are the same on every rank: they decide the collectives publish() makes."""
 
     run: Run
-    remote: bool
+    remote: RemotePolicy | None
     copied: bool
     settings: Settings | None = None  # the stack's, on rank 0 (and on every rank when remote)
     engine: PolicyEngine | None = None  # the in-process built-in server, on rank 0
@@ -79,17 +172,13 @@ class Rollouts:
         result = await episodes(self.settings) if self.run.ranks.main else None
         return self.run.ranks.shared(lambda: result)
 
-    async def publish(self) -> float:
-        """Makes the sampling policy carry the run's current weights; returns the seconds taken.
-        Every rank calls it (gathering the weights is a collective)."""
+    async def publish(self, step: int | None = None) -> float:
+        """Makes the sampling policy carry the run's current weights, those of step (default: the
+        last recorded); returns the seconds taken. Every rank calls it (gathering the weights is
+        a collective)."""
         started = time.perf_counter()
-        if self.remote:
-            serving = self.run.output / "serving"
-            self.run.save_weights(serving)
-            if self.run.ranks.main:
-                async with PolicyClient.from_settings(self.settings) as policy:
-                    await policy.load(str(serving.resolve()))
-            self.run.ranks.barrier()
+        if self.remote is not None:
+            await self.remote.publish(self.run, self.run.step if step is None else step)
             return time.perf_counter() - started
         if self.copied:
             state = checkpoints.full_state(self.run.model, self.run.ranks, trainable_only=True)
@@ -118,20 +207,23 @@ def serving_copy(run: Run) -> torch.nn.Module | None:
 
 @contextlib.asynccontextmanager
 async def rollout_services(run: Run, rollout: RolloutConfig, store_addr: str) -> AsyncIterator[Rollouts]:
-    """The run's Rollouts: through rollout.executor_addr when set, else an in-process stack on
-    rank 0 whose built-in server serves the training weights. Rollouts are stored in the job's
-    store when it has one. The sampling policy starts with the run's weights."""
+    """The run's Rollouts: through rollout.executor_addr when set (its policy server at
+    rollout.policy_url, else policy_client.url), else an in-process stack on rank 0 whose built-in
+    server serves the training weights. Rollouts are stored in the job's store when it has one.
+    The sampling policy starts with the run's weights."""
     settings = Settings()
     if rollout.executor_addr:
-        remote = settings.model_copy(update={"executor_addr": rollout.executor_addr})
-        rollouts = Rollouts(run, remote=True, copied=False, settings=remote.with_policy(rollout.policy_url) if rollout.policy_url else remote)
-        await rollouts.publish()  # the remote server starts from this run's weights
-        yield rollouts
+        stack = settings.model_copy(update={"executor_addr": rollout.executor_addr})
+        stack = stack.with_policy(rollout.policy_url) if rollout.policy_url else stack
+        async with remote_policy(run, stack) as server:
+            rollouts = Rollouts(run, remote=server, copied=False, settings=stack)
+            await rollouts.publish(run.start_step)  # the remote server starts from this run's weights
+            yield rollouts
         return
     copied = not serves_itself(run)
     copy = serving_copy(run) if copied else None
     if not run.ranks.main:
-        yield Rollouts(run, remote=False, copied=copied)
+        yield Rollouts(run, remote=None, copied=copied)
         return
     from gearshift.services.policy_server.core import PolicyEngine
 
@@ -149,7 +241,7 @@ async def rollout_services(run: Run, rollout: RolloutConfig, store_addr: str) ->
         services = tuple(name for name in SERVICE_NAMES if name != "store")
     try:
         async with embedded(local, services, policy_engine=engine) as platform:
-            yield Rollouts(run, remote=False, copied=copied, settings=platform.settings, engine=engine, copy=copy)
+            yield Rollouts(run, remote=None, copied=copied, settings=platform.settings, engine=engine, copy=copy)
     finally:
         engine.close()
 

@@ -5,6 +5,17 @@ Timeouts on every request; retries with exponential backoff on connection errors
 (never on other 4xx: the same request would fail the same way); and domain errors when it gives
 up, so callers handle Unavailable / InvalidArgument / DeadlineExceeded like any other service's.
 
+The model name a client asks for may be an alias of versioned names, `<alias>@<version>` (a
+training run serves each step's LoRA adapter under a new name): when the server no longer serves
+the name in use, the client moves to the alias's newest version and asks again.
+
+New weights reach a running server by the route its engine has (PolicyClient.engine, asked once):
+the built-in server switches checkpoints (POST /v1/load); vLLM serves LoRA adapters at run time
+(/v1/load_lora_adapter, /v1/unload_lora_adapter) and reloads full weights in place
+(/collective_rpc reload_weights, then /reset_prefix_cache). vLLM's other candidates do not work in
+its CPU build 0.32.0: /sleep and /wake_up are no-ops there, and the weight-transfer engines
+(/init_weight_transfer_engine, /update_weights) are NCCL or CUDA IPC.
+
     async with PolicyClient.from_settings(settings) as policy:
         done = await policy.complete("Q: 2+2?\\nA:", max_tokens=8, stop=["\\n"])
         print(done.text, done.finish_reason, done.usage.completion_tokens)
@@ -20,11 +31,36 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from gearshift.errors import DeadlineExceeded, GearshiftError, InvalidArgument, ResourceExhausted, Unauthenticated, Unavailable
+from gearshift.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    GearshiftError,
+    InvalidArgument,
+    ResourceExhausted,
+    Unauthenticated,
+    Unavailable,
+)
 from gearshift.settings import Settings, get_settings
 
 RETRYABLE_STATUS = {429, 500, 502, 503, 504}
 MAX_BACKOFF_SECONDS = 8.0
+
+# The engines a server can run, told apart by the owned_by of its /v1/models entries.
+BUILTIN, VLLM, OTHER = "gearshift", "vllm", "other"
+ENGINE_NAMES = {BUILTIN: "the built-in policy server", VLLM: "vLLM", OTHER: "an OpenAI-compatible server of unknown kind"}
+VERSION_MARK = "@"
+
+
+def versioned(alias: str, version: int) -> str:
+    """The served name of an alias's version (a training step's adapter)."""
+    return f"{alias}{VERSION_MARK}{version}"
+
+
+def newest_version(alias: str, names: list[str]) -> str | None:
+    """The alias's newest versioned name among names, or None when it has none."""
+    prefix = alias + VERSION_MARK
+    versions = [(int(name[len(prefix):]), name) for name in names if name.startswith(prefix) and name[len(prefix):].isdigit()]
+    return max(versions)[1] if versions else None
 
 
 @dataclass
@@ -120,6 +156,21 @@ def _retry_after(response: aiohttp.ClientResponse) -> float | None:
 READ_TIMEOUTS = (aiohttp.SocketTimeoutError, asyncio.TimeoutError)
 
 
+class _ModelNotServed(InvalidArgument):
+    """The server answered 404 to a request naming a model (vLLM: that name is not served)."""
+
+
+class _RouteMissing(InvalidArgument):
+    """The server has no such route (a plain 404 Not Found): a feature it was started without."""
+
+
+# What vLLM answers when it was started without what an admin call needs, and the fix to name.
+VLLM_REFUSALS = {
+    "LoRA is not enabled": "vLLM refused the LoRA adapter: start it with --enable-lora",
+    "greater than max_lora_rank": "vLLM refused the LoRA adapter: start it with a --max-lora-rank of at least the run's lora_rank",
+}
+
+
 class PolicyClient:
     """Async client of an OpenAI-compatible policy server; one per process, reused.
 
@@ -139,13 +190,16 @@ class PolicyClient:
         token_ids: bool = False,
     ):
         self.base_url = base_url.rstrip("/")
-        self.model = model
+        self.model = model  # what the settings name: a served model, or an alias of versioned names
+        self.served_model = model  # the name requests carry now
+        self._engine: str | None = None
         self.retries = retries
         self.backoff = backoff
         self._token_ids = {"return_token_ids": True} if token_ids else {}
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=timeout)
         self._http: aiohttp.ClientSession | None = None  # made on first use, inside the running loop
+        self._admin: aiohttp.ClientSession | None = None  # admin calls: a new connection each
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> PolicyClient:
@@ -167,8 +221,9 @@ class PolicyClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        if self._http is not None:
-            await self._http.close()
+        for session in (self._http, self._admin):
+            if session is not None:
+                await session.close()
 
     # Plumbing
 
@@ -176,6 +231,15 @@ class PolicyClient:
         if self._http is None or self._http.closed:
             self._http = aiohttp.ClientSession(headers=self._headers, timeout=self._timeout)
         return self._http
+
+    def _admin_session(self) -> aiohttp.ClientSession:
+        # Admin calls come minutes apart (a weight sync after each training step), by when the
+        # server has closed a pooled connection after its keep-alive timeout, and a POST sent on it
+        # in the moment before the client notices fails. A new connection costs under a millisecond.
+        if self._admin is None or self._admin.closed:
+            connector = aiohttp.TCPConnector(force_close=True)
+            self._admin = aiohttp.ClientSession(headers=self._headers, timeout=self._timeout, connector=connector)
+        return self._admin
 
     def _delay(self, attempt: int, response: aiohttp.ClientResponse | None = None) -> float:
         delay = min(self.backoff * 2**attempt, MAX_BACKOFF_SECONDS)
@@ -191,22 +255,53 @@ class PolicyClient:
         return Unavailable(f"{where} unavailable after {attempts} attempt(s): {reason}")
 
     @staticmethod
-    async def _client_error(response: aiohttp.ClientResponse) -> GearshiftError:
+    async def _client_error(response: aiohttp.ClientResponse, names_model: bool = False) -> GearshiftError:
         text = await response.text(errors="replace")
         response.release()
-        message = f"policy server rejected the request ({response.status}): {_error_message(text, response.reason or '')}"
+        reason = _error_message(text, response.reason or "")
+        message = f"policy server rejected the request ({response.status}): {reason}"
         if response.status in (401, 403):
             return Unauthenticated(message)
+        if response.status == 404 and reason == "Not Found":
+            return _RouteMissing(message)
+        if response.status == 404 and names_model:
+            return _ModelNotServed(message)
         return InvalidArgument(message)
 
-    async def _request(self, method: str, path: str, **kwargs) -> aiohttp.ClientResponse:
+    def _url(self, path: str, root: bool) -> str:
+        """base_url + path; root: the server's own routes, beside /v1 (vLLM's admin routes)."""
+        return (self.base_url.removesuffix("/v1") if root else self.base_url) + path
+
+    async def _request(self, method: str, path: str, root: bool = False, admin: bool = False, **kwargs) -> aiohttp.ClientResponse:
+        session = self._admin_session() if admin else self._session()
         try:
-            return await self._session().request(method, self.base_url + path, **kwargs)
+            return await session.request(method, self._url(path, root), **kwargs)
         except READ_TIMEOUTS as exc:
-            raise DeadlineExceeded(f"policy server {self.base_url}{path} did not answer in time: {exc!r}") from None
+            raise DeadlineExceeded(f"policy server {self._url(path, root)} did not answer in time: {exc!r}") from None
 
     async def _open(self, path: str, body: dict) -> aiohttp.ClientResponse:
-        """Sends a POST with retries; returns a response with a 2xx status, body unread."""
+        """Sends a POST with retries; returns a response with a 2xx status, body unread. A model
+        the server stopped serving is followed to its alias's newest version, once."""
+        try:
+            return await self._send(path, body)
+        except _ModelNotServed:
+            if "model" not in body or not await self._follow_alias():
+                raise
+            return await self._send(path, body | {"model": self.served_model})
+
+    async def _follow_alias(self) -> bool:
+        """Moves served_model to the newest version of the alias self.model names; False when
+        there is none other than the one in use."""
+        try:
+            newest = newest_version(self.model, await self.models())
+        except GearshiftError:
+            return False
+        if newest is None or newest == self.served_model:
+            return False
+        self.served_model = newest
+        return True
+
+    async def _send(self, path: str, body: dict) -> aiohttp.ClientResponse:
         reason, status = "", None
         for attempt in range(self.retries + 1):
             response = None
@@ -218,7 +313,7 @@ class PolicyClient:
                 if response.status < 400:
                     return response
                 if response.status not in RETRYABLE_STATUS:
-                    raise await self._client_error(response)
+                    raise await self._client_error(response, names_model="model" in body)
                 text = await response.text(errors="replace")
                 response.release()
                 reason, status = f"{response.status}: {_error_message(text, response.reason or '')}", response.status
@@ -268,7 +363,7 @@ class PolicyClient:
                 response.close()
 
     def _body(self, max_tokens: int, temperature: float, top_p: float, stop, seed, extra: dict) -> dict:
-        body = {"model": self.model, "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, **self._token_ids, **extra}
+        body = {"model": self.served_model, "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, **self._token_ids, **extra}
         if stop:
             body["stop"] = list(stop)
         if seed is not None:
@@ -386,8 +481,20 @@ class PolicyClient:
 
     async def models(self) -> list[str]:
         """The model names the server serves."""
+        return [card["id"] for card in await self.model_cards()]
+
+    async def model_cards(self) -> list[dict]:
+        """The server's /v1/models entries (vLLM's LoRA adapters carry their base as parent)."""
         response = await self._unary("GET", "/models")
-        return [card["id"] for card in (await self._json(response, "/models")).get("data", [])]
+        return (await self._json(response, "/models")).get("data", [])
+
+    async def engine(self) -> str:
+        """The engine serving base_url, asked once per client: BUILTIN, VLLM or OTHER, from the
+        owned_by of its /v1/models entries ("gearshift" for the built-in server, "vllm")."""
+        if self._engine is None:
+            owners = {card.get("owned_by") for card in await self.model_cards()}
+            self._engine = VLLM if VLLM in owners else BUILTIN if BUILTIN in owners else OTHER
+        return self._engine
 
     async def load(self, model: str, served_model_name: str | None = None, admin_token: str | None = None) -> dict:
         """Asks the built-in server to switch checkpoints (POST /v1/load); returns its report."""
@@ -395,21 +502,84 @@ class PolicyClient:
         headers = {"Authorization": f"Bearer {admin_token}"} if admin_token else None
         return await self._json(await self._unary("POST", "/load", json=body, headers=headers), "/load")
 
-    async def load_lora_adapter(self, name: str, path: str) -> None:
-        """Asks vLLM to serve a LoRA adapter under name (POST /v1/load_lora_adapter; vLLM needs
-        VLLM_ALLOW_RUNTIME_LORA_UPDATING=True); an adapter already loaded is fine."""
+    async def load_lora_adapter(self, name: str, path: str, in_place: bool = False) -> None:
+        """Asks vLLM to serve a LoRA adapter under name (POST /v1/load_lora_adapter); an adapter
+        already loaded under name is fine, or with in_place replaced by this one. A vLLM started
+        without what runtime LoRA needs is a FailedPrecondition naming the missing flag."""
+        body = {"lora_name": name, "lora_path": path} | ({"load_inplace": True} if in_place else {})
         try:
-            response = await self._unary("POST", "/load_lora_adapter", json={"lora_name": name, "lora_path": path})
+            response = await self._unary("POST", "/load_lora_adapter", json=body)
+        except _RouteMissing:
+            raise FailedPrecondition(
+                f"vLLM at {self.base_url} refused runtime LoRA loading: start it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"
+            ) from None
         except InvalidArgument as exc:
-            if "already been loaded" not in str(exc):
-                raise
-            return
+            if "already been loaded" in str(exc):
+                return
+            raise _vllm_refusal(exc) from None
         response.release()
 
-    async def _unary(self, method: str, path: str, **kwargs) -> aiohttp.ClientResponse:
+    async def unload_lora_adapter(self, name: str) -> None:
+        """Asks vLLM to stop serving the LoRA adapter name (POST /v1/unload_lora_adapter); one
+        it does not serve is fine."""
+        try:
+            response = await self._unary("POST", "/unload_lora_adapter", json={"lora_name": name})
+        except _RouteMissing:
+            raise FailedPrecondition(
+                f"vLLM at {self.base_url} refused runtime LoRA unloading: start it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"
+            ) from None
+        except InvalidArgument as exc:
+            if "cannot be found" in str(exc):
+                return
+            raise
+        response.release()
+
+    async def serve_adapter(self, alias: str, version: int, path: str) -> str:
+        """vLLM serves the LoRA adapter directory path as versioned(alias, version), and no other
+        version of alias; returns the new name. A new name per version, since vLLM keeps prefix
+        blocks cached under a name it reloads in place; a name already served (left by an
+        interrupted run) is unloaded first. Clients asking for alias move to the new name on their
+        next request (the one they used is gone)."""
+        await self._require(VLLM, "serve LoRA adapters at run time")
+        name = versioned(alias, version)
+        if name in await self.models():
+            await self.unload_lora_adapter(name)
+        await self.load_lora_adapter(name, path)
+        for other in await self.models():
+            if other != name and other.startswith(alias + VERSION_MARK):
+                await self.unload_lora_adapter(other)
+        return name
+
+    async def switch_weights(self, checkpoint: str, admin_token: str | None = None) -> None:
+        """Makes the server generate with the full weights of the checkpoint directory (a path
+        the server can read), by its engine's route: the built-in server loads it beside the old
+        weights and swaps (POST /v1/load); vLLM reloads it into the running model in place
+        (POST /collective_rpc reload_weights; it needs VLLM_SERVER_DEV_MODE=1), then drops the
+        prefix blocks it cached with the old weights (POST /reset_prefix_cache)."""
+        if await self.engine() == BUILTIN:
+            await self.load(checkpoint, admin_token=admin_token)
+            return
+        await self._require(VLLM, "load new full weights")
+        rpc = {"method": "reload_weights", "kwargs": {"weights_path": checkpoint}}
+        try:
+            (await self._unary("POST", "/collective_rpc", root=True, json=rpc)).release()
+            (await self._unary("POST", "/reset_prefix_cache", root=True)).release()
+        except _RouteMissing:
+            raise FailedPrecondition(
+                f"vLLM at {self.base_url} has no /collective_rpc to reload full weights with: start it with VLLM_SERVER_DEV_MODE=1"
+            ) from None
+
+    async def _require(self, engine: str, action: str) -> None:
+        found = await self.engine()
+        if found != engine:
+            raise FailedPrecondition(
+                f"the policy server at {self.base_url} is {ENGINE_NAMES[found]}, which cannot {action}: that takes {ENGINE_NAMES[engine]}"
+            )
+
+    async def _unary(self, method: str, path: str, root: bool = False, **kwargs) -> aiohttp.ClientResponse:
         """One request without retries (admin calls); errors become domain errors."""
         try:
-            response = await self._request(method, path, **kwargs)
+            response = await self._request(method, path, root, admin=True, **kwargs)
         except aiohttp.ClientConnectionError as exc:
             raise Unavailable(f"policy server {self.base_url} unreachable: {exc}") from None
         if response.status >= 400:
@@ -445,6 +615,14 @@ class _TokenIds:
 def _tool_fields(tools: list[dict] | None, tool_choice: str | dict | None) -> dict:
     """The chat body's tool fields, left out when not given (some servers reject nulls)."""
     return ({"tools": tools} if tools else {}) | ({"tool_choice": tool_choice} if tool_choice is not None else {})
+
+
+def _vllm_refusal(exc: InvalidArgument) -> GearshiftError:
+    """A FailedPrecondition naming the flag vLLM was started without, or exc itself."""
+    for sign, fix in VLLM_REFUSALS.items():
+        if sign in str(exc):
+            return FailedPrecondition(f"{fix} ({exc})")
+    return exc
 
 
 def _error_message_of(event: dict) -> str:

@@ -11,7 +11,9 @@ eps_low/eps_high, per-trajectory token mean, then group mean (+ optional k3 KL t
 By default the services run in this process and the built-in policy server serves the very
 module being trained (rollouts and updates alternate, so it always generates with the newest
 weights and no reload is needed). With rollout.executor_addr, a running executor is used and its
-policy server loads the new weights after each update (POST /v1/load).
+policy server gets the new weights after each update (gearshift.jobs.on_policy.RemotePolicy: vLLM
+serves each step's LoRA adapter under a new name or reloads full weights in place; the built-in
+server loads the checkpoint). metrics.jsonl has each step's sync_seconds within its seconds.
 
 Under torchrun, rank 0 runs the rollouts; each rank learns from its share of the groups (a group
 stays on one rank), every token weighted by the step's count of groups over all ranks, so 1 rank
@@ -192,9 +194,7 @@ async def train_async(config: APOConfig, on_step: StepCallback | None = None) ->
                 run.record(step, 0.0, metrics | {"tokens": 0, "updated": False}, started)
                 continue
             loss, learned = learn(run, kept, config, reference)
-            seconds = await rollouts.publish()
-            if rollouts.remote:
-                learned["reload_seconds"] = seconds
+            learned["sync_seconds"] = await rollouts.publish(step)  # part of the step's seconds
             run.record(step, loss, metrics | learned, started)
     result = run.finalize(trajectory_ids + rollout_ids, data.snapshot_id(trajectory_ids + rollout_ids), {"prompts": len(prompts)})
     if run.registers:

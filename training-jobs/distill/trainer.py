@@ -12,6 +12,9 @@ the student with its adapter off.
 What the platform wrote (a forced mode's prefix, the openers, tool responses) is context, never
 a target (gearshift.training.tokenization).
 
+With rollout.executor_addr the episodes run on a running executor whose policy server starts from
+the student's weights and gets them after each update, as APO's does (on_policy.RemotePolicy).
+
 Example:
     gearshift train distill --config distill.yaml
     # distill.yaml: {output: {dir: /tmp/student}, teachers: {math: /ckpt/math, qa: /ckpt/qa},
@@ -136,11 +139,12 @@ async def train_async(config: DistillConfig, on_step: StepCallback | None = None
             draw = random.Random(config.optim.seed * 1_000_003 + step)
             picked = [prompts[i] for i in draw.sample(range(len(prompts)), k=min(config.batch_size, len(prompts)))]
             episodes = await rollouts.collect(lambda stack: student_rollouts(stack, picked, config, run_id, step))
+            rollout_seconds = time.perf_counter() - started
             rollout_ids += [t.id for t in episodes]
             loss, metrics = learn(run, config, teachers, [teacher_of(p, config) for p in picked], episodes)
             if metrics["updated"]:
-                await rollouts.publish()
-            run.record(step, loss, metrics, started)
+                metrics["sync_seconds"] = await rollouts.publish(step)  # part of the step's seconds
+            run.record(step, loss, metrics | {"rollout_seconds": rollout_seconds}, started)
     domains = sorted({p.domain for p in prompts})
     lineage = trajectory_ids + rollout_ids
     result = run.finalize(lineage, data.snapshot_id(lineage), {"prompts": len(prompts), "domains": len(domains)})

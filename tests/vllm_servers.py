@@ -1,0 +1,116 @@
+"""Real vLLM CPU servers for the tests that load weights into them while they run: SmolLM2 from
+the local safetensors cache, started in parallel on free loopback ports, with the flags of the
+end-to-end tests' server (tests/e2e/conftest.py) plus what run-time weight loading needs:
+
+- VLLM_ALLOW_RUNTIME_LORA_UPDATING=True: /v1/load_lora_adapter and /v1/unload_lora_adapter;
+- --max-lora-rank: the project's LoRA rank (ModelConfig.lora_rank), so a trained adapter fits;
+- VLLM_SERVER_DEV_MODE=1: /collective_rpc (full weights reloaded in place) and /reset_prefix_cache.
+
+A test directory uses the session fixture by importing it into its conftest.py:
+
+    from tests.vllm_servers import vllm_servers  # noqa: F401
+
+and a test asks for `vllm_servers`, the servers' base URLs (".../v1"), serving the base model as
+"smollm2" and the default policy's adapter as "default". A test that changes a server's base
+weights puts SmolLM2's back before it ends (the servers are shared by the session).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from gearshift import weights
+from gearshift.settings import Settings
+from gearshift.training.config import ModelConfig
+
+# .ci/run installs vLLM's CPU build into its own virtual environment here (scripts/install-vllm.sh).
+VLLM_PYTHON = Path(os.environ.get("GEARSHIFT_VLLM_PYTHON", Path.home() / ".cache/gearshift/vllm-venv/bin/python"))
+START_SECONDS = 300  # two servers starting at once on two cores take about twice as long as one
+SERVED_NAME = "smollm2"
+SERVERS = 2
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def vllm_command(model: Path, port: int) -> list[str]:
+    return [
+        str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+        "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager",
+        "--enable-lora", "--max-lora-rank", str(ModelConfig().lora_rank),
+        "--lora-modules", f"{weights.DEFAULT}={weights.DEFAULT_ADAPTER}",
+    ]
+
+
+def vllm_environment() -> dict[str, str]:
+    return dict(
+        os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="2", VLLM_CPU_OMP_THREADS_BIND="0-1", HF_HUB_OFFLINE="1",
+        VLLM_ALLOW_RUNTIME_LORA_UPDATING="True", VLLM_SERVER_DEV_MODE="1",
+    )
+
+
+@contextlib.contextmanager
+def running_vllm_servers(count: int, model: Path, logs: Path) -> Iterator[list[str]]:
+    """count vLLM servers of model, started at once; yields their base URLs when all are healthy
+    and stops them afterwards. A server that exits or does not come up fails the caller with the
+    end of its log (logs/server-N.log)."""
+    if not VLLM_PYTHON.exists():
+        raise RuntimeError(f"vLLM is not installed at {VLLM_PYTHON}: run scripts/install-vllm.sh")
+    logs.mkdir(parents=True, exist_ok=True)
+    servers = []
+    try:
+        for index in range(count):
+            port, log = free_port(), logs / f"server-{index}.log"
+            with open(log, "w") as out:
+                process = subprocess.Popen(vllm_command(model, port), env=vllm_environment(), stdout=out, stderr=subprocess.STDOUT,
+                                           start_new_session=True)
+            servers.append((process, port, log))
+        _wait_healthy(servers)
+        yield [f"http://127.0.0.1:{port}/v1" for _, port, _ in servers]
+    finally:
+        for process, _, _ in servers:
+            process.terminate()
+        for process, _, _ in servers:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def _wait_healthy(servers: list) -> None:
+    deadline = time.monotonic() + START_SECONDS
+    waiting = list(servers)
+    while waiting:
+        for server in list(waiting):
+            process, port, log = server
+            if process.poll() is not None:
+                raise RuntimeError(f"vLLM on port {port} exited with {process.returncode}: {log.read_text()[-2000:]}")
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    waiting.remove(server)
+        if waiting and time.monotonic() > deadline:
+            raise RuntimeError(f"vLLM did not start in {START_SECONDS} s: {waiting[0][2].read_text()[-2000:]}")
+        time.sleep(1)
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(tmp_path_factory) -> Iterator[list[str]]:
+    """Two vLLM CPU servers of SmolLM2 with run-time weight loading on; their base URLs."""
+    model = weights.cache_smollm2(Settings().models_dir)
+    try:
+        with running_vllm_servers(SERVERS, model, tmp_path_factory.mktemp("vllm")) as urls:
+            yield urls
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
