@@ -25,3 +25,8 @@ def postgres_url() -> Iterator[str]:
     """A fresh, empty Postgres database for this test session, dropped afterwards."""
     with scratch_database("gearshift_test") as url:
         yield url
+
+
+# Two real vLLM CPU servers with run-time weight loading, shared by every test that asks (once per
+# session: registered here, not in each directory's conftest, or each would start its own pair).
+from tests.vllm_servers import vllm_servers  # noqa: E402, F401

@@ -6,7 +6,7 @@ end-to-end tests' server (tests/e2e/conftest.py) plus what run-time weight loadi
 - --max-lora-rank: the project's LoRA rank (ModelConfig.lora_rank), so a trained adapter fits;
 - VLLM_SERVER_DEV_MODE=1: /collective_rpc (full weights reloaded in place) and /reset_prefix_cache.
 
-A test directory uses the session fixture by importing it into its conftest.py:
+tests/conftest.py registers the session fixture for every test directory:
 
     from tests.vllm_servers import vllm_servers  # noqa: F401
 

@@ -94,6 +94,3 @@ def store(tmp_path_factory):
     yield server
     server.loop.call_soon_threadsafe(server.stop.set)
     server.thread.join(10)
-
-
-from tests.vllm_servers import vllm_servers  # noqa: F401,E402  (real vLLM CPU servers, session-scoped)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from gearshift.cli import main
@@ -84,3 +86,22 @@ def checkpoints_publish(checkpoint_id: str) -> None:
     from gearshift.orchestration.steps import publish
 
     click.echo(run_or_fail(publish(get_settings(), checkpoint_id)))
+
+
+@main.command("publish-startup-adapters")
+@click.option("--output", type=click.Path(dir_okay=False, path_type=Path), required=True, help="File to write vLLM's arguments to")
+def publish_startup_adapters(output: Path) -> None:
+    """Write the --lora-modules that make a vLLM pod starting now serve the newest published
+    adapter (the chart's init step; an empty file when there is none). A store that cannot be
+    reached fails the step, so no pod starts on weights older than its peers'."""
+    import shlex
+
+    from gearshift.cli.common import run_or_fail
+    from gearshift.orchestration.publishing import startup_lora_arguments
+
+    arguments = run_or_fail(startup_lora_arguments(get_settings()))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    partial = output.with_name(output.name + ".partial")
+    partial.write_text(" ".join(shlex.quote(a) for a in arguments))
+    partial.replace(output)
+    click.echo(" ".join(arguments) or "no published adapter: the pod starts with its own arguments")

@@ -4,7 +4,12 @@
   to the old ones and swaps them atomically; generations in flight finish on the old weights,
   so no request is dropped. The switch time is measured here, end to end.
 - vllm_lora: vLLM's runtime LoRA loading (POST /v1/load_lora_adapter; the server needs
-  VLLM_ALLOW_RUNTIME_LORA_UPDATING=True). The adapter is then served under the checkpoint id.
+  VLLM_ALLOW_RUNTIME_LORA_UPDATING=True), on every ready pod of the policy Service (its
+  EndpointSlices) when kubernetes.policy_service is set, else on the one policy URL. The
+  adapter replaces, in place, the adapter served under the name the platform asks for
+  (policy_client.model), so executors need no change; a pod that starts later gets it from
+  `gearshift publish-startup-adapters` (its --lora-modules). vLLM swaps an in-place adapter
+  between two engine steps: a generation in flight continues on the new adapter.
 - deployment: a rolling restart of the policy Deployment with the new weights (vLLM's --model
   argument, or the built-in server's GEARSHIFT_POLICY_SERVER__MODEL), through the Kubernetes API.
 """
@@ -12,13 +17,17 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import json
 import time
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from gearshift.api.common.v1.common_pb2 import Checkpoint
-from gearshift.errors import FailedPrecondition, InvalidArgument
+from gearshift.errors import FailedPrecondition
 from gearshift.policy_client import PolicyClient
 from gearshift.settings import Settings
+from gearshift.training.results import ADAPTER_DIR
 
 CHECKPOINT_ANNOTATION = "gearshift.io/checkpoint"
 
@@ -43,16 +52,110 @@ async def publish_builtin(checkpoint: Checkpoint, settings: Settings) -> Publish
     return PublishReport("builtin", checkpoint.id, time.perf_counter() - started, report)
 
 
-async def publish_vllm_lora(checkpoint: Checkpoint, settings: Settings) -> PublishReport:
-    """Loads the checkpoint's LoRA adapter into a running vLLM under the checkpoint id."""
-    client = settings.policy_client.model_copy(update={"timeout_seconds": settings.orchestration.publish_timeout_seconds})
+def is_lora(checkpoint: Checkpoint) -> bool:
+    """Whether the checkpoint is a LoRA run's (its registered config says so: the worker that
+    publishes need not see the checkpoints volume)."""
+    try:
+        return bool(json.loads(checkpoint.config_json or "{}").get("model", {}).get("lora"))
+    except (ValueError, AttributeError):
+        return False
+
+
+def adapter_path(checkpoint: Checkpoint) -> str:
+    """Where a LoRA checkpoint's adapter lives, as the policy pods see the checkpoints volume."""
+    return f"{checkpoint.uri.rstrip('/')}/{ADAPTER_DIR}"
+
+
+@dataclass
+class Replica:
+    """One pod serving the policy: its name (for reports and errors) and its base URL."""
+
+    pod: str
+    url: str
+
+
+def policy_replicas(settings: Settings, api_client=None) -> list[Replica]:
+    """Every ready pod behind the policy Service, read from its EndpointSlices, each with the
+    policy URL's scheme and path; without kubernetes.policy_service, the policy URL itself."""
+    k8s = settings.kubernetes
+    base = urlsplit(settings.policy_client.url)
+    if not k8s.policy_service:
+        return [Replica(base.hostname or "policy", settings.policy_client.url)]
+    from kubernetes import client
+
+    from gearshift.orchestration.runners import kube_api_client
+
+    discovery = client.DiscoveryV1Api(api_client or kube_api_client())
+    slices = discovery.list_namespaced_endpoint_slice(k8s.namespace, label_selector=f"kubernetes.io/service-name={k8s.policy_service}").items
+    replicas = {}
+    for endpoint_slice in slices:
+        port = _serving_port(endpoint_slice.ports or [], base.port)
+        for endpoint in endpoint_slice.endpoints or []:
+            ready = endpoint.conditions.ready if endpoint.conditions else None
+            if ready is False or not endpoint.addresses:  # unset means ready (the API's rule)
+                continue
+            host = endpoint.addresses[0]
+            if ipaddress.ip_address(host).version == 6:
+                host = f"[{host}]"
+            pod = endpoint.target_ref.name if endpoint.target_ref else f"{host}:{port}"
+            replicas[pod] = Replica(pod, f"{base.scheme}://{host}:{port}{base.path}")
+    if not replicas:
+        raise FailedPrecondition(f"no ready pod behind the Service {k8s.namespace}/{k8s.policy_service}")
+    return sorted(replicas.values(), key=lambda replica: replica.pod)
+
+
+def _serving_port(ports: list, service_port: int | None) -> int:
+    """The slice's port the policy is served on: the only one, or the one named http."""
+    if len(ports) == 1:
+        return ports[0].port
+    named = [p.port for p in ports if p.name == "http"]
+    if named:
+        return named[0]
+    raise FailedPrecondition(f"cannot tell the policy's port among {[p.port for p in ports]} (name it http)")
+
+
+async def publish_vllm_lora(checkpoint: Checkpoint, settings: Settings, api_client=None) -> PublishReport:
+    """Loads the checkpoint's adapter on every ready policy pod at once, in place under the name
+    executors ask for; the report has each pod's time. Any pod refusing fails the publish,
+    naming the pods (the others keep what they loaded: publishing again converges them)."""
+    if not is_lora(checkpoint):
+        raise FailedPrecondition(f"{checkpoint.id} holds full weights, not a LoRA adapter: publish it with the deployment target")
+    name, path = settings.policy_client.model, adapter_path(checkpoint)
+    replicas = await asyncio.to_thread(policy_replicas, settings, api_client)
     started = time.perf_counter()
-    async with PolicyClient.from_settings(settings.model_copy(update={"policy_client": client})) as policy:
-        try:
-            await policy.load_lora_adapter(checkpoint.id, checkpoint.uri)
-        except InvalidArgument as exc:
-            raise FailedPrecondition(f"vLLM refused the adapter {checkpoint.uri}: {exc}") from None
-    return PublishReport("vllm_lora", checkpoint.id, time.perf_counter() - started, {"served_model_name": checkpoint.id})
+
+    async def load(replica: Replica) -> float:
+        begun = time.perf_counter()
+        async with PolicyClient(replica.url, name, api_key=_api_key(settings), timeout=settings.orchestration.publish_timeout_seconds,
+                                retries=0) as policy:
+            await policy.load_lora_adapter(name, path, in_place=True)
+        return time.perf_counter() - begun
+
+    outcomes = await asyncio.gather(*(load(replica) for replica in replicas), return_exceptions=True)
+    refused = {r.pod: o for r, o in zip(replicas, outcomes, strict=True) if isinstance(o, BaseException)}
+    if refused:
+        reasons = "; ".join(f"{pod}: {exc}" for pod, exc in refused.items())
+        raise FailedPrecondition(f"{len(refused)} of {len(replicas)} policy pods refused the adapter {path}: {reasons}")
+    seconds = {r.pod: round(o, 3) for r, o in zip(replicas, outcomes, strict=True)}
+    return PublishReport("vllm_lora", checkpoint.id, time.perf_counter() - started,
+                         {"served_model_name": name, "adapter": path, "pods": seconds})
+
+
+def _api_key(settings: Settings) -> str | None:
+    key = settings.policy_client.api_key
+    return key.get_secret_value() if key else None
+
+
+async def startup_lora_arguments(settings: Settings) -> list[str]:
+    """vLLM arguments that make a policy pod starting now serve the newest published policy
+    under the name executors ask for, as pods running when it was published do: its
+    --lora-modules, or nothing when that checkpoint has no adapter (or none is published)."""
+    from gearshift.orchestration.steps import published
+
+    newest = await published(settings, "policy")
+    if newest is None or not is_lora(newest):
+        return []
+    return ["--lora-modules", f"{settings.policy_client.model}={adapter_path(newest)}"]
 
 
 def deployment_patch(deployment: dict, container_name: str, checkpoint: Checkpoint) -> dict:
@@ -79,22 +182,25 @@ def deployment_patch(deployment: dict, container_name: str, checkpoint: Checkpoi
 
 
 def publish_deployment(checkpoint: Checkpoint, settings: Settings, api_client=None) -> PublishReport:
-    """Patches the policy Deployment and waits for the rollout to finish."""
+    """Patches the policy Deployment and waits for the rollout to finish as `kubectl rollout
+    status` does: every replica updated and available, no old one left. Old pods drain first
+    (the chart's preStop and terminationGracePeriodSeconds)."""
     from kubernetes import client
 
     from gearshift.orchestration.runners import kube_api_client
 
-    apps = client.AppsV1Api(api_client or kube_api_client())
+    api_client = api_client or kube_api_client()
+    apps = client.AppsV1Api(api_client)
     k8s = settings.kubernetes
     started = time.perf_counter()
     current = api_client.sanitize_for_serialization(apps.read_namespaced_deployment(k8s.policy_deployment, k8s.namespace))
     patched = apps.patch_namespaced_deployment(k8s.policy_deployment, k8s.namespace, deployment_patch(current, k8s.policy_container, checkpoint))
-    generation = patched.metadata.generation
+    generation, replicas = patched.metadata.generation, patched.spec.replicas or 1
     deadline = time.monotonic() + settings.orchestration.publish_timeout_seconds
     while time.monotonic() < deadline:
         status = apps.read_namespaced_deployment_status(k8s.policy_deployment, k8s.namespace).status
-        replicas = patched.spec.replicas or 1
-        if (status.observed_generation or 0) >= generation and (status.updated_replicas or 0) >= replicas and (status.available_replicas or 0) >= replicas:
+        if (status.observed_generation or 0) >= generation and (status.updated_replicas or 0) >= replicas \
+                and (status.available_replicas or 0) >= replicas and (status.replicas or 0) <= replicas:
             return PublishReport("deployment", checkpoint.id, time.perf_counter() - started, {"generation": generation})
         time.sleep(k8s.poll_seconds)
     raise FailedPrecondition(f"rollout of {k8s.policy_deployment} did not finish in {settings.orchestration.publish_timeout_seconds:.0f} s")

@@ -26,10 +26,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from gearshift import weights  # noqa: E402
 from gearshift.training.config import ModelConfig  # noqa: E402
 from gearshift.training.distributed import Ranks  # noqa: E402
+from gearshift.training.results import ADAPTER_DIR  # noqa: E402
 
 log = logging.getLogger("gearshift.training")
 
-ADAPTER_DIR = "adapter"
 LATEST = "latest"  # names the newest complete resume state in the resume directory
 TRAINER_STATE = "trainer.json"
 

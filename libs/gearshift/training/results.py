@@ -1,5 +1,5 @@
 """What a finished training run leaves behind, for every job alike: result.json in its output
-directory, metrics.jsonl (one line per step), and a CANDIDATE checkpoint in the store's
+directory, metrics.jsonl (one line per step), a LoRA run's adapter in adapter/, and a CANDIDATE checkpoint in the store's
 registry with its lineage. No torch here: the orchestrator and the router job read results."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from gearshift.api.common.v1.common_pb2 import Checkpoint, CheckpointStatus
 
 RESULT_FILE = "result.json"
 METRICS_FILE = "metrics.jsonl"
+ADAPTER_DIR = "adapter"
 POLICY_KIND = "policy"
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 from gearshift import weights
 from gearshift.settings import Settings
 from gearshift.storage import create_store_engine, upgrade_to_head
@@ -40,3 +41,17 @@ def fake_kube():
 
     with fake_kubernetes() as fake:
         yield fake
+
+
+@pytest.fixture
+def kubeconfig(fake_kube, tmp_path, monkeypatch):
+    """A kubeconfig naming the fake, as `kubectl config` would write one for a cluster."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+        "clusters": [{"name": "fake", "cluster": {"server": fake_kube.url}}],
+        "users": [{"name": "worker", "user": {"token": "t"}}],
+        "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "worker", "namespace": "serving"}}],
+    }))
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    return path
