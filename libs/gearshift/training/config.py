@@ -136,9 +136,9 @@ class RolloutConfig(Strict):
     serving, with the model being trained. Their sampling reaches every model call of an episode."""
 
     executor_addr: str = Field(
-        "", description="A running executor (its policy server is reloaded after each update via /v1/load); empty: an in-process stack serving the training weights"
+        "", description="A running executor whose policy server gets the new weights after each update (built-in: /v1/load; vLLM: a new LoRA name per step, or full weights reloaded in place); empty: an in-process stack serving the training weights"
     )
-    policy_url: str = Field("", description="The running executor's policy server (for /v1/load); empty: GEARSHIFT_POLICY_CLIENT__URL")
+    policy_url: str = Field("", description="The running executor's policy server (where the weights are sent); empty: GEARSHIFT_POLICY_CLIENT__URL")
     temperature: float = Field(1.0, ge=0, description="Sampling temperature of every model call (A^2FM: 1.0)")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass of every model call")
     max_tokens_per_turn: int = Field(128, ge=8, description="Tokens per policy turn in the in-process stack")
