@@ -89,7 +89,7 @@ def policy_replicas(settings: Settings, api_client=None) -> list[Replica]:
     slices = discovery.list_namespaced_endpoint_slice(k8s.namespace, label_selector=f"kubernetes.io/service-name={k8s.policy_service}").items
     replicas = {}
     for endpoint_slice in slices:
-        port = _serving_port(endpoint_slice.ports or [], base.port)
+        port = _serving_port(endpoint_slice.ports or [])
         for endpoint in endpoint_slice.endpoints or []:
             ready = endpoint.conditions.ready if endpoint.conditions else None
             if ready is False or not endpoint.addresses:  # unset means ready (the API's rule)
@@ -104,7 +104,7 @@ def policy_replicas(settings: Settings, api_client=None) -> list[Replica]:
     return sorted(replicas.values(), key=lambda replica: replica.pod)
 
 
-def _serving_port(ports: list, service_port: int | None) -> int:
+def _serving_port(ports: list) -> int:
     """The slice's port the policy is served on: the only one, or the one named http."""
     if len(ports) == 1:
         return ports[0].port
@@ -122,12 +122,12 @@ async def publish_vllm_lora(checkpoint: Checkpoint, settings: Settings, api_clie
         raise FailedPrecondition(f"{checkpoint.id} holds full weights, not a LoRA adapter: publish it with the deployment target")
     name, path = settings.policy_client.model, adapter_path(checkpoint)
     replicas = await asyncio.to_thread(policy_replicas, settings, api_client)
+    admin = settings.policy_client.model_copy(update={"timeout_seconds": settings.orchestration.publish_timeout_seconds, "retries": 0})
     started = time.perf_counter()
 
     async def load(replica: Replica) -> float:
         begun = time.perf_counter()
-        async with PolicyClient(replica.url, name, api_key=_api_key(settings), timeout=settings.orchestration.publish_timeout_seconds,
-                                retries=0) as policy:
+        async with PolicyClient.from_settings(settings.model_copy(update={"policy_client": admin}).with_policy(replica.url)) as policy:
             await policy.load_lora_adapter(name, path, in_place=True)
         return time.perf_counter() - begun
 
@@ -139,11 +139,6 @@ async def publish_vllm_lora(checkpoint: Checkpoint, settings: Settings, api_clie
     seconds = {r.pod: round(o, 3) for r, o in zip(replicas, outcomes, strict=True)}
     return PublishReport("vllm_lora", checkpoint.id, time.perf_counter() - started,
                          {"served_model_name": name, "adapter": path, "pods": seconds})
-
-
-def _api_key(settings: Settings) -> str | None:
-    key = settings.policy_client.api_key
-    return key.get_secret_value() if key else None
 
 
 async def startup_lora_arguments(settings: Settings) -> list[str]:
