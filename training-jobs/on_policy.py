@@ -59,7 +59,7 @@ def encode_rollouts(tokenizer, rollouts: list[Trajectory], rollout: RolloutConfi
         )
     return [
         tokenization.encode(tokenizer, t.query, tokenization.assistant_segments(t), end_of_turn=False, max_length=max_length,
-                            exact=rollout.exact_tokens)
+                            exact=rollout.exact_tokens, conversation=t.conversation)
         for t in rollouts
     ]
 

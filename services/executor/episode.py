@@ -155,6 +155,7 @@ class EpisodeRunner:
     def _route(self, request: executor_pb2.SolveRequest, state: EpisodeState):
         return self.down.router.Route(router_pb2.RouteRequest(
             query=request.query, strategy=request.strategy, forced_mode=request.mode, sampling=state.explore,
+            conversation=request.conversation,
         ))
 
     async def _run(self, state: EpisodeState, budget: Budget, routed: asyncio.Future) -> AsyncIterator[executor_pb2.SolveEvent]:
@@ -238,7 +239,7 @@ class EpisodeRunner:
         block_at = state.transcript + plan_block_separator(first_turn=not turn.index)
         belief = planner_pb2.BeliefState(
             query=state.trajectory.query, history=state.trajectory.turns, current_plan=state.plan, plan_progress=state.plan_progress,
-            transcript=block_at,
+            transcript=block_at, conversation=state.trajectory.conversation,
         )
         decision = await self.down.planner.Regulate(planner_pb2.RegulateRequest(state=belief, sampling=state.explore))
         state.account(turn, decision.usage.input_tokens, decision.usage.output_tokens)
@@ -266,7 +267,7 @@ class EpisodeRunner:
         remaining = self.config.max_tokens_per_turn
         text, finish, usage, token_ids = [], None, None, None
         async for chunk in self.policy.stream_chat(
-            prompts.messages(state.trajectory.query, state.transcript),
+            prompts.messages(state.trajectory.query, state.transcript, state.trajectory.conversation),
             max_tokens=remaining,
             temperature=state.sampling.temperature,
             top_p=state.sampling.top_p or 1.0,
@@ -333,6 +334,7 @@ class EpisodeRunner:
             raise InvalidArgument(f"query longer than {self.limits.max_query_chars} characters")
         if len(request.reference_answer) > self.limits.max_answer_chars:
             raise InvalidArgument(f"reference_answer longer than {self.limits.max_answer_chars} characters")
+        prompts.check_conversation(request.conversation, self.limits.max_query_chars * 8)
         if request.mode not in Mode.values():
             raise InvalidArgument(f"unknown mode {request.mode}")
         if request.strategy not in RoutingStrategy.values():
@@ -369,6 +371,7 @@ class EpisodeRunner:
             purpose=request.purpose,
             created_at=created,
             usage=TokenUsage(),
+            conversation=request.conversation,
         )
         if request.HasField("sampling"):  # rollouts: every model call explores, routing and planning too
             return EpisodeState(trajectory, request.sampling, request.sampling)

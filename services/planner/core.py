@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from gearshift.api.common.v1.common_pb2 import Plan, PlanDecision, SampledSpan, Turn
+from gearshift.api.common.v1.common_pb2 import Conversation, Plan, PlanDecision, SampledSpan, Turn
 from gearshift.errors import InvalidArgument
 from gearshift.policy_client import PolicyClient, sampling_options
 from gearshift.protocol import prompts
@@ -53,6 +53,7 @@ class Belief:
     plan: Plan
     progress: int
     transcript: str = ""  # the agent's message so far: plan in its context (BeliefState.transcript)
+    conversation: Conversation | None = None  # the client's instructions and earlier turns
 
 
 @dataclass
@@ -125,7 +126,7 @@ class SimulativePlanner:
         teach it; without, it is asked with a prompt of its own."""
         _check(belief)
         if belief.transcript:
-            reply = await self.policy.chat(prompts.messages(belief.query, belief.transcript + PLAN_HEAD),
+            reply = await self.policy.chat(prompts.messages(belief.query, belief.transcript + PLAN_HEAD, belief.conversation),
                                            max_tokens=self.config.regulate_max_tokens, **(sampling or sampling_options()),
                                            continue_final_message=True, add_generation_prompt=False)
             decision = decision_after_plan_head(reply.content or "")
@@ -156,7 +157,7 @@ class SimulativePlanner:
         horizon = min(max_horizon or self.config.max_horizon, self.config.max_horizon)
         opener = PLAN_OPENER
         if belief.transcript:  # continue the agent's own message, as in the transcripts it learns from
-            messages = prompts.messages(belief.query, belief.transcript + opener)
+            messages = prompts.messages(belief.query, belief.transcript + opener, belief.conversation)
         else:
             prompt = PLAN_PROMPT.format(query=belief.query, last=last_result(belief.history), horizon=horizon)
             messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": opener}]

@@ -6,6 +6,7 @@ from gearshift.api.common.v1.common_pb2 import TokenUsage
 from gearshift.api.planner.v1 import planner_pb2, planner_pb2_grpc
 from gearshift.errors import InvalidArgument
 from gearshift.policy_client import requested_sampling, sampling_options
+from gearshift.protocol import prompts
 from gearshift.services.planner.core import Belief, SimulativePlanner
 from gearshift.settings import Limits
 
@@ -22,7 +23,9 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             raise InvalidArgument(f"history longer than {self.limits.max_turns} turns")
         if len(state.transcript) > self.limits.max_query_chars * 8:
             raise InvalidArgument(f"transcript longer than {self.limits.max_query_chars * 8} characters")
-        return Belief(state.query, list(state.history), state.current_plan, state.plan_progress, state.transcript)
+        prompts.check_conversation(state.conversation, self.limits.max_query_chars * 8)
+        return Belief(state.query, list(state.history), state.current_plan, state.plan_progress, state.transcript,
+                      state.conversation)
 
     async def Regulate(self, request: planner_pb2.RegulateRequest, context) -> planner_pb2.RegulateResponse:
         decision = await self.planner.regulate(self._belief(request.state), sampling_options(requested_sampling(request)))

@@ -7,7 +7,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gearshift.api.common.v1.common_pb2 import RoutingStrategy, SampledSpan
+from gearshift.api.common.v1.common_pb2 import Conversation, RoutingStrategy, SampledSpan
 from gearshift.errors import FailedPrecondition, InvalidArgument
 from gearshift.policy_client import PolicyClient, sampling_options
 from gearshift.protocol import a2fm, prompts
@@ -48,8 +48,10 @@ class ModeRouter:
         self.config = config
         self.learned = learned
 
-    async def route(self, query: str, strategy: int, forced_mode: int, sampling: dict | None = None) -> ModeDecision:
-        """The mode for a query; a model-routed decision samples with sampling (default greedy)."""
+    async def route(self, query: str, strategy: int, forced_mode: int, sampling: dict | None = None,
+                    conversation: Conversation | None = None) -> ModeDecision:
+        """The mode for a query in its conversation; a model-routed decision samples with
+        sampling (default greedy)."""
         if not query.strip():
             raise InvalidArgument("query is empty")
         if forced_mode and forced_mode not in NAME_OF:
@@ -66,10 +68,10 @@ class ModeRouter:
                 raise FailedPrecondition("no learned router is published; train one with `gearshift router train`")
             return await asyncio.to_thread(self.learned.decide, query)  # an embedding can take milliseconds
         if strategy == RoutingStrategy.ROUTING_STRATEGY_MODEL:
-            return await self._ask_policy(query, sampling or sampling_options())
+            return await self._ask_policy(query, sampling or sampling_options(), conversation)
         raise InvalidArgument(f"unknown strategy {strategy}")
 
-    async def _ask_policy(self, query: str, sampling: dict) -> ModeDecision:
+    async def _ask_policy(self, query: str, sampling: dict, conversation: Conversation | None) -> ModeDecision:
         """The policy writes a rationale and a classification block. A reply without a known label
         is re-asked with its rationale and the block's opening prefilled, so the model only has
         to name the label; after max_attempts the configured fallback mode is used."""
@@ -80,14 +82,14 @@ class ModeRouter:
         for attempt in range(1, self.config.max_attempts + 1):
             if attempt == 1:
                 reply = await self.policy.chat(
-                    prompts.messages(query), max_tokens=self.config.max_tokens, stop=[a2fm.CLASSIFICATION_STOP], **sampling
+                    prompts.messages(query, conversation=conversation), max_tokens=self.config.max_tokens, stop=[a2fm.CLASSIFICATION_STOP], **sampling
                 )
                 text = reply.content or ""
                 rationale = text.split("<classification>")[0].strip().split("\n")[0][:RATIONALE_CHARS]
             else:
                 opening = f"{rationale}\n<classification>\n" if rationale else "<classification>\n"
                 reply = await self.policy.chat(
-                    prompts.messages(query, opening),
+                    prompts.messages(query, opening, conversation),
                     max_tokens=LABEL_TOKENS,
                     temperature=0.0 if attempt == 2 else self.config.retry_temperature,
                     stop=[a2fm.CLASSIFICATION_STOP],

@@ -6,6 +6,7 @@ from gearshift.api.common.v1.common_pb2 import Mode, RoutingStrategy, TokenUsage
 from gearshift.api.router.v1 import router_pb2, router_pb2_grpc
 from gearshift.errors import InvalidArgument
 from gearshift.policy_client import requested_sampling, sampling_options
+from gearshift.protocol import prompts
 from gearshift.services.router.core import ModeRouter
 from gearshift.settings import Limits
 
@@ -22,8 +23,9 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
             raise InvalidArgument(f"unknown strategy {request.strategy}")
         if request.forced_mode not in Mode.values():
             raise InvalidArgument(f"unknown mode {request.forced_mode}")
+        prompts.check_conversation(request.conversation, self.limits.max_query_chars * 8)
         decision = await self.router.route(request.query, request.strategy, request.forced_mode,
-                                           sampling_options(requested_sampling(request)))
+                                           sampling_options(requested_sampling(request)), request.conversation)
         return router_pb2.RouteResponse(
             mode=decision.mode,
             strategy=decision.strategy,

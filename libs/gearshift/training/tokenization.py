@@ -1,8 +1,8 @@
 """Trajectories to token ids with loss masks, through the model's own chat template
 (docs/protocol.md, section 9).
 
-The prompt is exactly what serving sends: prompts.messages(query) rendered with the generation
-prompt. The assistant turn is the stored transcript (a2fm.render_transcript), cut into pieces
+The prompt is exactly what serving sends: prompts.messages(query, conversation=...) rendered
+with the generation prompt, the client's instructions and earlier turns included. The assistant turn is the stored transcript (a2fm.render_transcript), cut into pieces
 the model wrote (targets) and pieces the platform wrote (masked):
 - tool responses (the environment's text);
 - what the executor injects: the mode openers (<answer>, <reasoning>) and, recorded in each
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gearshift.api.common.v1.common_pb2 import RoutingStrategy, Trajectory, TrajectoryStatus
+from gearshift.api.common.v1.common_pb2 import Conversation, RoutingStrategy, Trajectory, TrajectoryStatus
 from gearshift.protocol import a2fm, prompts
 
 
@@ -116,9 +116,11 @@ def _cut(text: str, target: bool, sampled, injected: list[tuple[int, int]]) -> l
     return pieces + [Segment(text[at:], target)]
 
 
-def prompt_text(tokenizer, query: str) -> str:
-    """The prompt serving sends for a query: system + user + the assistant turn's opening."""
-    return tokenizer.apply_chat_template(prompts.messages(query), tokenize=False, add_generation_prompt=True)
+def prompt_text(tokenizer, query: str, conversation: Conversation | None = None) -> str:
+    """The prompt serving sends for a query in its conversation: system (the platform's prompt,
+    then the client's instructions) + earlier turns + user + the assistant turn's opening."""
+    return tokenizer.apply_chat_template(prompts.messages(query, conversation=conversation), tokenize=False,
+                                         add_generation_prompt=True)
 
 
 @functools.lru_cache(maxsize=8)
@@ -131,11 +133,11 @@ def _end_of_turn(tokenizer) -> str:
 
 
 def encode(tokenizer, query: str, segments: list[Segment], end_of_turn: bool, max_length: int | None = None,
-           exact: bool = False) -> Encoded:
+           exact: bool = False, conversation: Conversation | None = None) -> Encoded:
     """Tokenizes prompt + segments (+ the end-of-turn marker as a target when end_of_turn). A
     piece's sampled ids are used as far as they decode to its text; exact: only sampled tokens
     are learned."""
-    ids = _ids(tokenizer, prompt_text(tokenizer, query))
+    ids = _ids(tokenizer, prompt_text(tokenizer, query, conversation))
     target = [False] * len(ids)
     unsampled = 0
     pieces = list(segments) + ([Segment(_end_of_turn(tokenizer), True)] if end_of_turn else [])
@@ -178,7 +180,8 @@ def encode_trajectory(tokenizer, trajectory: Trajectory, max_length: int | None 
                       exact: bool = False) -> Encoded:
     """A stored trajectory with its masks; a completed one also learns to end its turn."""
     completed = trajectory.status == TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED
-    return encode(tokenizer, trajectory.query, assistant_segments(trajectory, learn_routing), completed, max_length, exact)
+    return encode(tokenizer, trajectory.query, assistant_segments(trajectory, learn_routing), completed, max_length, exact,
+                  trajectory.conversation)
 
 
 @dataclass

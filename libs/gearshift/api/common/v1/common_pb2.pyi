@@ -32,6 +32,12 @@ class Purpose(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PURPOSE_GATE: _ClassVar[Purpose]
     PURPOSE_TRAINING: _ClassVar[Purpose]
 
+class ChatRole(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CHAT_ROLE_UNSPECIFIED: _ClassVar[ChatRole]
+    CHAT_ROLE_USER: _ClassVar[ChatRole]
+    CHAT_ROLE_ASSISTANT: _ClassVar[ChatRole]
+
 class PlanDecision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     PLAN_DECISION_UNSPECIFIED: _ClassVar[PlanDecision]
@@ -66,6 +72,9 @@ PURPOSE_UNSPECIFIED: Purpose
 PURPOSE_EVALUATION: Purpose
 PURPOSE_GATE: Purpose
 PURPOSE_TRAINING: Purpose
+CHAT_ROLE_UNSPECIFIED: ChatRole
+CHAT_ROLE_USER: ChatRole
+CHAT_ROLE_ASSISTANT: ChatRole
 PLAN_DECISION_UNSPECIFIED: PlanDecision
 PLAN_DECISION_PLAN_NEW: PlanDecision
 PLAN_DECISION_CONTINUE: PlanDecision
@@ -87,6 +96,22 @@ class Sampling(_message.Message):
     temperature: float
     top_p: float
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ...) -> None: ...
+
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: ChatRole
+    content: str
+    def __init__(self, role: _Optional[_Union[ChatRole, str]] = ..., content: _Optional[str] = ...) -> None: ...
+
+class Conversation(_message.Message):
+    __slots__ = ("instructions", "messages")
+    INSTRUCTIONS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    instructions: str
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    def __init__(self, instructions: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
 
 class TokenUsage(_message.Message):
     __slots__ = ("input_tokens", "output_tokens")
@@ -224,7 +249,7 @@ class PlanningStats(_message.Message):
     def __init__(self, planning_frequency: _Optional[float] = ..., mean_plan_depth: _Optional[float] = ..., reasoning_tokens: _Optional[int] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("id", "query", "mode", "requested_mode", "routing_strategy", "routing_rationale", "turns", "answer", "reference_answer", "status", "usage", "cost", "reward", "planning", "task_source", "split", "run_id", "model_version", "labels", "created_at", "wall_seconds", "purpose", "routing_sampled")
+    __slots__ = ("id", "query", "mode", "requested_mode", "routing_strategy", "routing_rationale", "turns", "answer", "reference_answer", "status", "usage", "cost", "reward", "planning", "task_source", "split", "run_id", "model_version", "labels", "created_at", "wall_seconds", "purpose", "routing_sampled", "conversation")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -255,6 +280,7 @@ class Trajectory(_message.Message):
     WALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PURPOSE_FIELD_NUMBER: _ClassVar[int]
     ROUTING_SAMPLED_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_FIELD_NUMBER: _ClassVar[int]
     id: str
     query: str
     mode: Mode
@@ -278,7 +304,8 @@ class Trajectory(_message.Message):
     wall_seconds: float
     purpose: Purpose
     routing_sampled: _containers.RepeatedCompositeFieldContainer[SampledSpan]
-    def __init__(self, id: _Optional[str] = ..., query: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., requested_mode: _Optional[_Union[Mode, str]] = ..., routing_strategy: _Optional[_Union[RoutingStrategy, str]] = ..., routing_rationale: _Optional[str] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., answer: _Optional[str] = ..., reference_answer: _Optional[str] = ..., status: _Optional[_Union[TrajectoryStatus, str]] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., cost: _Optional[_Union[Cost, _Mapping]] = ..., reward: _Optional[_Union[Reward, _Mapping]] = ..., planning: _Optional[_Union[PlanningStats, _Mapping]] = ..., task_source: _Optional[str] = ..., split: _Optional[str] = ..., run_id: _Optional[str] = ..., model_version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., wall_seconds: _Optional[float] = ..., purpose: _Optional[_Union[Purpose, str]] = ..., routing_sampled: _Optional[_Iterable[_Union[SampledSpan, _Mapping]]] = ...) -> None: ...
+    conversation: Conversation
+    def __init__(self, id: _Optional[str] = ..., query: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., requested_mode: _Optional[_Union[Mode, str]] = ..., routing_strategy: _Optional[_Union[RoutingStrategy, str]] = ..., routing_rationale: _Optional[str] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., answer: _Optional[str] = ..., reference_answer: _Optional[str] = ..., status: _Optional[_Union[TrajectoryStatus, str]] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., cost: _Optional[_Union[Cost, _Mapping]] = ..., reward: _Optional[_Union[Reward, _Mapping]] = ..., planning: _Optional[_Union[PlanningStats, _Mapping]] = ..., task_source: _Optional[str] = ..., split: _Optional[str] = ..., run_id: _Optional[str] = ..., model_version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., wall_seconds: _Optional[float] = ..., purpose: _Optional[_Union[Purpose, str]] = ..., routing_sampled: _Optional[_Iterable[_Union[SampledSpan, _Mapping]]] = ..., conversation: _Optional[_Union[Conversation, _Mapping]] = ...) -> None: ...
 
 class Checkpoint(_message.Message):
     __slots__ = ("id", "kind", "uri", "parent_id", "job", "config_json", "code_version", "dataset_snapshot", "trajectory_ids", "eval_metrics", "status", "created_at")

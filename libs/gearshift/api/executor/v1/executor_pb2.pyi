@@ -18,7 +18,7 @@ class Budget(_message.Message):
     def __init__(self, max_steps: _Optional[int] = ..., max_tokens: _Optional[int] = ..., max_wall_seconds: _Optional[float] = ...) -> None: ...
 
 class SolveRequest(_message.Message):
-    __slots__ = ("query", "mode", "strategy", "budget", "reference_answer", "trajectory_id", "task_source", "split", "run_id", "labels", "purpose", "sampling")
+    __slots__ = ("query", "mode", "strategy", "budget", "reference_answer", "trajectory_id", "task_source", "split", "run_id", "labels", "purpose", "sampling", "conversation")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class SolveRequest(_message.Message):
     LABELS_FIELD_NUMBER: _ClassVar[int]
     PURPOSE_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_FIELD_NUMBER: _ClassVar[int]
     query: str
     mode: _common_pb2.Mode
     strategy: _common_pb2.RoutingStrategy
@@ -50,7 +51,8 @@ class SolveRequest(_message.Message):
     labels: _containers.ScalarMap[str, str]
     purpose: _common_pb2.Purpose
     sampling: _common_pb2.Sampling
-    def __init__(self, query: _Optional[str] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., strategy: _Optional[_Union[_common_pb2.RoutingStrategy, str]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., reference_answer: _Optional[str] = ..., trajectory_id: _Optional[str] = ..., task_source: _Optional[str] = ..., split: _Optional[str] = ..., run_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., purpose: _Optional[_Union[_common_pb2.Purpose, str]] = ..., sampling: _Optional[_Union[_common_pb2.Sampling, _Mapping]] = ...) -> None: ...
+    conversation: _common_pb2.Conversation
+    def __init__(self, query: _Optional[str] = ..., mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., strategy: _Optional[_Union[_common_pb2.RoutingStrategy, str]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., reference_answer: _Optional[str] = ..., trajectory_id: _Optional[str] = ..., task_source: _Optional[str] = ..., split: _Optional[str] = ..., run_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., purpose: _Optional[_Union[_common_pb2.Purpose, str]] = ..., sampling: _Optional[_Union[_common_pb2.Sampling, _Mapping]] = ..., conversation: _Optional[_Union[_common_pb2.Conversation, _Mapping]] = ...) -> None: ...
 
 class ModeChosen(_message.Message):
     __slots__ = ("mode", "strategy", "rationale")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from gearshift.api.common.v1 import common_pb2 as gearshift_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n gearshift/router/v1/router.proto\x12\x13gearshift.router.v1\x1a gearshift/common/v1/common.proto\"\xb6\x01\n\x0cRouteRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\x36\n\x08strategy\x18\x02 \x01(\x0e\x32$.gearshift.common.v1.RoutingStrategy\x12.\n\x0b\x66orced_mode\x18\x03 \x01(\x0e\x32\x19.gearshift.common.v1.Mode\x12/\n\x08sampling\x18\x04 \x01(\x0b\x32\x1d.gearshift.common.v1.Sampling\"f\n\tModeScore\x12\'\n\x04mode\x18\x01 \x01(\x0e\x32\x19.gearshift.common.v1.Mode\x12\r\n\x05score\x18\x02 \x01(\x01\x12!\n\x19\x65xpected_cost_of_pass_usd\x18\x03 \x01(\x01\"\xda\x02\n\rRouteResponse\x12\'\n\x04mode\x18\x01 \x01(\x0e\x32\x19.gearshift.common.v1.Mode\x12\x36\n\x08strategy\x18\x02 \x01(\x0e\x32$.gearshift.common.v1.RoutingStrategy\x12\x11\n\trationale\x18\x03 \x01(\t\x12.\n\x06scores\x18\x04 \x03(\x0b\x32\x1e.gearshift.router.v1.ModeScore\x12.\n\x05usage\x18\x05 \x01(\x0b\x32\x1f.gearshift.common.v1.TokenUsage\x12\x18\n\x10\x61ssistant_prefix\x18\x06 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x07 \x01(\x05\x12\x16\n\x0erouter_version\x18\x08 \x01(\t\x12\x31\n\x07sampled\x18\t \x01(\x0b\x32 .gearshift.common.v1.SampledSpan2X\n\x06Router\x12N\n\x05Route\x12!.gearshift.router.v1.RouteRequest\x1a\".gearshift.router.v1.RouteResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n gearshift/router/v1/router.proto\x12\x13gearshift.router.v1\x1a gearshift/common/v1/common.proto\"\xef\x01\n\x0cRouteRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\x36\n\x08strategy\x18\x02 \x01(\x0e\x32$.gearshift.common.v1.RoutingStrategy\x12.\n\x0b\x66orced_mode\x18\x03 \x01(\x0e\x32\x19.gearshift.common.v1.Mode\x12/\n\x08sampling\x18\x04 \x01(\x0b\x32\x1d.gearshift.common.v1.Sampling\x12\x37\n\x0c\x63onversation\x18\x05 \x01(\x0b\x32!.gearshift.common.v1.Conversation\"f\n\tModeScore\x12\'\n\x04mode\x18\x01 \x01(\x0e\x32\x19.gearshift.common.v1.Mode\x12\r\n\x05score\x18\x02 \x01(\x01\x12!\n\x19\x65xpected_cost_of_pass_usd\x18\x03 \x01(\x01\"\xda\x02\n\rRouteResponse\x12\'\n\x04mode\x18\x01 \x01(\x0e\x32\x19.gearshift.common.v1.Mode\x12\x36\n\x08strategy\x18\x02 \x01(\x0e\x32$.gearshift.common.v1.RoutingStrategy\x12\x11\n\trationale\x18\x03 \x01(\t\x12.\n\x06scores\x18\x04 \x03(\x0b\x32\x1e.gearshift.router.v1.ModeScore\x12.\n\x05usage\x18\x05 \x01(\x0b\x32\x1f.gearshift.common.v1.TokenUsage\x12\x18\n\x10\x61ssistant_prefix\x18\x06 \x01(\t\x12\x10\n\x08\x61ttempts\x18\x07 \x01(\x05\x12\x16\n\x0erouter_version\x18\x08 \x01(\t\x12\x31\n\x07sampled\x18\t \x01(\x0b\x32 .gearshift.common.v1.SampledSpan2X\n\x06Router\x12N\n\x05Route\x12!.gearshift.router.v1.RouteRequest\x1a\".gearshift.router.v1.RouteResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,11 +33,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gearshift.api.router.v1.rou
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ROUTEREQUEST']._serialized_start=92
-  _globals['_ROUTEREQUEST']._serialized_end=274
-  _globals['_MODESCORE']._serialized_start=276
-  _globals['_MODESCORE']._serialized_end=378
-  _globals['_ROUTERESPONSE']._serialized_start=381
-  _globals['_ROUTERESPONSE']._serialized_end=727
-  _globals['_ROUTER']._serialized_start=729
-  _globals['_ROUTER']._serialized_end=817
+  _globals['_ROUTEREQUEST']._serialized_end=331
+  _globals['_MODESCORE']._serialized_start=333
+  _globals['_MODESCORE']._serialized_end=435
+  _globals['_ROUTERESPONSE']._serialized_start=438
+  _globals['_ROUTERESPONSE']._serialized_end=784
+  _globals['_ROUTER']._serialized_start=786
+  _globals['_ROUTER']._serialized_end=874
 # @@protoc_insertion_point(module_scope)

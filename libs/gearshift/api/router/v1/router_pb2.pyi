@@ -8,16 +8,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RouteRequest(_message.Message):
-    __slots__ = ("query", "strategy", "forced_mode", "sampling")
+    __slots__ = ("query", "strategy", "forced_mode", "sampling", "conversation")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     FORCED_MODE_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_FIELD_NUMBER: _ClassVar[int]
     query: str
     strategy: _common_pb2.RoutingStrategy
     forced_mode: _common_pb2.Mode
     sampling: _common_pb2.Sampling
-    def __init__(self, query: _Optional[str] = ..., strategy: _Optional[_Union[_common_pb2.RoutingStrategy, str]] = ..., forced_mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., sampling: _Optional[_Union[_common_pb2.Sampling, _Mapping]] = ...) -> None: ...
+    conversation: _common_pb2.Conversation
+    def __init__(self, query: _Optional[str] = ..., strategy: _Optional[_Union[_common_pb2.RoutingStrategy, str]] = ..., forced_mode: _Optional[_Union[_common_pb2.Mode, str]] = ..., sampling: _Optional[_Union[_common_pb2.Sampling, _Mapping]] = ..., conversation: _Optional[_Union[_common_pb2.Conversation, _Mapping]] = ...) -> None: ...
 
 class ModeScore(_message.Message):
     __slots__ = ("mode", "score", "expected_cost_of_pass_usd")

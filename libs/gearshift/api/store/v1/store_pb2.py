@@ -26,7 +26,7 @@ from gearshift.api.common.v1 import common_pb2 as gearshift_dot_common_dot_v1_do
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1egearshift/store/v1/store.proto\x12\x12gearshift.store.v1\x1a gearshift/common/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"C\n\nPutRequest\x12\x35\n\x0ctrajectories\x18\x01 \x03(\x0b\x32\x1f.gearshift.common.v1.Trajectory\"3\n\x0bPutResponse\x12\x10\n\x08inserted\x18\x01 \x01(\x05\x12\x12\n\nduplicates\x18\x02 \x01(\x05\"\x18\n\nGetRequest\x12\n\n\x02id\x18\x01 \x01(\t\"B\n\x0bGetResponse\x12\x33\n\ntrajectory\x18\x01 \x01(\x0b\x32\x1f.gearshift.common.v1.Trajectory\"\xdd\x03\n\x10TrajectoryFilter\x12(\n\x05modes\x18\x01 \x03(\x0e\x32\x19.gearshift.common.v1.Mode\x12\x34\n\x0b\x63orrectness\x18\x02 \x01(\x0e\x32\x1f.gearshift.store.v1.Correctness\x12\x17\n\nmin_reward\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x17\n\nmax_reward\x18\x04 \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x0btask_source\x18\x05 \x01(\t\x12\x15\n\rmodel_version\x18\x06 \x01(\t\x12\x31\n\rcreated_after\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x63reated_before\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06run_id\x18\t \x01(\t\x12\r\n\x05split\x18\n \x01(\t\x12\x37\n\x08statuses\x18\x0b \x03(\x0e\x32%.gearshift.common.v1.TrajectoryStatus\x12.\n\x08purposes\x18\x0c \x03(\x0e\x32\x1c.gearshift.common.v1.PurposeB\r\n\x0b_min_rewardB\r\n\x0b_max_reward\"\x82\x01\n\x0cQueryRequest\x12\x34\n\x06\x66ilter\x18\x01 \x01(\x0b\x32$.gearshift.store.v1.TrajectoryFilter\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x15\n\rinclude_turns\x18\x04 \x01(\x08\"_\n\rQueryResponse\x12\x35\n\x0ctrajectories\x18\x01 \x03(\x0b\x32\x1f.gearshift.common.v1.Trajectory\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"k\n\rExportRequest\x12\x34\n\x06\x66ilter\x18\x01 \x01(\x0b\x32$.gearshift.store.v1.TrajectoryFilter\x12\x15\n\rinclude_turns\x18\x02 \x01(\x08\x12\r\n\x05limit\x18\x03 \x01(\x05\"K\n\x10SetRewardRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12+\n\x06reward\x18\x02 \x01(\x0b\x32\x1b.gearshift.common.v1.Reward\"\x13\n\x11SetRewardResponse\"P\n\x19RegisterCheckpointRequest\x12\x33\n\ncheckpoint\x18\x01 \x01(\x0b\x32\x1f.gearshift.common.v1.Checkpoint\";\n\x14GetCheckpointRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x17\n\x0finclude_lineage\x18\x02 \x01(\x08\"l\n\x16ListCheckpointsRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x35\n\x06status\x18\x02 \x01(\x0e\x32%.gearshift.common.v1.CheckpointStatus\x12\r\n\x05limit\x18\x03 \x01(\x05\"O\n\x17ListCheckpointsResponse\x12\x34\n\x0b\x63heckpoints\x18\x01 \x03(\x0b\x32\x1f.gearshift.common.v1.Checkpoint\"\xe4\x01\n\x17UpdateCheckpointRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x35\n\x06status\x18\x02 \x01(\x0e\x32%.gearshift.common.v1.CheckpointStatus\x12R\n\x0c\x65val_metrics\x18\x03 \x03(\x0b\x32<.gearshift.store.v1.UpdateCheckpointRequest.EvalMetricsEntry\x1a\x32\n\x10\x45valMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*x\n\x0b\x43orrectness\x12\x1b\n\x17\x43ORRECTNESS_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43ORRECTNESS_CORRECT\x10\x01\x12\x19\n\x15\x43ORRECTNESS_INCORRECT\x10\x02\x12\x18\n\x14\x43ORRECTNESS_UNSCORED\x10\x03\x32\xa9\x06\n\x0fTrajectoryStore\x12\x46\n\x03Put\x12\x1e.gearshift.store.v1.PutRequest\x1a\x1f.gearshift.store.v1.PutResponse\x12\x46\n\x03Get\x12\x1e.gearshift.store.v1.GetRequest\x1a\x1f.gearshift.store.v1.GetResponse\x12L\n\x05Query\x12 .gearshift.store.v1.QueryRequest\x1a!.gearshift.store.v1.QueryResponse\x12N\n\x06\x45xport\x12!.gearshift.store.v1.ExportRequest\x1a\x1f.gearshift.common.v1.Trajectory0\x01\x12X\n\tSetReward\x12$.gearshift.store.v1.SetRewardRequest\x1a%.gearshift.store.v1.SetRewardResponse\x12\x64\n\x12RegisterCheckpoint\x12-.gearshift.store.v1.RegisterCheckpointRequest\x1a\x1f.gearshift.common.v1.Checkpoint\x12Z\n\rGetCheckpoint\x12(.gearshift.store.v1.GetCheckpointRequest\x1a\x1f.gearshift.common.v1.Checkpoint\x12j\n\x0fListCheckpoints\x12*.gearshift.store.v1.ListCheckpointsRequest\x1a+.gearshift.store.v1.ListCheckpointsResponse\x12`\n\x10UpdateCheckpoint\x12+.gearshift.store.v1.UpdateCheckpointRequest\x1a\x1f.gearshift.common.v1.Checkpointb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1egearshift/store/v1/store.proto\x12\x12gearshift.store.v1\x1a gearshift/common/v1/common.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"C\n\nPutRequest\x12\x35\n\x0ctrajectories\x18\x01 \x03(\x0b\x32\x1f.gearshift.common.v1.Trajectory\"3\n\x0bPutResponse\x12\x10\n\x08inserted\x18\x01 \x01(\x05\x12\x12\n\nduplicates\x18\x02 \x01(\x05\"\x18\n\nGetRequest\x12\n\n\x02id\x18\x01 \x01(\t\"B\n\x0bGetResponse\x12\x33\n\ntrajectory\x18\x01 \x01(\x0b\x32\x1f.gearshift.common.v1.Trajectory\"\xf4\x03\n\x10TrajectoryFilter\x12(\n\x05modes\x18\x01 \x03(\x0e\x32\x19.gearshift.common.v1.Mode\x12\x34\n\x0b\x63orrectness\x18\x02 \x01(\x0e\x32\x1f.gearshift.store.v1.Correctness\x12\x17\n\nmin_reward\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x17\n\nmax_reward\x18\x04 \x01(\x01H\x01\x88\x01\x01\x12\x13\n\x0btask_source\x18\x05 \x01(\t\x12\x15\n\rmodel_version\x18\x06 \x01(\t\x12\x31\n\rcreated_after\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x63reated_before\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06run_id\x18\t \x01(\t\x12\r\n\x05split\x18\n \x01(\t\x12\x37\n\x08statuses\x18\x0b \x03(\x0e\x32%.gearshift.common.v1.TrajectoryStatus\x12.\n\x08purposes\x18\x0c \x03(\x0e\x32\x1c.gearshift.common.v1.Purpose\x12\x15\n\rfeedback_only\x18\r \x01(\x08\x42\r\n\x0b_min_rewardB\r\n\x0b_max_reward\"\x82\x01\n\x0cQueryRequest\x12\x34\n\x06\x66ilter\x18\x01 \x01(\x0b\x32$.gearshift.store.v1.TrajectoryFilter\x12\x11\n\tpage_size\x18\x02 \x01(\x05\x12\x12\n\npage_token\x18\x03 \x01(\t\x12\x15\n\rinclude_turns\x18\x04 \x01(\x08\"_\n\rQueryResponse\x12\x35\n\x0ctrajectories\x18\x01 \x03(\x0b\x32\x1f.gearshift.common.v1.Trajectory\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"k\n\rExportRequest\x12\x34\n\x06\x66ilter\x18\x01 \x01(\x0b\x32$.gearshift.store.v1.TrajectoryFilter\x12\x15\n\rinclude_turns\x18\x02 \x01(\x08\x12\r\n\x05limit\x18\x03 \x01(\x05\"K\n\x10SetRewardRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12+\n\x06reward\x18\x02 \x01(\x0b\x32\x1b.gearshift.common.v1.Reward\"T\n\x11SetRewardResponse\x12\x10\n\x08replaced\x18\x01 \x01(\x08\x12-\n\x08previous\x18\x02 \x01(\x0b\x32\x1b.gearshift.common.v1.Reward\"P\n\x19RegisterCheckpointRequest\x12\x33\n\ncheckpoint\x18\x01 \x01(\x0b\x32\x1f.gearshift.common.v1.Checkpoint\";\n\x14GetCheckpointRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x17\n\x0finclude_lineage\x18\x02 \x01(\x08\"l\n\x16ListCheckpointsRequest\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x35\n\x06status\x18\x02 \x01(\x0e\x32%.gearshift.common.v1.CheckpointStatus\x12\r\n\x05limit\x18\x03 \x01(\x05\"O\n\x17ListCheckpointsResponse\x12\x34\n\x0b\x63heckpoints\x18\x01 \x03(\x0b\x32\x1f.gearshift.common.v1.Checkpoint\"\xe4\x01\n\x17UpdateCheckpointRequest\x12\n\n\x02id\x18\x01 \x01(\t\x12\x35\n\x06status\x18\x02 \x01(\x0e\x32%.gearshift.common.v1.CheckpointStatus\x12R\n\x0c\x65val_metrics\x18\x03 \x03(\x0b\x32<.gearshift.store.v1.UpdateCheckpointRequest.EvalMetricsEntry\x1a\x32\n\x10\x45valMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*x\n\x0b\x43orrectness\x12\x1b\n\x17\x43ORRECTNESS_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43ORRECTNESS_CORRECT\x10\x01\x12\x19\n\x15\x43ORRECTNESS_INCORRECT\x10\x02\x12\x18\n\x14\x43ORRECTNESS_UNSCORED\x10\x03\x32\xa9\x06\n\x0fTrajectoryStore\x12\x46\n\x03Put\x12\x1e.gearshift.store.v1.PutRequest\x1a\x1f.gearshift.store.v1.PutResponse\x12\x46\n\x03Get\x12\x1e.gearshift.store.v1.GetRequest\x1a\x1f.gearshift.store.v1.GetResponse\x12L\n\x05Query\x12 .gearshift.store.v1.QueryRequest\x1a!.gearshift.store.v1.QueryResponse\x12N\n\x06\x45xport\x12!.gearshift.store.v1.ExportRequest\x1a\x1f.gearshift.common.v1.Trajectory0\x01\x12X\n\tSetReward\x12$.gearshift.store.v1.SetRewardRequest\x1a%.gearshift.store.v1.SetRewardResponse\x12\x64\n\x12RegisterCheckpoint\x12-.gearshift.store.v1.RegisterCheckpointRequest\x1a\x1f.gearshift.common.v1.Checkpoint\x12Z\n\rGetCheckpoint\x12(.gearshift.store.v1.GetCheckpointRequest\x1a\x1f.gearshift.common.v1.Checkpoint\x12j\n\x0fListCheckpoints\x12*.gearshift.store.v1.ListCheckpointsRequest\x1a+.gearshift.store.v1.ListCheckpointsResponse\x12`\n\x10UpdateCheckpoint\x12+.gearshift.store.v1.UpdateCheckpointRequest\x1a\x1f.gearshift.common.v1.Checkpointb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_UPDATECHECKPOINTREQUEST_EVALMETRICSENTRY']._loaded_options = None
   _globals['_UPDATECHECKPOINTREQUEST_EVALMETRICSENTRY']._serialized_options = b'8\001'
-  _globals['_CORRECTNESS']._serialized_start=1819
-  _globals['_CORRECTNESS']._serialized_end=1939
+  _globals['_CORRECTNESS']._serialized_start=1907
+  _globals['_CORRECTNESS']._serialized_end=2027
   _globals['_PUTREQUEST']._serialized_start=121
   _globals['_PUTREQUEST']._serialized_end=188
   _globals['_PUTRESPONSE']._serialized_start=190
@@ -46,29 +46,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETRESPONSE']._serialized_start=269
   _globals['_GETRESPONSE']._serialized_end=335
   _globals['_TRAJECTORYFILTER']._serialized_start=338
-  _globals['_TRAJECTORYFILTER']._serialized_end=815
-  _globals['_QUERYREQUEST']._serialized_start=818
-  _globals['_QUERYREQUEST']._serialized_end=948
-  _globals['_QUERYRESPONSE']._serialized_start=950
-  _globals['_QUERYRESPONSE']._serialized_end=1045
-  _globals['_EXPORTREQUEST']._serialized_start=1047
-  _globals['_EXPORTREQUEST']._serialized_end=1154
-  _globals['_SETREWARDREQUEST']._serialized_start=1156
-  _globals['_SETREWARDREQUEST']._serialized_end=1231
-  _globals['_SETREWARDRESPONSE']._serialized_start=1233
-  _globals['_SETREWARDRESPONSE']._serialized_end=1252
-  _globals['_REGISTERCHECKPOINTREQUEST']._serialized_start=1254
-  _globals['_REGISTERCHECKPOINTREQUEST']._serialized_end=1334
-  _globals['_GETCHECKPOINTREQUEST']._serialized_start=1336
-  _globals['_GETCHECKPOINTREQUEST']._serialized_end=1395
-  _globals['_LISTCHECKPOINTSREQUEST']._serialized_start=1397
-  _globals['_LISTCHECKPOINTSREQUEST']._serialized_end=1505
-  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_start=1507
-  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_end=1586
-  _globals['_UPDATECHECKPOINTREQUEST']._serialized_start=1589
-  _globals['_UPDATECHECKPOINTREQUEST']._serialized_end=1817
-  _globals['_UPDATECHECKPOINTREQUEST_EVALMETRICSENTRY']._serialized_start=1767
-  _globals['_UPDATECHECKPOINTREQUEST_EVALMETRICSENTRY']._serialized_end=1817
-  _globals['_TRAJECTORYSTORE']._serialized_start=1942
-  _globals['_TRAJECTORYSTORE']._serialized_end=2751
+  _globals['_TRAJECTORYFILTER']._serialized_end=838
+  _globals['_QUERYREQUEST']._serialized_start=841
+  _globals['_QUERYREQUEST']._serialized_end=971
+  _globals['_QUERYRESPONSE']._serialized_start=973
+  _globals['_QUERYRESPONSE']._serialized_end=1068
+  _globals['_EXPORTREQUEST']._serialized_start=1070
+  _globals['_EXPORTREQUEST']._serialized_end=1177
+  _globals['_SETREWARDREQUEST']._serialized_start=1179
+  _globals['_SETREWARDREQUEST']._serialized_end=1254
+  _globals['_SETREWARDRESPONSE']._serialized_start=1256
+  _globals['_SETREWARDRESPONSE']._serialized_end=1340
+  _globals['_REGISTERCHECKPOINTREQUEST']._serialized_start=1342
+  _globals['_REGISTERCHECKPOINTREQUEST']._serialized_end=1422
+  _globals['_GETCHECKPOINTREQUEST']._serialized_start=1424
+  _globals['_GETCHECKPOINTREQUEST']._serialized_end=1483
+  _globals['_LISTCHECKPOINTSREQUEST']._serialized_start=1485
+  _globals['_LISTCHECKPOINTSREQUEST']._serialized_end=1593
+  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_start=1595
+  _globals['_LISTCHECKPOINTSRESPONSE']._serialized_end=1674
+  _globals['_UPDATECHECKPOINTREQUEST']._serialized_start=1677
+  _globals['_UPDATECHECKPOINTREQUEST']._serialized_end=1905
+  _globals['_UPDATECHECKPOINTREQUEST_EVALMETRICSENTRY']._serialized_start=1855
+  _globals['_UPDATECHECKPOINTREQUEST_EVALMETRICSENTRY']._serialized_end=1905
+  _globals['_TRAJECTORYSTORE']._serialized_start=2030
+  _globals['_TRAJECTORYSTORE']._serialized_end=2839
 # @@protoc_insertion_point(module_scope)

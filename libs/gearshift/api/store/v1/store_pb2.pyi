@@ -49,7 +49,7 @@ class GetResponse(_message.Message):
     def __init__(self, trajectory: _Optional[_Union[_common_pb2.Trajectory, _Mapping]] = ...) -> None: ...
 
 class TrajectoryFilter(_message.Message):
-    __slots__ = ("modes", "correctness", "min_reward", "max_reward", "task_source", "model_version", "created_after", "created_before", "run_id", "split", "statuses", "purposes")
+    __slots__ = ("modes", "correctness", "min_reward", "max_reward", "task_source", "model_version", "created_after", "created_before", "run_id", "split", "statuses", "purposes", "feedback_only")
     MODES_FIELD_NUMBER: _ClassVar[int]
     CORRECTNESS_FIELD_NUMBER: _ClassVar[int]
     MIN_REWARD_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +62,7 @@ class TrajectoryFilter(_message.Message):
     SPLIT_FIELD_NUMBER: _ClassVar[int]
     STATUSES_FIELD_NUMBER: _ClassVar[int]
     PURPOSES_FIELD_NUMBER: _ClassVar[int]
+    FEEDBACK_ONLY_FIELD_NUMBER: _ClassVar[int]
     modes: _containers.RepeatedScalarFieldContainer[_common_pb2.Mode]
     correctness: Correctness
     min_reward: float
@@ -74,7 +75,8 @@ class TrajectoryFilter(_message.Message):
     split: str
     statuses: _containers.RepeatedScalarFieldContainer[_common_pb2.TrajectoryStatus]
     purposes: _containers.RepeatedScalarFieldContainer[_common_pb2.Purpose]
-    def __init__(self, modes: _Optional[_Iterable[_Union[_common_pb2.Mode, str]]] = ..., correctness: _Optional[_Union[Correctness, str]] = ..., min_reward: _Optional[float] = ..., max_reward: _Optional[float] = ..., task_source: _Optional[str] = ..., model_version: _Optional[str] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., run_id: _Optional[str] = ..., split: _Optional[str] = ..., statuses: _Optional[_Iterable[_Union[_common_pb2.TrajectoryStatus, str]]] = ..., purposes: _Optional[_Iterable[_Union[_common_pb2.Purpose, str]]] = ...) -> None: ...
+    feedback_only: bool
+    def __init__(self, modes: _Optional[_Iterable[_Union[_common_pb2.Mode, str]]] = ..., correctness: _Optional[_Union[Correctness, str]] = ..., min_reward: _Optional[float] = ..., max_reward: _Optional[float] = ..., task_source: _Optional[str] = ..., model_version: _Optional[str] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., run_id: _Optional[str] = ..., split: _Optional[str] = ..., statuses: _Optional[_Iterable[_Union[_common_pb2.TrajectoryStatus, str]]] = ..., purposes: _Optional[_Iterable[_Union[_common_pb2.Purpose, str]]] = ..., feedback_only: _Optional[bool] = ...) -> None: ...
 
 class QueryRequest(_message.Message):
     __slots__ = ("filter", "page_size", "page_token", "include_turns")
@@ -115,8 +117,12 @@ class SetRewardRequest(_message.Message):
     def __init__(self, id: _Optional[str] = ..., reward: _Optional[_Union[_common_pb2.Reward, _Mapping]] = ...) -> None: ...
 
 class SetRewardResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("replaced", "previous")
+    REPLACED_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_FIELD_NUMBER: _ClassVar[int]
+    replaced: bool
+    previous: _common_pb2.Reward
+    def __init__(self, replaced: _Optional[bool] = ..., previous: _Optional[_Union[_common_pb2.Reward, _Mapping]] = ...) -> None: ...
 
 class RegisterCheckpointRequest(_message.Message):
     __slots__ = ("checkpoint",)
