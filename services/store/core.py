@@ -127,12 +127,13 @@ class TrajectoryStore:
             if remaining is not None:
                 remaining -= len(chunk)
 
-    async def set_reward(self, trajectory_id: str, reward: Reward) -> None:
+    async def set_reward(self, trajectory_id: str, reward: Reward) -> Reward | None:
+        """Stores the reward; returns the one it replaced, None when the trajectory had none."""
         check.check_trajectory_id(trajectory_id)
         check.check_reward(reward)
         for field in ("kind", "verifier"):
             check.check_label(getattr(reward, field), f"reward.{field}", self.store.max_label_chars)
-        await self._blocking(self.repository.set_reward, trajectory_id, reward)
+        return await self._blocking(self.repository.set_reward, trajectory_id, reward)
 
     # checkpoints
 

@@ -38,6 +38,7 @@ def to_filter(message: store_pb2.TrajectoryFilter) -> TrajectoryFilter:
         model_version=message.model_version,
         run_id=message.run_id,
         split=message.split,
+        feedback_only=message.feedback_only,
         **times,
     )
 
@@ -66,8 +67,8 @@ class TrajectoryStoreServicer(store_pb2_grpc.TrajectoryStoreServicer):
     async def SetReward(self, request: store_pb2.SetRewardRequest, context) -> store_pb2.SetRewardResponse:
         if not request.HasField("reward"):
             raise InvalidArgument("reward is missing")
-        await self.store.set_reward(request.id, request.reward)
-        return store_pb2.SetRewardResponse()
+        previous = await self.store.set_reward(request.id, request.reward)
+        return store_pb2.SetRewardResponse(replaced=previous is not None, previous=previous)
 
     async def RegisterCheckpoint(self, request: store_pb2.RegisterCheckpointRequest, context) -> Checkpoint:
         if not request.HasField("checkpoint"):

@@ -120,6 +120,8 @@ def check_filter(flt: TrajectoryFilter, store: StoreSettings) -> None:
     scored_only = flt.min_reward is not None or flt.max_reward is not None
     if scored_only and flt.correctness is Correctness.UNSCORED:
         raise InvalidArgument("impossible filter: a reward range matches only scored trajectories, not UNSCORED")
+    if flt.feedback_only and flt.correctness is Correctness.UNSCORED:
+        raise InvalidArgument("impossible filter: feedback_only matches only scored trajectories, not UNSCORED")
     after, before = flt.created_after_us, flt.created_before_us
     if after is not None and before is not None and after >= before:
         raise InvalidArgument("impossible filter: created_after is not before created_before")

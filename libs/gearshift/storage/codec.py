@@ -8,6 +8,7 @@ from typing import Any
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from gearshift.api.common.v1.common_pb2 import Checkpoint, Reward, Trajectory
+from gearshift.rewards.feedback import is_feedback
 
 
 def microseconds(stamp: Timestamp) -> int:
@@ -30,6 +31,7 @@ def trajectory_row(trajectory: Trajectory) -> dict[str, Any]:
         "run_id": trajectory.run_id,
         "model_version": trajectory.model_version,
         "purpose": trajectory.purpose,
+        "feedback": scored and is_feedback(reward.verifier),
         "created_at_us": microseconds(trajectory.created_at),
         "reward": reward.SerializeToString() if scored else None,
         "payload": trajectory.SerializeToString(),
@@ -50,7 +52,8 @@ def trajectory_from_row(payload: bytes, reward: bytes | None, include_turns: boo
 
 def reward_columns(reward: Reward) -> dict[str, Any]:
     """The columns SetReward changes."""
-    return {"correct": reward.correct, "reward_value": reward.value, "reward": reward.SerializeToString()}
+    return {"correct": reward.correct, "reward_value": reward.value, "feedback": is_feedback(reward.verifier),
+            "reward": reward.SerializeToString()}
 
 
 def checkpoint_row(checkpoint: Checkpoint, created_at_us: int) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from sqlalchemy import (
     SmallInteger,
     String,
     Text,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -52,6 +53,8 @@ class TrajectoryRow(Base):
     run_id: Mapped[str] = mapped_column(Text)
     model_version: Mapped[str] = mapped_column(Text)
     purpose: Mapped[int] = mapped_column(SmallInteger, server_default="0")
+    # The reward is a client's verdict (gearshift.rewards.feedback): what training from traffic selects.
+    feedback: Mapped[bool] = mapped_column(Boolean, server_default=false())
     # Microseconds since the epoch (UTC): exact, portable keyset paging on both dialects.
     created_at_us: Mapped[int] = mapped_column(BigInteger)
     reward: Mapped[bytes | None] = mapped_column(LargeBinary)
@@ -69,6 +72,7 @@ class TrajectoryRow(Base):
         Index(None, "run_id", "created_at_us"),
         Index(None, "model_version", "created_at_us"),
         Index(None, "purpose", "created_at_us"),
+        Index(None, "feedback", "created_at_us"),
     )
 
 

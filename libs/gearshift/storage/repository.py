@@ -55,6 +55,7 @@ class TrajectoryFilter:
     split: str = ""
     created_after_us: int | None = None
     created_before_us: int | None = None
+    feedback_only: bool = False  # only rewards that are a client's verdict (gearshift.rewards.feedback)
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,8 @@ def _conditions(flt: TrajectoryFilter) -> list:
         where.append(t.created_at_us >= flt.created_after_us)
     if flt.created_before_us is not None:
         where.append(t.created_at_us < flt.created_before_us)
+    if flt.feedback_only:
+        where.append(t.feedback.is_(True))
     return where
 
 
@@ -211,12 +214,20 @@ class TrajectoryRepository:
         with self.engine.connect() as connection:
             return connection.execute(stmt).scalar_one()
 
-    def set_reward(self, trajectory_id: str, reward: Reward) -> None:
-        """Replaces a trajectory's reward and its filter columns. NotFound for an unknown id."""
-        stmt = update(trajectories).where(trajectories.c.id == trajectory_id).values(**reward_columns(reward))
+    def set_reward(self, trajectory_id: str, reward: Reward) -> Reward | None:
+        """Replaces a trajectory's reward and its filter columns; returns the reward it replaced
+        (None when there was none). NotFound for an unknown id.
+
+        Read and write are one transaction holding the row (Postgres: FOR UPDATE; SQLite: BEGIN
+        IMMEDIATE, one writer at a time), so of two verdicts racing, the second reports the
+        first as what it replaced: none is lost between them."""
+        t = trajectories.c
         with self._writing() as connection:
-            if connection.execute(stmt).rowcount != 1:
+            current = connection.execute(select(t.reward).where(t.id == trajectory_id).with_for_update()).first()
+            if current is None:
                 raise NotFound(f"trajectory {trajectory_id} not found")
+            connection.execute(update(trajectories).where(t.id == trajectory_id).values(**reward_columns(reward)))
+        return None if current.reward is None else Reward.FromString(current.reward)
 
     # checkpoints
 
