@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from gearshift.training.config import DataConfig, PolicyJobConfig, RolloutConfig, Strict
+from gearshift.training.config import ConversationConfig, DataConfig, PolicyJobConfig, RolloutConfig, Strict
 from pydantic import Field, model_validator
 
 
@@ -15,6 +15,9 @@ class APOPrompt(Strict):
     reference_answer: str = Field(..., description="The answer the reward service checks against")
     labels: dict[str, str] = Field(default_factory=dict, description="Labels copied onto the rollouts (domain, difficulty, item_id, ...)")
     suite: str = Field("", description="The evaluation suite the prompt comes from (labels item_id names the item): its grader decides correctness, as in evaluation; empty: the reward service's verifier")
+    conversation: ConversationConfig | None = Field(
+        None, description="The conversation around the query (the client's instructions, earlier turns), as served: every rollout sees it; none: the query stands alone"
+    )
 
     @model_validator(mode="after")
     def _suite_names_its_item(self) -> APOPrompt:
@@ -27,7 +30,9 @@ class APOConfig(PolicyJobConfig):
     """GRPO with adaptive sampling: per prompt rho forced rollouts per mode plus gamma free ones."""
 
     prompts: list[APOPrompt] = Field(default_factory=list, description="Training prompts given inline")
-    data: DataConfig | None = Field(None, description="Also take prompts (query, reference) from stored trajectories; needs store_addr")
+    data: DataConfig | None = Field(
+        None, description="Also take prompts (query, conversation, reference) from stored trajectories; needs store_addr. The reference is the stored reference answer, else the answer of a served trajectory a client judged correct (feedback)"
+    )
     rho: int = Field(3, ge=0, description="Forced rollouts per mode per prompt (prefix injection)")
     gamma: int = Field(3, ge=0, description="Free rollouts per prompt (the model routes itself)")
     prompts_per_step: int = Field(1, ge=1, description="Prompts (groups) per optimizer step")

@@ -48,7 +48,8 @@ def informative(groups: list[Group], window: tuple[float, float] | None) -> list
 
 def group_requests(prompt: APOPrompt, config: APOConfig, run_id: str, step: int, index: int) -> list[executor_pb2.SolveRequest]:
     """rho forced requests per mode (the executor injects the forced prefix), then gamma free
-    ones. Ids are derived from run, step and slot, so a resumed step finds its stored rollouts."""
+    ones, each in the prompt's conversation. Ids are derived from run, step and slot, so a resumed
+    step finds its stored rollouts."""
     slots = [(mode, k) for mode in MODE_OF.values() for k in range(config.rho)]
     slots += [(Mode.MODE_UNSPECIFIED, k) for k in range(config.gamma)]
     budget = executor_pb2.Budget(max_steps=config.rollout.max_steps)
@@ -65,6 +66,7 @@ def group_requests(prompt: APOPrompt, config: APOConfig, run_id: str, step: int,
             purpose=Purpose.PURPOSE_TRAINING,
             sampling=sampling(config.rollout),
             trajectory_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"{run_id}/{step}/{index}/{Mode.Name(mode)}/{k}")),
+            conversation=prompt.conversation.to_proto() if prompt.conversation else None,
         )
         for mode, k in slots
     ]

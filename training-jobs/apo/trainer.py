@@ -35,31 +35,53 @@ import time
 from dataclasses import dataclass
 
 import torch
+from gearshift.api.common.v1.common_pb2 import Trajectory
 from gearshift.evaluation.suites import SUITES
 from gearshift.jobs.apo.config import APOConfig, APOPrompt
 from gearshift.jobs.apo.rollouts import Group, collect, informative
 from gearshift.jobs.on_policy import encode_rollouts, rollout_services
+from gearshift.rewards.feedback import is_feedback
+from gearshift.rewards.formats import final_answer
 from gearshift.training import advantages, data, losses, tokenization
 from gearshift.training.batching import MicroBatch
+from gearshift.training.config import ConversationConfig
 from gearshift.training.results import register
 from gearshift.training.runtime import Frozen, Run, StepCallback
 
 log = logging.getLogger("gearshift.jobs.apo")
 
 
+def reference_of(trajectory: Trajectory) -> str:
+    """What rollouts on a stored trajectory's query are checked against: its reference answer,
+    else the served answer a client judged correct (feedback); "" when there is neither."""
+    if trajectory.reference_answer:
+        return trajectory.reference_answer
+    if trajectory.reward.correct and is_feedback(trajectory.reward.verifier):
+        return final_answer(trajectory)
+    return ""
+
+
+def _prompt_key(prompt: APOPrompt) -> tuple[str, str]:
+    return prompt.query, prompt.conversation.model_dump_json() if prompt.conversation else ""
+
+
 def gather_prompts(config: APOConfig) -> tuple[list[APOPrompt], list[str]]:
-    """Inline prompts plus stored trajectories with a reference answer (each query once)."""
+    """Inline prompts plus stored trajectories with a reference (reference_of), each query once
+    per conversation, the conversation kept (rollouts see what serving saw)."""
     prompts, ids = list(config.prompts), []
     if config.data is not None:
         if not config.store_addr:
             raise ValueError("data needs store_addr")
-        seen = {p.query for p in prompts}
+        seen = {_prompt_key(p) for p in prompts}
         for trajectory in data.load_trajectories(config.store_addr, config.data):
-            if trajectory.reference_answer and trajectory.query not in seen:
-                seen.add(trajectory.query)
-                graded_by_suite = trajectory.task_source in SUITES and "item_id" in trajectory.labels
-                prompts.append(APOPrompt(query=trajectory.query, reference_answer=trajectory.reference_answer,
-                                         labels=dict(trajectory.labels), suite=trajectory.task_source if graded_by_suite else ""))
+            reference = reference_of(trajectory)
+            graded_by_suite = trajectory.task_source in SUITES and "item_id" in trajectory.labels
+            prompt = APOPrompt(query=trajectory.query, reference_answer=reference, labels=dict(trajectory.labels),
+                               suite=trajectory.task_source if graded_by_suite else "",
+                               conversation=ConversationConfig.of(trajectory.conversation))
+            if reference and _prompt_key(prompt) not in seen:
+                seen.add(_prompt_key(prompt))
+                prompts.append(prompt)
                 ids.append(trajectory.id)
     if not prompts:
         raise ValueError("no prompts: give prompts inline or a data filter")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gearshift.protocol.modes import ModeName
-from gearshift.training.config import DataConfig, PolicyJobConfig, RolloutConfig, Strict
+from gearshift.training.config import ConversationConfig, DataConfig, PolicyJobConfig, RolloutConfig, Strict
 from pydantic import Field
 
 
@@ -13,6 +13,9 @@ class Prompt(Strict):
     query: str = Field(..., description="The user query")
     domain: str = Field("", description="Domain naming the teacher (teachers map); empty: default_teacher")
     mode: ModeName | None = Field(None, description="Force this mode by prefix injection (masked); none: the student routes")
+    conversation: ConversationConfig | None = Field(
+        None, description="The conversation around the query (the client's instructions, earlier turns), as served; none: the query stands alone"
+    )
 
 
 class DistillConfig(PolicyJobConfig):
@@ -20,7 +23,7 @@ class DistillConfig(PolicyJobConfig):
 
     prompts: list[Prompt] = Field(default_factory=list, description="Prompts given inline")
     data: DataConfig | None = Field(
-        None, description='Also take prompts from stored trajectories (query, labels["domain"]); needs store_addr'
+        None, description='Also take prompts from stored trajectories (query, conversation, labels["domain"]); needs store_addr'
     )
     teachers: dict[str, str] = Field(
         default_factory=dict, description='Domain -> teacher checkpoint ("smollm2", "tiny" or a checkpoint directory)'

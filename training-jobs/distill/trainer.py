@@ -38,6 +38,7 @@ from gearshift.protocol.modes import MODE_OF
 from gearshift.settings import Settings
 from gearshift.training import batching, data, forward, losses
 from gearshift.training.batching import MicroBatch
+from gearshift.training.config import ConversationConfig
 from gearshift.training.results import register
 from gearshift.training.runtime import Frozen, Run, StepCallback
 
@@ -49,7 +50,8 @@ def gather_prompts(config: DistillConfig) -> tuple[list[Prompt], list[str]]:
         if not config.store_addr:
             raise ValueError("data needs store_addr")
         for trajectory in data.load_trajectories(config.store_addr, config.data):
-            prompts.append(Prompt(query=trajectory.query, domain=trajectory.labels.get("domain", "")))
+            prompts.append(Prompt(query=trajectory.query, domain=trajectory.labels.get("domain", ""),
+                                  conversation=ConversationConfig.of(trajectory.conversation)))
             ids.append(trajectory.id)
     if not prompts:
         raise ValueError("no prompts: give prompts inline or a data filter")
@@ -64,7 +66,8 @@ def teacher_of(prompt: Prompt, config: DistillConfig) -> str:
 
 
 async def student_rollouts(stack: Settings, prompts: list[Prompt], config: DistillConfig, run_id: str, step: int) -> list[Trajectory]:
-    """One episode per prompt with the student's current weights (a pinned mode is injected)."""
+    """One episode per prompt with the student's current weights (a pinned mode is injected), in
+    the prompt's conversation."""
     slots = asyncio.Semaphore(config.rollout.concurrency)
     requests = [
         executor_pb2.SolveRequest(
@@ -78,6 +81,7 @@ async def student_rollouts(stack: Settings, prompts: list[Prompt], config: Disti
             purpose=Purpose.PURPOSE_TRAINING,
             sampling=sampling(config.rollout),
             trajectory_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"{run_id}/{step}/{index}")),
+            conversation=prompt.conversation.to_proto() if prompt.conversation else None,
         )
         for index, prompt in enumerate(prompts)
     ]

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gearshift.protocol.modes import ModeName
 
@@ -29,7 +29,9 @@ class DataConfig(Strict):
     min_reward: float | None = Field(None, description="Keep rewards at least this (scored trajectories only)")
     max_reward: float | None = Field(None, description="Keep rewards at most this (scored trajectories only)")
     task_source: str = Field("", description="Only this task source (suite name); empty: all")
-    split: str = Field("train", description='Only this split ("train", "dev", "test"; empty: all): held-out items never train by default')
+    split: str = Field(
+        "train", description='Only this split ("train", "dev", "test"; empty: all): held-out items never train by default; with feedback_only, empty unless given (served traffic has no split)'
+    )
     purposes: list[PurposeName] = Field(
         default_factory=lambda: list(TRAINING_PURPOSES),
         description="Only trajectories that ran for these purposes (serving, evaluation, gate, training); evaluation and gate runs are left out by default",
@@ -38,6 +40,51 @@ class DataConfig(Strict):
     run_ids: list[str] = Field(default_factory=list, description="Only these run ids (one Export per id); empty: all")
     completed_only: bool = Field(True, description="Keep only trajectories that ended with an answer (status COMPLETED)")
     limit: int = Field(0, ge=0, description="Read at most this many trajectories per Export (0: all)")
+    feedback_only: bool = Field(
+        False, description='Only trajectories whose reward is a client\'s verdict (the gateway\'s POST /v1/feedback: reward.verifier "feedback" or "feedback:<grader>"); with correctness "correct", the served answers clients judged right'
+    )
+
+    @model_validator(mode="after")
+    def _served_traffic_has_no_split(self) -> DataConfig:
+        # Feedback comes on served trajectories, whose split is empty: the default "train" would
+        # select none of them. Evaluation and gate runs stay out through purposes.
+        if self.feedback_only and "split" not in self.model_fields_set:
+            self.split = ""
+        return self
+
+
+class ChatTurn(Strict):
+    """One earlier message of a conversation."""
+
+    role: Literal["user", "assistant"] = Field(..., description="Who wrote it")
+    content: str = Field(..., description="Its text")
+
+
+class ConversationConfig(Strict):
+    """The conversation around a prompt's query (common.v1.Conversation): what the client sent
+    with it, which on-policy rollouts see as serving saw it."""
+
+    instructions: str = Field("", description="The client's system instructions; empty: none")
+    messages: list[ChatTurn] = Field(default_factory=list, description="Earlier user and assistant messages, oldest first")
+
+    @classmethod
+    def of(cls, conversation) -> ConversationConfig | None:
+        """From a common.v1.Conversation; None when it is empty (the query stands alone)."""
+        from gearshift.protocol.prompts import ROLE_NAMES  # the one role <-> name map (imports grpc: here only)
+
+        if not conversation.instructions and not conversation.messages:
+            return None
+        turns = [ChatTurn(role=ROLE_NAMES[m.role], content=m.content) for m in conversation.messages]
+        return cls(instructions=conversation.instructions, messages=turns)
+
+    def to_proto(self):
+        """As the common.v1.Conversation a SolveRequest carries."""
+        from gearshift.api.common.v1.common_pb2 import ChatMessage, Conversation
+        from gearshift.protocol.prompts import ROLE_NAMES
+
+        role_of = {name: role for role, name in ROLE_NAMES.items()}
+        return Conversation(instructions=self.instructions,
+                            messages=[ChatMessage(role=role_of[m.role], content=m.content) for m in self.messages])
 
 
 class ModelConfig(Strict):

@@ -38,6 +38,7 @@ def trajectory_filters(config: DataConfig) -> list[store_pb2.TrajectoryFilter]:
         model_version=config.model_version,
         statuses=[TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED] if config.completed_only else [],
         purposes=[PURPOSES[purpose] for purpose in config.purposes],
+        feedback_only=config.feedback_only,
     )
     if config.min_reward is not None:
         base.min_reward = config.min_reward
