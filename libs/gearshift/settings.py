@@ -156,6 +156,17 @@ class PolicyServerSettings(BaseModel):
         description="Draft tokens a lone greedy generation checks per decode step, looked up in its own prompt and output "
         "(prompt lookup, vLLM's ngram method; docs/policy-server.md); 0: off",
     )
+    max_n: int = Field(
+        16, ge=1, description="Most choices (`n`) one request may ask for; each is a row of the batch, its prompt computed once"
+    )
+    max_logprobs: int = Field(
+        20, ge=0, description="Most alternatives (`top_logprobs`, completions' `logprobs`) a request may ask for per token"
+    )
+    chat_template: str | None = Field(
+        None,
+        description="A Jinja chat template file that renders chat requests instead of the model's own (vLLM's "
+        "--chat-template; kept across hot switches); none: the model's",
+    )
 
 
 class StoreSettings(BaseModel):

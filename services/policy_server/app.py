@@ -9,47 +9,81 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from typing import TypeVar
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from gearshift.errors import GearshiftError, InvalidArgument, NotFound, ResourceExhausted, Unauthenticated, Unavailable
-from gearshift.services.policy_server.core import Generation, PolicyEngine
-from gearshift.services.policy_server.generation import GenerationResult
+from gearshift.services.policy_server import logprobs
+from gearshift.services.policy_server.core import ChatJobs, Generation, PolicyEngine
+from gearshift.services.policy_server.generation import Delta, GenerationResult, TokenLogprob
 from gearshift.services.policy_server.parsing import OutputSplitter, Piece, split_output
-from gearshift.services.policy_server.schemas import ChatCompletionRequest, CompletionRequest, LoadRequest, SamplingFields
+from gearshift.services.policy_server.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    LoadRequest,
+    SamplingFields,
+    TokenizeRequest,
+)
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from starlette.exceptions import HTTPException
 
 log = logging.getLogger("gearshift.policy_server.http")
 T = TypeVar("T")
 DISCONNECT_POLL_SECONDS = 0.2
 
 HTTP_STATUS = {InvalidArgument: 400, Unauthenticated: 401, NotFound: 404, ResourceExhausted: 429, Unavailable: 503}
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error"}
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error"}
+RESPONSES_API = "/v1/responses"
+ROUTES = "/v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize, /v1/load, /health and /metrics"
 
 
-def error_response(status: int, message: str, headers: dict | None = None) -> JSONResponse:
-    kind = ERROR_TYPES.get(status, "server_error")
-    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": status}}, status, headers)
+def error_response(
+    status: int, message: str, headers: dict | None = None, param: str | None = None, code: str | int | None = None
+) -> JSONResponse:
+    """OpenAI's error body; code is the status unless a more precise one is known ("model_not_found")."""
+    error = {"message": message, "type": ERROR_TYPES.get(status, "server_error"), "param": param, "code": code or status}
+    return JSONResponse({"error": error}, status, headers)
 
 
-def _validation_message(exc: RequestValidationError) -> str:
-    parts = []
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    """The message of a request that did not validate, and the field it names first."""
+    parts, param = [], None
     for error in exc.errors():
         if error.get("type") == "json_invalid":
-            return f"malformed JSON body: {error.get('ctx', {}).get('error', error.get('msg'))}"
+            return f"malformed JSON body: {error.get('ctx', {}).get('error', error.get('msg'))}", None
         where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
-        parts.append(f"{where or 'body'}: {error.get('msg')}")
-    return "; ".join(parts) or "invalid request"
+        if error.get("type") == "unsupported":
+            param = param or error["ctx"]["field"]
+            parts.append(error["msg"])
+        else:
+            param = param or where or None
+            parts.append(f"{where or 'body'}: {error.get('msg')}")
+    return "; ".join(parts) or "invalid request", param
 
 
-def _usage(results: list[GenerationResult]) -> dict:
-    prompt = sum(r.prompt_tokens for r in results)
+def _route_missing(request: Request, exc: HTTPException) -> JSONResponse:
+    """Unknown routes and methods, in OpenAI's shape rather than FastAPI's {"detail": ...}."""
+    where = f"{request.method} {request.url.path}"
+    if request.url.path.rstrip("/") == RESPONSES_API:
+        message = "the Responses API (/v1/responses) is not served by the built-in policy server: use /v1/chat/completions"
+    elif exc.status_code == 405:
+        message = f"{where}: method not allowed"
+    else:
+        message = f"{where} is not a route of the built-in policy server; it serves {ROUTES}"
+    return error_response(exc.status_code, message, getattr(exc, "headers", None))
+
+
+def _usage(results: list[GenerationResult], n: int = 1) -> dict:
+    """Usage of a request's choices: each prompt's tokens once (its n choices share it, as
+    OpenAI and vLLM count), every choice's completion tokens."""
+    prompt = sum(r.prompt_tokens for r in results[::n])
     completion = sum(r.completion_tokens for r in results)
-    cached = sum(r.cached_tokens for r in results)  # as OpenAI and vLLM report prefix-cache hits
+    cached = sum(r.cached_tokens for r in results[::n])  # as OpenAI and vLLM report prefix-cache hits
     return {
         "prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": cached},
@@ -120,13 +154,19 @@ def create_app(engine: PolicyEngine) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(400, _validation_message(exc))
+        message, param = _validation_message(exc)
+        return error_response(400, message, param=param)
 
     @app.exception_handler(GearshiftError)
     async def domain_error(request: Request, exc: GearshiftError) -> JSONResponse:
         status = next((code for kind, code in HTTP_STATUS.items() if isinstance(exc, kind)), 500)
         retry_after = getattr(exc, "retry_after_seconds", None)
-        return error_response(status, str(exc), {"Retry-After": str(retry_after)} if retry_after is not None else None)
+        headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+        return error_response(status, str(exc), headers, getattr(exc, "param", None), getattr(exc, "error_code", None))
+
+    @app.exception_handler(HTTPException)
+    async def no_such_route(request: Request, exc: HTTPException) -> JSONResponse:
+        return _route_missing(request, exc)
 
     @app.exception_handler(ClientGone)
     async def client_gone(request: Request, exc: ClientGone) -> Response:
@@ -157,38 +197,41 @@ def create_app(engine: PolicyEngine) -> FastAPI:
 
     @app.post("/v1/completions", dependencies=[Depends(require_key)])
     async def completions(body: CompletionRequest, request: Request):
-        generations = engine.submit(engine.completion_jobs(body))  # decoded together, in one batch
+        jobs = engine.completion_jobs(body)
+        generations = engine.submit(jobs)  # decoded together, in one batch
+        tokenizer = jobs[0].loaded.tokenizer
         meta = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": engine.served_name}
         if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _stream(_completion_events(generations[0], meta, include_usage, body.return_token_ids))
-
-        async def results_of_all() -> list[GenerationResult]:
-            return list(await asyncio.gather(*(generation.result() for generation in generations)))
-
-        results = await _unless_disconnected(request, results_of_all())
+            return _stream(_completion_events(generations, tokenizer, meta, body))
+        results = await _unless_disconnected(request, _all_results(generations))
         choices = [
-            {"index": i, "text": r.text, "finish_reason": r.finish_reason, "logprobs": None} | _token_ids(body, r)
+            {"index": i, "text": r.text, "finish_reason": r.finish_reason, "logprobs": _completion_logprobs(tokenizer, r.logprobs)}
+            | _token_ids(body, r)
             for i, r in enumerate(results)
         ]
-        return {**meta, "choices": choices, "usage": _usage(results)}
+        return {**meta, "choices": choices, "usage": _usage(results, body.n)}
 
     @app.post("/v1/chat/completions", dependencies=[Depends(require_key)])
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        job, parse_tools = engine.chat_job(body)
-        generation = engine.submit([job])[0]  # a full queue answers 429 here, before any stream starts
+        chat = engine.chat_jobs(body)
+        generations = engine.submit(chat.jobs)  # a full queue answers 429 here, before any stream starts
+        tokenizer = chat.jobs[0].loaded.tokenizer
         meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": engine.served_name}
         if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            return _stream(_chat_events(generation, parse_tools, meta, include_usage, body.return_token_ids, raw=body.continue_final_message))
-        result = await _unless_disconnected(request, generation.result())
-        output = split_output(result.text, parse_tools, raw=body.continue_final_message)
-        message = {"role": "assistant", "content": output.content, "reasoning_content": output.reasoning_content}
-        if output.tool_calls:
-            message["tool_calls"] = output.tool_calls
-        finish = "tool_calls" if output.tool_calls else result.finish_reason
-        choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None} | _token_ids(body, result)
-        return {**meta, "object": "chat.completion", "choices": [choice], "usage": _usage([result])}
+            return _stream(_chat_events(generations, chat, tokenizer, meta, body))
+        results = await _unless_disconnected(request, _all_results(generations))
+        choices = [_chat_choice(i, result, chat, tokenizer, body) for i, result in enumerate(results)]
+        return {**meta, "object": "chat.completion", "choices": choices, "usage": _usage(results, body.n)}
+
+    @app.post("/tokenize", dependencies=[Depends(require_key)])
+    async def tokenize(body: TokenizeRequest) -> dict:
+        ids = engine.tokenize(body)
+        strings = engine.current.tokenizer.convert_ids_to_tokens(ids) if body.return_token_strs else None
+        return {"count": len(ids), "max_model_len": engine.current.context_length, "tokens": ids, "token_strs": strings}
+
+    @app.post("/detokenize", dependencies=[Depends(require_key)])
+    async def detokenize(body: DetokenizeRequest) -> dict:
+        return {"prompt": engine.detokenize(body)}
 
     registry = CollectorRegistry()
     registry.register(EngineCollector(engine))
@@ -240,16 +283,102 @@ async def _guarded(events: AsyncIterator[str]) -> AsyncIterator[str]:
     yield _sse("[DONE]")
 
 
-async def _completion_events(generation: Generation, meta: dict, include_usage: bool, token_ids: bool) -> AsyncIterator[str]:
+async def _all_results(generations: list[Generation]) -> list[GenerationResult]:
+    return list(await asyncio.gather(*(generation.result() for generation in generations)))
+
+
+def _completion_logprobs(tokenizer, entries: list[TokenLogprob] | None, offset: int = 0) -> dict | None:
+    return None if entries is None else logprobs.completion_logprobs(tokenizer, entries, offset)
+
+
+def _chat_logprobs(tokenizer, entries: list[TokenLogprob] | None) -> dict | None:
+    return None if entries is None else {"content": logprobs.chat_content(tokenizer, entries), "refusal": None}
+
+
+def _chat_choice(index: int, result: GenerationResult, chat: ChatJobs, tokenizer, body: ChatCompletionRequest) -> dict:
+    output = split_output(result.text, chat.parse_tools, raw=chat.raw)
+    message = {"role": "assistant", "content": output.content, "reasoning_content": output.reasoning_content}
+    calls = output.tool_calls[: chat.max_tool_calls]
+    if calls:
+        message["tool_calls"] = calls
+    finish = "tool_calls" if calls else result.finish_reason
+    choice = {"index": index, "message": message, "finish_reason": finish, "logprobs": _chat_logprobs(tokenizer, result.logprobs)}
+    return choice | _token_ids(body, result)
+
+
+async def _next(stream: AsyncIterator):
+    return await anext(stream)
+
+
+async def _merged(generations: list[Generation]) -> AsyncIterator[tuple[int, Delta | GenerationResult]]:
+    """The items of a request's generations as they come, each with its choice index; leaving
+    early (a client gone) cancels every generation still running."""
+    streams = [generation.items() for generation in generations]
+    waiting = {asyncio.ensure_future(_next(stream)): index for index, stream in enumerate(streams)}
+    try:
+        while waiting:
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=waiting.__getitem__):
+                index = waiting.pop(task)
+                try:
+                    item = task.result()
+                except StopAsyncIteration:
+                    continue
+                yield index, item
+                waiting[asyncio.ensure_future(_next(streams[index]))] = index
+    finally:
+        for task in waiting:
+            task.cancel()
+        for generation in generations:
+            generation.cancel()
+
+
+@dataclass
+class _LogprobsOut:
+    """One streamed choice's log-probabilities: those that arrived and are not sent yet."""
+
+    pending: list[TokenLogprob] = field(default_factory=list)
+    arrived: int = 0
+    offset: int = 0  # completions' text_offset of the next token
+
+    def add(self, entries: list[TokenLogprob] | None) -> None:
+        if entries:
+            self.pending += entries
+            self.arrived += len(entries)
+
+    def finish(self, result: GenerationResult) -> None:
+        """Whatever the result has beyond the deltas (tokens whose text never became a delta)."""
+        self.add((result.logprobs or [])[self.arrived :])
+
+    def take(self) -> list[TokenLogprob]:
+        taken, self.pending = self.pending, []
+        return taken
+
+
+async def _completion_events(generations: list[Generation], tokenizer, meta: dict, body: CompletionRequest) -> AsyncIterator[str]:
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    out = [_LogprobsOut() for _ in generations]  # chunks carry the entries that arrived with their text
+
+    def chunk(index: int, text: str, finish: str | None = None, extra: dict | None = None) -> str:
+        entries = out[index].take()
+        shaped = logprobs.completion_logprobs(tokenizer, entries, out[index].offset) if entries else None
+        if shaped:
+            out[index].offset += sum(len(token) for token in shaped["tokens"])
+        choice = {"index": index, "text": text, "logprobs": shaped, "finish_reason": finish} | (extra or {})
+        return _sse({**meta, "choices": [choice]})
+
     async def events() -> AsyncIterator[str]:
-        async for item in generation.items():
+        results: list[GenerationResult | None] = [None] * len(generations)
+        async for index, item in _merged(generations):
             if isinstance(item, GenerationResult):
-                ids = {"token_ids": item.token_ids} if token_ids else {}
-                yield _sse({**meta, "choices": [{"index": 0, "text": "", "finish_reason": item.finish_reason} | ids]})
-                if include_usage:
-                    yield _sse({**meta, "choices": [], "usage": _usage([item])})
+                results[index] = item
+                out[index].finish(item)
+                yield chunk(index, "", item.finish_reason, _token_ids(body, item))
             else:
-                yield _sse({**meta, "choices": [{"index": 0, "text": item, "finish_reason": None}]})
+                out[index].add(item.logprobs)
+                yield chunk(index, item.text)
+        if include_usage:
+            yield _sse({**meta, "choices": [], "usage": _usage(results, body.n)})
 
     async for event in _guarded(events()):
         yield event
@@ -262,27 +391,49 @@ def _delta(piece: Piece, call_index: int) -> dict:
 
 
 async def _chat_events(
-    generation: Generation, parse_tools: bool, meta: dict, include_usage: bool, token_ids: bool, raw: bool = False
+    generations: list[Generation], chat: ChatJobs, tokenizer, meta: dict, body: ChatCompletionRequest
 ) -> AsyncIterator[str]:
     meta = {**meta, "object": "chat.completion.chunk"}
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    splitters = [OutputSplitter(chat.parse_tools, parse_reasoning=not chat.raw) for _ in generations]
+    calls = [0] * len(generations)
+    out = [_LogprobsOut() for _ in generations]
 
-    def chunk(delta: dict, finish: str | None = None, ids: list[int] | None = None) -> str:
-        extra = {"token_ids": ids} if ids is not None else {}
-        return _sse({**meta, "choices": [{"index": 0, "delta": delta, "finish_reason": finish} | extra]})
+    def chunk(index: int, delta: dict, finish: str | None = None, extra: dict | None = None) -> str:
+        entries = out[index].take()
+        shaped = _chat_logprobs(tokenizer, entries) if entries else None
+        choice = {"index": index, "delta": delta, "logprobs": shaped, "finish_reason": finish} | (extra or {})
+        return _sse({**meta, "choices": [choice]})
+
+    def pieces(index: int, found: list[Piece]) -> list[str]:
+        chunks = []
+        for piece in found:
+            call_index = calls[index]
+            if piece.kind == "tool_call":
+                if chat.max_tool_calls is not None and call_index >= chat.max_tool_calls:
+                    continue  # parallel_tool_calls false: the first call only
+                calls[index] += 1
+            chunks.append(chunk(index, _delta(piece, call_index)))
+        return chunks
 
     async def events() -> AsyncIterator[str]:
-        splitter = OutputSplitter(parse_tools, parse_reasoning=not raw)
-        calls = 0
-        yield chunk({"role": "assistant", "content": ""})
-        async for item in generation.items():
-            final = isinstance(item, GenerationResult)
-            for piece in splitter.finish() if final else splitter.feed(item):
-                yield chunk(_delta(piece, calls))
-                calls += piece.kind == "tool_call"
-            if final:
-                yield chunk({}, "tool_calls" if calls else item.finish_reason, item.token_ids if token_ids else None)
-                if include_usage:
-                    yield _sse({**meta, "choices": [], "usage": _usage([item])})
+        results: list[GenerationResult | None] = [None] * len(generations)
+        for index in range(len(generations)):
+            yield chunk(index, {"role": "assistant", "content": ""})
+        async for index, item in _merged(generations):
+            if isinstance(item, GenerationResult):
+                results[index] = item
+                out[index].finish(item)
+                for event in pieces(index, splitters[index].finish()):
+                    yield event
+                finish = "tool_calls" if calls[index] else item.finish_reason
+                yield chunk(index, {}, finish, _token_ids(body, item))
+            else:
+                out[index].add(item.logprobs)
+                for event in pieces(index, splitters[index].feed(item.text)):
+                    yield event
+        if include_usage:
+            yield _sse({**meta, "choices": [], "usage": _usage(results, body.n)})
 
     async for event in _guarded(events()):
         yield event

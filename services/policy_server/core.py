@@ -20,14 +20,37 @@ from pathlib import Path
 
 import torch
 from gearshift import weights
-from gearshift.errors import InvalidArgument
+from gearshift.errors import InvalidArgument, NotFound
 from gearshift.services.policy_server.generation import GenerationResult, SamplingParams
 from gearshift.services.policy_server.prompts import render_chat
 from gearshift.services.policy_server.scheduler import Scheduler, Sequence
-from gearshift.services.policy_server.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from gearshift.services.policy_server.schemas import (
+    ChatCompletionRequest,
+    ChatRendering,
+    CompletionRequest,
+    DetokenizeRequest,
+    NamedToolChoice,
+    SamplingFields,
+    TokenizeRequest,
+)
 from gearshift.settings import PolicyServerSettings
 
 log = logging.getLogger("gearshift.policy_server")
+
+
+class FieldRefused(InvalidArgument):
+    """A request field this server cannot honour (a 400 whose `param` names it)."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
+class ModelNotFound(NotFound):
+    """A request named a model this server does not serve (404 model_not_found, as OpenAI and vLLM)."""
+
+    param = "model"
+    error_code = "model_not_found"
 
 
 @dataclass
@@ -37,6 +60,16 @@ class Job:
     loaded: weights.LoadedModel
     prompt_ids: list[int]
     params: SamplingParams
+
+
+@dataclass
+class ChatJobs:
+    """The n jobs of a chat request (one prompt), and how their text is read back."""
+
+    jobs: list[Job]
+    parse_tools: bool  # tools were given (and tool_choice is not "none"): read <tool_call> blocks
+    raw: bool  # a continued assistant message: the text comes back as generated, tags and all
+    max_tool_calls: int | None  # parallel_tool_calls false: 1
 
 
 @dataclass
@@ -115,6 +148,20 @@ class Generation:
             self._scheduler.cancel(self.sequence)
 
 
+def _check_tool_choice(choice: object, tools: list[dict] | None) -> None:
+    """tool_choice "none" and "auto" are honoured; forcing a call would need guided decoding."""
+    if isinstance(choice, NamedToolChoice):
+        name = choice.function.name
+        if name not in {tool["function"]["name"] for tool in tools or []}:
+            raise FieldRefused("tool_choice", f"tool_choice names {name!r}, which is not among the tools")
+    if choice == "required" or isinstance(choice, NamedToolChoice):
+        raise FieldRefused(
+            "tool_choice",
+            "tool_choice \"required\" or a named function needs guided decoding, which the built-in policy server "
+            "does not have: send \"auto\" (the model decides) or \"none\", or serve the model with vLLM",
+        )
+
+
 class PolicyEngine:
     """The one model of this process and the thread that generates with it."""
 
@@ -122,6 +169,7 @@ class PolicyEngine:
         self.settings = settings
         self.models_dir = models_dir
         self.served_name = settings.served_model_name
+        self.chat_template = Path(settings.chat_template).read_text() if settings.chat_template else None
         self._current = loaded
         self.tally = Tally()
         self._switching = asyncio.Lock()
@@ -156,67 +204,110 @@ class PolicyEngine:
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.served_name:
-            raise InvalidArgument(f"unknown model {name!r}; this server serves {self.served_name!r}")
+            raise ModelNotFound(f"the model {name!r} does not exist: this server serves {self.served_name!r}")
 
-    def _params(self, request: SamplingFields) -> SamplingParams:
+    def _params(self, request: SamplingFields) -> list[SamplingParams]:
+        """The sampling parameters of each of the request's n choices per prompt. With a seed,
+        choice i samples with seed + i (as vLLM does): n samples of one seed would be the same."""
         cap = self.settings.max_tokens_cap
         requested = request.requested_max_tokens()
         max_tokens = self.settings.default_max_tokens if requested is None else requested
         if not 1 <= max_tokens <= cap:
             raise InvalidArgument(f"max_tokens must be between 1 and {cap}, got {max_tokens}")
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            stop=list(request.stop or []),
-            seed=request.seed,
-            ignore_eos=request.ignore_eos,
-        )
+        if request.n > self.settings.max_n:
+            raise FieldRefused("n", f"n must be at most {self.settings.max_n} on this server, got {request.n}")
+        logprobs = request.requested_logprobs()
+        if logprobs is not None and logprobs > self.settings.max_logprobs:
+            field = "top_logprobs" if isinstance(request, ChatCompletionRequest) else "logprobs"
+            raise FieldRefused(field, f"{field} must be at most {self.settings.max_logprobs}, got {logprobs}")
+        return [
+            SamplingParams(
+                max_tokens=max_tokens,
+                temperature=request.temperature,
+                top_p=request.top_p,
+                stop=list(request.stop or []),
+                seed=None if request.seed is None else request.seed + choice,
+                ignore_eos=request.ignore_eos,
+                logprobs=logprobs,
+            )
+            for choice in range(request.n)
+        ]
 
-    def _job(self, loaded: weights.LoadedModel, text: str, params: SamplingParams, special: bool) -> Job:
+    def _prompt_ids(self, loaded: weights.LoadedModel, text: str, special: bool, max_tokens: int) -> list[int]:
         if len(text) > self.settings.max_prompt_chars:
             raise InvalidArgument(f"prompt is longer than {self.settings.max_prompt_chars} characters")
         ids = loaded.tokenizer(text, add_special_tokens=special)["input_ids"]
-        if len(ids) + params.max_tokens > loaded.context_length:
+        if len(ids) + max_tokens > loaded.context_length:
             raise InvalidArgument(
-                f"prompt ({len(ids)} tokens) plus max_tokens ({params.max_tokens}) exceeds "
+                f"prompt ({len(ids)} tokens) plus max_tokens ({max_tokens}) exceeds "
                 f"the model's context of {loaded.context_length} tokens"
             )
-        return Job(loaded, ids, params)
+        return ids
+
+    def _jobs(self, loaded: weights.LoadedModel, text: str, choices: list[SamplingParams], special: bool) -> list[Job]:
+        """The n jobs of one prompt, tokenized once."""
+        ids = self._prompt_ids(loaded, text, special, choices[0].max_tokens)
+        return [Job(loaded, ids, params) for params in choices]
 
     def completion_jobs(self, request: CompletionRequest) -> list[Job]:
-        """One job per prompt of a /v1/completions request."""
+        """The jobs of a /v1/completions request: n per prompt, prompt by prompt."""
         self.check_model(request.model)
         prompts = [request.prompt] if isinstance(request.prompt, str) else request.prompt
         if not prompts or any(not prompt.strip() for prompt in prompts):
             raise InvalidArgument("prompt is empty")
-        if request.stream and len(prompts) > 1:
-            raise InvalidArgument("streaming takes a single prompt")
-        params = self._params(request)
+        choices = self._params(request)
         loaded = self._current
-        return [self._job(loaded, prompt, params, special=True) for prompt in prompts]
+        return [job for prompt in prompts for job in self._jobs(loaded, prompt, choices, special=True)]
 
-    def chat_job(self, request: ChatCompletionRequest) -> tuple[Job, bool]:
-        """The job of a /v1/chat/completions request, and whether to parse tool calls."""
-        self.check_model(request.model)
+    def chat_prompt(self, loaded: weights.LoadedModel, request: ChatRendering) -> tuple[str, bool]:
+        """The prompt text of chat messages (with the tools, when given and tool_choice is not
+        "none"), and whether tool calls are to be read back."""
         messages = [message.as_template_dict() for message in request.messages]
         if not any(message["content"].strip() or message.get("tool_calls") for message in messages):
             raise InvalidArgument("messages are empty")
         use_tools = bool(request.tools) and request.tool_choice != "none"
         tools = [tool.model_dump(exclude_none=True) for tool in request.tools] if use_tools else None
-        choice = request.tool_choice.model_dump() if hasattr(request.tool_choice, "model_dump") else request.tool_choice
-        if isinstance(choice, dict) and choice["function"]["name"] not in {t["function"]["name"] for t in tools or []}:
-            raise InvalidArgument(f"tool_choice names {choice['function']['name']!r}, which is not among the tools")
-        params = self._params(request)
-        loaded = self._current
+        _check_tool_choice(request.tool_choice, tools)
         try:
-            prompt = render_chat(loaded.tokenizer, messages, tools, choice, request.continue_final_message)
+            prompt = render_chat(
+                loaded.tokenizer, messages, tools, request.add_generation_prompt, request.continue_final_message,
+                self.chat_template, request.chat_template_kwargs,
+            )
         except InvalidArgument:
             raise
         except Exception as exc:  # jinja raises whatever a template author chose (TemplateError, ...)
             raise InvalidArgument(f"the model's chat template rejected these messages: {exc}") from None
-        # A continued assistant message comes back raw, as a completion would.
-        return self._job(loaded, prompt, params, special=False), use_tools and not request.continue_final_message
+        return prompt, use_tools
+
+    def chat_jobs(self, request: ChatCompletionRequest) -> ChatJobs:
+        """The n jobs of a /v1/chat/completions request, and how to read their text back."""
+        self.check_model(request.model)
+        choices = self._params(request)
+        loaded = self._current
+        prompt, use_tools = self.chat_prompt(loaded, request)
+        return ChatJobs(
+            jobs=self._jobs(loaded, prompt, choices, special=False),
+            parse_tools=use_tools and not request.continue_final_message,  # a continuation comes back raw
+            raw=request.continue_final_message,
+            max_tool_calls=1 if request.parallel_tool_calls is False else None,
+        )
+
+    def tokenize(self, request: TokenizeRequest) -> list[int]:
+        """vLLM's /tokenize: the token ids of a prompt, or of chat messages as rendered for a chat request."""
+        self.check_model(request.model)
+        loaded = self._current
+        if request.messages is None:
+            special = True if request.add_special_tokens is None else request.add_special_tokens
+            return self._prompt_ids(loaded, request.prompt or "", special, 0)
+        prompt, _ = self.chat_prompt(loaded, request)
+        return self._prompt_ids(loaded, prompt, bool(request.add_special_tokens), 0)
+
+    def detokenize(self, request: DetokenizeRequest) -> str:
+        self.check_model(request.model)
+        tokenizer = self._current.tokenizer
+        if any(not 0 <= token < len(tokenizer) for token in request.tokens):
+            raise FieldRefused("tokens", f"token ids must be between 0 and {len(tokenizer) - 1}")
+        return tokenizer.decode(request.tokens)
 
     # Running
 

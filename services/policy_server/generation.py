@@ -22,6 +22,27 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     ignore_eos: bool = False
+    logprobs: int | None = None  # None: none kept; k: each sampled token's log-probability and the k likeliest
+
+
+@dataclass
+class TokenLogprob:
+    """A sampled token's log-probability under the model (before temperature and top_p, as
+    vLLM's default raw_logprobs), and the `top` likeliest tokens' (id, log-probability), best first."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class Delta:
+    """Text that became safe to send, and the log-probabilities of the tokens sampled since the
+    previous delta (when asked for; a token whose text is held back comes with a later delta,
+    or with the result)."""
+
+    text: str
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -34,6 +55,15 @@ class GenerationResult:
     completion_tokens: int
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     token_ids: list[int] = field(default_factory=list)  # the sampled tokens (a stop word's included)
+    logprobs: list[TokenLogprob] | None = None  # one per token_ids entry, when asked for
+
+
+def token_logprob(logits: torch.Tensor, token: int, top: int) -> TokenLogprob:
+    """The log-probability of token under logits, and of the `top` likeliest tokens."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    best = torch.topk(logprobs, top) if top else None
+    pairs = list(zip(best.indices.tolist(), best.values.tolist())) if best is not None else []
+    return TokenLogprob(token, float(logprobs[token]), pairs)
 
 
 def pick_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:

@@ -26,7 +26,15 @@ import torch
 from gearshift.errors import ResourceExhausted
 from gearshift.services.policy_server import runner, speculation
 from gearshift.services.policy_server.batch_cache import BatchCache
-from gearshift.services.policy_server.generation import GenerationResult, OutputText, SamplingParams, pick_token
+from gearshift.services.policy_server.generation import (
+    Delta,
+    GenerationResult,
+    OutputText,
+    SamplingParams,
+    TokenLogprob,
+    pick_token,
+    token_logprob,
+)
 from gearshift.services.policy_server.prefix_cache import PrefixCache
 from gearshift.services.policy_server.thread_tuner import ThreadTuner
 from gearshift.settings import PolicyServerSettings
@@ -47,21 +55,24 @@ class QueueFull(ResourceExhausted):
 
 def _prefill_groups(sequences: list[Sequence]) -> list[list[Sequence]]:
     """Consecutive sequences on the same weights, as many per group as keep the group's padded
-    prompt tokens within PREFILL_TOKENS (a longer prompt is a group of its own)."""
+    prompt tokens within PREFILL_TOKENS (a longer prompt is a group of its own). A prompt that
+    several sequences share (a request's n choices, a group of rollouts) counts once: it is
+    computed once."""
     groups: list[list[Sequence]] = []
     for sequence in sequences:
         group = groups[-1] if groups else []
-        longest = max([len(sequence.prompt_ids)] + [len(s.prompt_ids) for s in group])
-        if group and group[0].loaded is sequence.loaded and (len(group) + 1) * longest <= PREFILL_TOKENS:
-            group.append(sequence)
-        else:
-            groups.append([sequence])
+        if group and group[0].loaded is sequence.loaded:
+            distinct = {tuple(s.prompt_ids) for s in group} | {tuple(sequence.prompt_ids)}
+            if len(distinct) * max(len(prompt) for prompt in distinct) <= PREFILL_TOKENS:
+                group.append(sequence)
+                continue
+        groups.append([sequence])
     return groups
 
 
 @dataclass(eq=False)  # compared by identity: rows are found in and removed from lists
 class Sequence:
-    """One generation from its acceptance to its end. deliver() hands the requester each piece
+    """One generation from its acceptance to its end. deliver() hands the requester each Delta
     of text, then the GenerationResult (or an exception); it runs on the scheduler thread."""
 
     loaded: LoadedModel
@@ -73,6 +84,8 @@ class Sequence:
     sampled: list[int] = field(default_factory=list)  # every token picked, stop tokens included
     cached_tokens: int = 0
     generator: torch.Generator | None = field(init=False)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per sampled token, when the params ask
+    logprobs_sent: int = 0  # of them, handed out with a Delta
 
     def __post_init__(self) -> None:
         self.output = OutputText(self.loaded.tokenizer, self.params, self.loaded.stop_token_ids)
@@ -91,14 +104,26 @@ class Sequence:
         """Picks the next token from logits and passes on the text that became safe to send."""
         token = pick_token(logits, self.params, self.generator)
         self.sampled.append(token)
+        if self.params.logprobs is not None:  # off the path unless asked: a softmax over the vocabulary
+            self.logprobs.append(token_logprob(logits, token, self.params.logprobs))
         piece = self.output.add(token)
         if piece:
-            self.deliver(piece)
+            self.deliver(Delta(piece, self._unsent_logprobs()))
+
+    def _unsent_logprobs(self) -> list[TokenLogprob] | None:
+        """The output tokens' log-probabilities not handed out yet (a stop token is no output)."""
+        if self.params.logprobs is None:
+            return None
+        end = len(self.output.tokens)
+        unsent, self.logprobs_sent = self.logprobs[self.logprobs_sent : end], end
+        return unsent
 
     def result(self) -> GenerationResult:
         out = self.output
+        logprobs = self.logprobs[: len(out.tokens)] if self.params.logprobs is not None else None
         return GenerationResult(
-            out.text, out.finish_reason or "length", len(self.prompt_ids), len(out.tokens), self.cached_tokens, list(out.tokens)
+            out.text, out.finish_reason or "length", len(self.prompt_ids), len(out.tokens), self.cached_tokens, list(out.tokens),
+            logprobs,
         )
 
 
@@ -284,26 +309,35 @@ class Scheduler:
             self._cache_owner = current
 
     def _prefill(self, group: list[Sequence]) -> list[BatchCache | None]:
-        """Computes the group's prompts (after any cached prefixes) in one forward and picks each
-        one's first token; returns their one-row caches, or Nones when it failed (the requesters
-        got the exception)."""
+        """Computes the group's prompts (after any cached prefixes) in one forward, each distinct
+        prompt once, and picks each sequence's first token; returns their one-row caches (one
+        prompt's sequences share theirs: joining a batch copies it), or Nones when it failed (the
+        requesters got the exception)."""
         self.tuner.reset()  # the decode steps after a prefill are not comparable with those before
         try:
-            prefixes = [self.prefix_cache.lookup(sequence.loaded, sequence.prompt_ids) for sequence in group]
-            computed = runner.prefill_together(
-                group[0].loaded.model, [s.prompt_ids for s in group], prefixes, [s.params.max_tokens for s in group]
-            )
-            for sequence, prefix, (logits, cache) in zip(group, prefixes, computed):
-                sequence.cached_tokens = prefix[0][0].shape[-2] if prefix else 0
+            keys = [tuple(sequence.prompt_ids) for sequence in group]
+            slots: dict[tuple[int, ...], int] = {}
+            for key in keys:
+                slots.setdefault(key, len(slots))
+            distinct = [group[keys.index(key)] for key in slots]
+            reserves = [0] * len(slots)
+            for key, sequence in zip(keys, group):
+                reserves[slots[key]] = max(reserves[slots[key]], sequence.params.max_tokens)
+            prefixes = [self.prefix_cache.lookup(sequence.loaded, sequence.prompt_ids) for sequence in distinct]
+            computed = runner.prefill_together(group[0].loaded.model, [s.prompt_ids for s in distinct], prefixes, reserves)
+            for sequence, (_, cache) in zip(distinct, computed):
                 if sequence.loaded is self._cache_owner:
                     self.prefix_cache.store(sequence.loaded, sequence.prompt_ids, cache.row(0))
+            for key, sequence in zip(keys, group):
+                prefix, (logits, _) = prefixes[slots[key]], computed[slots[key]]
+                sequence.cached_tokens = prefix[0][0].shape[-2] if prefix else 0
                 sequence.take(logits)
         except Exception as exc:  # handed to the requesters, which report it; the others go on
             log.exception("prefill failed")
             for sequence in group:
                 sequence.deliver(exc)
             return [None] * len(group)
-        return [cache for _, cache in computed]
+        return [computed[slots[key]][1] for key in keys]
 
     def _join(self, batch: RunningBatch, newcomers: list[BatchCache]) -> None:
         """Rebuilds the batch's cache with the newcomers' rows after its own (one copy for all)."""

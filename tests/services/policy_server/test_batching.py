@@ -158,7 +158,7 @@ async def test_a_prefix_cache_hit_gives_the_tokens_of_a_miss(tiny_checkpoints):
                 messages=messages, continue_final_message=True, add_generation_prompt=False, max_tokens=12, ignore_eos=True,
                 **sampling,
             )
-            results.append(await engine.generate_all(engine.chat_job(request)[0]))
+            results.append(await engine.generate_all(engine.chat_jobs(request).jobs[0]))
             transcript += results[-1].text + f"\n<tool_response>result {turn}</tool_response>\n"
         return results
 

@@ -52,7 +52,7 @@ async def test_smollm2_gives_the_same_greedy_tokens_with_drafts():
         settings = PolicyServerSettings(model=weights.SMOLLM2, port=0, threads=2, speculative_tokens=drafts)
         engine = await PolicyEngine.start(settings, models_dir)
         try:
-            results.append(await engine.generate_all(engine.chat_job(request)[0]))
+            results.append(await engine.generate_all(engine.chat_jobs(request).jobs[0]))
             steps.append(engine.scheduler.stats.steps)
         finally:
             engine.close()

@@ -96,7 +96,7 @@ async def test_a_drafting_episode_reuses_its_prefixes_and_keeps_its_tokens(tiny_
                 messages=messages, continue_final_message=True, add_generation_prompt=False, max_tokens=24, ignore_eos=True,
                 temperature=0,
             )
-            results.append(await engine.generate_all(engine.chat_job(request)[0]))
+            results.append(await engine.generate_all(engine.chat_jobs(request).jobs[0]))
             transcript += results[-1].text + f" Then step {turn}. "
         return results
 
