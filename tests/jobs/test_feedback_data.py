@@ -6,23 +6,9 @@ and its rollouts go through the executor in that conversation."""
 
 from __future__ import annotations
 
-import asyncio
-import uuid
-
 import pytest
-from gearshift.api.common.v1.common_pb2 import (
-    ChatMessage,
-    ChatRole,
-    Conversation,
-    Mode,
-    Purpose,
-    Reward,
-    RoutingStrategy,
-    Trajectory,
-    TrajectoryStatus,
-    Turn,
-)
-from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
+from gearshift.api.common.v1.common_pb2 import Trajectory
+from gearshift.api.store.v1 import store_pb2_grpc
 from gearshift.clients import channel
 from gearshift.jobs.apo import trainer as apo
 from gearshift.jobs.apo.config import APOConfig
@@ -31,7 +17,6 @@ from gearshift.jobs.distill import trainer as distill
 from gearshift.jobs.distill.config import DistillConfig
 from gearshift.jobs.sft import trainer as sft
 from gearshift.jobs.sft.config import SFTConfig
-from gearshift.rewards.feedback import feedback_verifier
 from gearshift.rewards.formats import check_trajectory_format
 from gearshift.settings import Settings
 from gearshift.testing.postgres import scratch_database
@@ -39,26 +24,7 @@ from gearshift.training.config import DataConfig
 from gearshift.training.data import load_trajectories
 
 from tests.jobs.conftest import StoreThread
-from tests.libs.training.trajectories import forced_agentic
-
-CONVERSATION = Conversation(instructions="Answer in one word.", messages=[
-    ChatMessage(role=ChatRole.CHAT_ROLE_USER, content="Hello"),
-    ChatMessage(role=ChatRole.CHAT_ROLE_ASSISTANT, content="Hello! Ask me anything."),
-])
-LIKED = Reward(value=1.0, correct=True, kind="feedback", verifier=feedback_verifier())
-GRADED_RIGHT = Reward(value=1.0, correct=True, kind="feedback", verifier=feedback_verifier("exact"))
-DISLIKED = Reward(value=0.0, correct=False, kind="feedback", verifier=feedback_verifier())
-
-
-def served(query: str, answer: str, output: str | None = None, mode: int = Mode.MODE_INSTANT, purpose: int = Purpose.PURPOSE_UNSPECIFIED,
-           split: str = "", conversation: Conversation | None = None) -> Trajectory:
-    """A trajectory as the executor stores one the gateway served: no split, no reference."""
-    return Trajectory(
-        id=str(uuid.uuid4()), query=query, mode=mode, routing_strategy=RoutingStrategy.ROUTING_STRATEGY_MODEL,
-        routing_rationale="A simple fact.", turns=[Turn(index=0, output=output or f"{answer}</answer>")], answer=answer,
-        status=TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED, task_source="gateway", split=split, purpose=purpose,
-        conversation=conversation,
-    )
+from tests.libs.training.served import CONVERSATION, JUDGED_CORRECT, WELL_FORMED_CORRECT, ids, store_traffic
 
 
 @pytest.fixture(scope="module")
@@ -76,40 +42,13 @@ def store(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def stored(store) -> dict[str, Trajectory]:
-    agentic = forced_agentic(str(uuid.uuid4()))
-    agentic.split, agentic.reference_answer, agentic.purpose = "", "", Purpose.PURPOSE_UNSPECIFIED
-    agentic.ClearField("reward")
-    rows = {
-        "liked, in a conversation": served("Capital of France?", "Paris", conversation=CONVERSATION),
-        "graded right": agentic,
-        "disliked": served("Capital of Spain?", "Barcelona"),
-        # Liked, but not in its mode's format: reasoning mode with no <reasoning> block.
-        "liked, malformed": served("Capital of Italy?", "Rome", mode=Mode.MODE_REASONING),
-        "scored by the platform": served("Capital of Japan?", "Tokyo"),
-        "no verdict": served("Capital of Peru?", "Lima"),
-        "liked, an evaluation run": served("Capital of Chile?", "Santiago", purpose=Purpose.PURPOSE_EVALUATION, split="test"),
-        "training seed": served("Capital of Egypt?", "Cairo", purpose=Purpose.PURPOSE_TRAINING, split="train"),
-    }
-    rows["scored by the platform"].reward.CopyFrom(Reward(value=1.0, correct=True, format_valid=True, kind="apo", verifier="phrase"))
-    rows["training seed"].reward.CopyFrom(Reward(value=1.0, correct=True, format_valid=True, kind="apo", verifier="suite:facts"))
-    assert not check_trajectory_format(rows["liked, malformed"]) and check_trajectory_format(rows["liked, in a conversation"])
-    store.put(list(rows.values()))
-    verdicts = {"liked, in a conversation": LIKED, "graded right": GRADED_RIGHT, "disliked": DISLIKED,
-                "liked, malformed": LIKED, "liked, an evaluation run": LIKED}
-
-    async def give_feedback():  # what the gateway does on POST /v1/feedback
+    async def put():
         async with channel(store.address, store.settings) as ch:
-            stub = store_pb2_grpc.TrajectoryStoreStub(ch)
-            for name, reward in verdicts.items():
-                reply = await stub.SetReward(store_pb2.SetRewardRequest(id=rows[name].id, reward=reward))
-                assert not reply.replaced
+            return await store_traffic(store_pb2_grpc.TrajectoryStoreStub(ch))
 
-    store.call(give_feedback())
+    rows = store.call(put())
+    assert not check_trajectory_format(rows["liked, malformed"]) and check_trajectory_format(rows["liked, in a conversation"])
     return rows
-
-
-def ids(stored: dict[str, Trajectory], *names: str) -> list[str]:
-    return sorted(stored[name].id for name in names)
 
 
 def test_feedback_only_selects_exactly_the_served_verdicts(store, stored):
@@ -119,7 +58,7 @@ def test_feedback_only_selects_exactly_the_served_verdicts(store, stored):
     # Served traffic has no split: feedback_only reads every split unless one is given.
     assert DataConfig(feedback_only=True).split == "" and DataConfig().split == "train"
     assert selected(feedback_only=True) == ids(stored, "liked, in a conversation", "graded right", "disliked", "liked, malformed")
-    assert selected(feedback_only=True, correctness="correct") == ids(stored, "liked, in a conversation", "graded right", "liked, malformed")
+    assert selected(feedback_only=True, correctness="correct") == ids(stored, *JUDGED_CORRECT)
     assert selected(feedback_only=True, purposes=["evaluation"]) == ids(stored, "liked, an evaluation run")
     assert selected(feedback_only=True, split="train") == []
     assert len(selected(split="")) == 7  # without the flag, the rest of the serving and training traffic too
@@ -132,7 +71,7 @@ def test_sft_learns_the_liked_answers_in_their_format(tiny_dir, tmp_path, store,
         "data": {"feedback_only": True, "correctness": "correct"},
     })
     result = sft.train(config)
-    assert result["trajectory_ids"] == ids(stored, "liked, in a conversation", "graded right")
+    assert result["trajectory_ids"] == ids(stored, *WELL_FORMED_CORRECT)
     assert sorted(store.checkpoint(result["checkpoint_id"]).trajectory_ids) == result["trajectory_ids"]
 
 
@@ -147,7 +86,7 @@ def apo_config(store, tmp_path, **extra) -> APOConfig:
 def test_apo_prompts_are_the_liked_queries_in_their_conversations(store, stored, tmp_path):
     prompts, lineage = apo.gather_prompts(apo_config(store, tmp_path))
     by_query = {p.query: p for p in prompts}
-    assert sorted(lineage) == ids(stored, "liked, in a conversation", "graded right", "liked, malformed")
+    assert sorted(lineage) == ids(stored, *JUDGED_CORRECT)
     assert {q: p.reference_answer for q, p in by_query.items()} == {
         "Capital of France?": "Paris", "What is 17*23?": "391", "Capital of Italy?": "Rome"}
     france = by_query["Capital of France?"]
@@ -168,11 +107,11 @@ async def test_apo_and_distillation_rollouts_run_in_the_served_conversation(sett
         return instant_policy(body)
 
     config = apo_config(store, tmp_path, gamma=0)
-    prompts, _ = await asyncio.to_thread(apo.gather_prompts, config)  # it runs an event loop of its own
+    prompts, _ = apo.gather_prompts(config)  # inside a running event loop, as the async trainers call it
     france = [p for p in prompts if p.conversation]
     students = DistillConfig.model_validate({"output": {"dir": str(tmp_path / "distill")}, "store_addr": store.address,
                                              "data": {"feedback_only": True, "correctness": "correct"}, "default_teacher": "tiny"})
-    student_prompts, _ = await asyncio.to_thread(distill.gather_prompts, students)
+    student_prompts, _ = distill.gather_prompts(students)
     rollout_stack = ("store", "sandbox", "reward", "planner", "router", "executor")  # what a rollout goes through
     async with serve_scripted(policy) as url, embedded(settings.with_policy(url), rollout_stack) as platform:
         stack = platform.settings

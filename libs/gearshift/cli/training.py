@@ -28,11 +28,13 @@ def train(job: str, config_path: str) -> None:
 @click.option("--quick", is_flag=True, help="The test-sized round (a few items, a couple of steps) instead of the default")
 @click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False), default=None, help="JSON LoopConfig fields overriding the preset's")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Summary JSON (default: DATA_DIR/loop/ROUND_ID/summary.json)")
-def loop(quick: bool, config_path: str | None, out: str | None) -> None:
-    """One closed-loop round in this process: seed, score, SFT, APO, evaluate, gate, publish."""
+@click.option("--from-feedback", is_flag=True, help="Learn from gateway traffic: SFT and APO on the served trajectories clients judged correct (POST /v1/feedback) instead of a seed run")
+def loop(quick: bool, config_path: str | None, out: str | None, from_feedback: bool) -> None:
+    """One closed-loop round in this process: seed, score, SFT, APO, evaluate, gate, publish (--from-feedback: SFT and APO on gateway traffic)."""
     from gearshift.orchestration.loop import main as loop_main
 
-    loop_main(get_settings(), quick, config_path, out)
+    with one_line_errors():
+        loop_main(get_settings(), quick, config_path, out, {"from_feedback": True} if from_feedback else {})
 
 
 @main.command()

@@ -1,6 +1,7 @@
 """`gearshift loop`: one full round of the closed loop on the embedded default, in this process.
 
     seed -> score -> SFT -> APO -> evaluate -> gate -> publish
+    feedback ------> SFT -> APO -> evaluate -> gate -> publish     (from_feedback: gateway traffic)
 
 The six services and the built-in policy server run in this process (the store is the SQLite
 file in the data directory, or GEARSHIFT_DATABASE_URL); the trainers run as local subprocesses
@@ -29,6 +30,7 @@ from gearshift.api.common.v1.common_pb2 import Checkpoint, CheckpointStatus, Pur
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
 from gearshift.embedded import embedded
+from gearshift.errors import FailedPrecondition
 from gearshift.evaluation.harness import evaluate
 from gearshift.evaluation.report import fetch_run
 from gearshift.evaluation.suites import get_suite
@@ -65,6 +67,9 @@ class LoopConfig(BaseModel):
     apo_learning_rate: float = Field(1e-6, gt=0, description="APO learning rate")
     threads: int = Field(2, ge=1, description="torch threads of the trainers and the policy server")
     concurrency: int = Field(4, ge=1, description="Episodes in flight at once in every stage that solves (seed, APO rollouts, evaluation, gate), so the policy server batches their turns")
+    from_feedback: bool = Field(
+        False, description="Learn from gateway traffic instead of seeding from the suite: SFT on the served trajectories clients judged correct (POST /v1/feedback), APO on up to apo_prompts of their queries in their conversations, the approved answers as references; evaluation and the gate stay on the suite's held-out split"
+    )
 
 
 DEFAULT_CONFIG = LoopConfig()
@@ -143,6 +148,26 @@ def apo_config(config: LoopConfig, prompts: list[dict]) -> dict:
             "output": {"progress": False}}
 
 
+# What a round from gateway traffic learns from: the served trajectories a client judged correct.
+FEEDBACK_DATA = {"feedback_only": True, "correctness": "correct"}
+
+
+def feedback_data(config: LoopConfig) -> tuple[dict, dict]:
+    """SFT's and APO's data sections for a round from gateway traffic (DataConfig fields):
+    rejection sampling on the clients' verdicts, every approved trajectory for SFT, up to
+    apo_prompts of them for APO's prompts (the APO job keeps their conversations and takes the
+    approved answer as the reference)."""
+    return dict(FEEDBACK_DATA), FEEDBACK_DATA | {"limit": config.apo_prompts}
+
+
+def round_name(config: LoopConfig, base: Checkpoint, feedback_snapshot: str = "") -> str:
+    """The round's id, from what it computes: concurrency changes how fast a round runs, not
+    what, and a round from feedback is named by the feedback it learns from too, so new verdicts
+    make a new round instead of resuming the last one."""
+    parts = [config.model_dump(exclude={"concurrency", "from_feedback"}), base.id]
+    return f"round-{steps.digest(*parts, *(['feedback', feedback_snapshot] if config.from_feedback else []))}"
+
+
 async def train_job(settings: Settings, runner: LocalRunner, job: str, config: dict, key: str, data: dict | None, parent: Checkpoint) -> dict:
     """One training run through the orchestration runner (a subprocess), off this event loop:
     it serves the store the trainer reads from and registers in."""
@@ -159,76 +184,41 @@ async def run_round(settings: Settings, config: LoopConfig, console: Console | N
     # The store alone first, to find the round's base; then everything, serving that base.
     async with embedded(settings, ("store",)) as probe:
         base = await base_checkpoint(probe.settings, config)
-    # Concurrency changes how fast a round runs, not what it computes: it does not name the round.
-    round_id = f"round-{steps.digest(config.model_dump(exclude={'concurrency'}), base.id)}"
     runner = LocalRunner(settings.data_dir / "runs", env={"GEARSHIFT_DATA_DIR": str(settings.data_dir)})
     async with embedded(settings, policy_model=base.uri) as platform:
         stack, server = platform.settings, platform.policy
         evaluator = GateEvaluator(stack, config.eval_modes)
-
-        with report.stage("seed", f"{suite.name} train split, {config.seed_items} items x {', '.join(config.seed_modes)} (forced)") as fig:
-            seed_run = f"loop-seed-{steps.digest(suite.name, config.seed_items, config.seed_modes, config.max_tokens_per_turn, config.max_steps, base.id)}"
-            seeded = await evaluate(stack, config.suite, config.seed_modes, config.seed_items, split="train", run_id=seed_run,
-                                    concurrency=config.concurrency, out_dir=settings.data_dir / "eval" / seed_run, purpose=Purpose.PURPOSE_TRAINING)
-            fig |= {"run_id": seed_run, "episodes": seeded.summary.planned, "solved_now": seeded.summary.solved,
-                    "reused": seeded.summary.skipped, "correct": sum(r.correct for r in seeded.report.modes.values())}
-
-        with report.stage("score", "APO reward from the reward service, one group per query") as fig:
-            async with channel(stack.store_addr, stack) as ch:
-                trajectories = await fetch_run(store_pb2_grpc.TrajectoryStoreStub(ch), seed_run)
-            completed = [t for t in trajectories if t.status == TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED]
-            fig["scored"] = await steps.score(stack, completed)
-            async with channel(stack.store_addr, stack) as ch:
-                rescored = await fetch_run(store_pb2_grpc.TrajectoryStoreStub(ch), seed_run)
-            fig["correct"] = sum(t.reward.correct for t in rescored)
-            fig["mean_apo_reward"] = sum(t.reward.value for t in rescored) / max(1, len(rescored))
+        if config.from_feedback:  # SFT and APO read the verdicts through their data sections
+            data, apo_data = await feedback_stage(stack, config, report)
+            prompts, round_id = [], round_name(config, base, report.stages["feedback"]["snapshot"])
+        else:  # SFT reads the seed run, APO gets the suite's items inline
+            data, apo_data = await seed_stages(stack, config, suite, base, report), None
+            prompts, round_id = suite_prompts(config, suite), round_name(config, base)
 
         parent = base
-        with report.stage("sft", f"route-then-align on the correct seed trajectories, from {base.id}"
+        what = "the served trajectories clients judged correct" if config.from_feedback else "the correct seed trajectories"
+        with report.stage("sft", f"route-then-align on {what}, from {base.id}"
                           if config.sft_steps else "skipped: sft_steps is 0, APO starts from the base") as fig:
             if config.sft_steps:
-                data = {"correctness": "correct", "task_source": suite.name, "split": "train", "run_ids": [seed_run]}
                 snapshot = await steps.snapshot(stack, data)
                 sft = await train_job(stack, runner, "sft", sft_config(config), f"{round_id}:sft", data, base)
                 fig |= {"snapshot": snapshot["snapshot"], "trajectories": snapshot["count"], "checkpoint": sft["checkpoint_id"],
                         **{k: sft["metrics"].get(k) for k in ("steps", "first_loss", "final_loss")}}
                 parent = await steps.get_checkpoint(stack, sft["checkpoint_id"])
 
-        with report.stage("apo", f"GRPO with adaptive sampling on {config.apo_prompts} train prompts, from {parent.id}") as fig:
-            prompts = [{"query": item.question, "reference_answer": item.answer, "suite": config.suite,
-                        "labels": {k: v for k, v in item.labels(0).items() if k != "sample"}}
-                       for item in suite.items("train", config.apo_prompts)]
-            apo = await train_job(stack, runner, "apo", apo_config(config, prompts), f"{round_id}:apo", None, parent)
+        where = "up to {} of their queries, in their conversations" if config.from_feedback else "{} train prompts"
+        with report.stage("apo", f"GRPO with adaptive sampling on {where.format(config.apo_prompts)}, from {parent.id}") as fig:
+            apo = await train_job(stack, runner, "apo", apo_config(config, prompts), f"{round_id}:apo", apo_data, parent)
             candidate = await steps.get_checkpoint(stack, apo["checkpoint_id"])
             history = read_metrics(Path(apo["output_dir"]))
             fig |= {"checkpoint": candidate.id, "parent": candidate.parent_id, "steps": apo["metrics"].get("steps"),
-                    "rollouts": sum(h.get("rollouts", 0) for h in history),
+                    "prompts": apo["metrics"].get("prompts"), "rollouts": sum(h.get("rollouts", 0) for h in history),
                     "rollout_reward_mean": sum(h.get("reward_mean", 0.0) for h in history) / max(1, len(history))}
 
-        with report.stage("evaluate", f"{suite.name} held-out split, {config.eval_items} items x {', '.join(config.eval_modes)}") as fig:
-            fig["base"] = await evaluator.run(base)
-            fig["candidate"] = await evaluator.run(candidate)
-            gate_mode = config.gate_modes[0]
-            fig |= {f"{who}_{name}": fig[who][gate_mode][name] for who in ("base", "candidate") for name in ("accuracy", "apo_reward", "cost_of_pass_usd")}
-
-        with report.stage("gate", f"accuracy and cost of pass ({', '.join(config.gate_modes)}) vs the published {base.id}: 95% intervals") as fig:
-            outcome = await steps.gate(stack, candidate.id, evaluator)
-            fig |= {"promoted": outcome.decision.promote, "reasons": outcome.decision.reasons,
-                    "baseline": outcome.baseline.id if outcome.baseline else ""}
-            report.console.print("  " + "; ".join(outcome.decision.reasons))
-
-        with report.stage("publish", "the built-in policy server switches to the candidate" if outcome.decision.promote else "skipped: rejected") as fig:
-            if outcome.decision.promote:
-                published = await publish_builtin(candidate, stack)
-                await steps.update_checkpoint(stack, candidate.id, CheckpointStatus.CHECKPOINT_STATUS_PUBLISHED,
-                                              {"switch_seconds": published.switch_seconds})
-                fig |= {"switch_seconds": round(published.switch_seconds, 3), "serving": str(server.engine.current.path)}
-            else:
-                await steps.update_checkpoint(stack, candidate.id, CheckpointStatus.CHECKPOINT_STATUS_REJECTED, {})
-                fig["serving"] = str(server.engine.current.path)
+        await judge_stages(stack, config, suite, base, candidate, evaluator, server, report)
 
     summary = {"round_id": round_id, "config": config.model_dump(), "base": base.id, "candidate": candidate.id,
-               "promoted": outcome.decision.promote, "stages": report.stages,
+               "promoted": report.stages["gate"]["promoted"], "stages": report.stages,
                "before_after": before_after(report.stages["evaluate"]["base"], report.stages["evaluate"]["candidate"])}
     report.console.print(before_after_table(summary["before_after"], base.id, candidate.id))
     path = out or settings.data_dir / "loop" / round_id / "summary.json"
@@ -236,6 +226,78 @@ async def run_round(settings: Settings, config: LoopConfig, console: Console | N
     path.write_text(json.dumps(summary, indent=2))
     report.console.print(f"summary: {path}")
     return summary | {"summary_path": str(path)}
+
+
+async def feedback_stage(stack: Settings, config: LoopConfig, report: Reporter) -> tuple[dict, dict]:
+    """The round's data from gateway traffic: what clients judged, frozen (the snapshot names the
+    round). Returns SFT's and APO's data sections."""
+    data, apo_data = feedback_data(config)
+    with report.stage("feedback", "served trajectories with a client's verdict (the gateway's POST /v1/feedback)") as fig:
+        try:
+            snapshot = await steps.snapshot(stack, data)
+        except FailedPrecondition:
+            raise FailedPrecondition(
+                "no served trajectory has been judged correct by a client yet: send verdicts with POST /v1/feedback on"
+                " the gateway (docs/gateway.md), then run the round again") from None
+        fig |= {"snapshot": snapshot["snapshot"], "correct": snapshot["count"],
+                "judged": await steps.count_matching(stack, {"feedback_only": True})}
+    return data, apo_data
+
+
+async def seed_stages(stack: Settings, config: LoopConfig, suite, base: Checkpoint, report: Reporter) -> dict:
+    """Seed and score: the suite's train items solved in the forced seed modes, scored with the
+    APO reward. Returns SFT's data section (the correct seed trajectories)."""
+    with report.stage("seed", f"{suite.name} train split, {config.seed_items} items x {', '.join(config.seed_modes)} (forced)") as fig:
+        seed_run = f"loop-seed-{steps.digest(suite.name, config.seed_items, config.seed_modes, config.max_tokens_per_turn, config.max_steps, base.id)}"
+        seeded = await evaluate(stack, config.suite, config.seed_modes, config.seed_items, split="train", run_id=seed_run,
+                                concurrency=config.concurrency, out_dir=stack.data_dir / "eval" / seed_run, purpose=Purpose.PURPOSE_TRAINING)
+        fig |= {"run_id": seed_run, "episodes": seeded.summary.planned, "solved_now": seeded.summary.solved,
+                "reused": seeded.summary.skipped, "correct": sum(r.correct for r in seeded.report.modes.values())}
+
+    with report.stage("score", "APO reward from the reward service, one group per query") as fig:
+        async with channel(stack.store_addr, stack) as ch:
+            trajectories = await fetch_run(store_pb2_grpc.TrajectoryStoreStub(ch), seed_run)
+        completed = [t for t in trajectories if t.status == TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED]
+        fig["scored"] = await steps.score(stack, completed)
+        async with channel(stack.store_addr, stack) as ch:
+            rescored = await fetch_run(store_pb2_grpc.TrajectoryStoreStub(ch), seed_run)
+        fig["correct"] = sum(t.reward.correct for t in rescored)
+        fig["mean_apo_reward"] = sum(t.reward.value for t in rescored) / max(1, len(rescored))
+    return {"correctness": "correct", "task_source": suite.name, "split": "train", "run_ids": [seed_run]}
+
+
+def suite_prompts(config: LoopConfig, suite) -> list[dict]:
+    """APO's inline prompts: the suite's first apo_prompts train items, graded by the suite."""
+    return [{"query": item.question, "reference_answer": item.answer, "suite": config.suite,
+             "labels": {k: v for k, v in item.labels(0).items() if k != "sample"}}
+            for item in suite.items("train", config.apo_prompts)]
+
+
+async def judge_stages(stack: Settings, config: LoopConfig, suite, base: Checkpoint, candidate: Checkpoint,
+                       evaluator: GateEvaluator, server, report: Reporter) -> None:
+    """Evaluate, gate, publish: base and candidate on the suite's held-out split, the promotion
+    gate, and the switch to the candidate (or its rejection)."""
+    with report.stage("evaluate", f"{suite.name} held-out split, {config.eval_items} items x {', '.join(config.eval_modes)}") as fig:
+        fig["base"] = await evaluator.run(base)
+        fig["candidate"] = await evaluator.run(candidate)
+        gate_mode = config.gate_modes[0]
+        fig |= {f"{who}_{name}": fig[who][gate_mode][name] for who in ("base", "candidate") for name in ("accuracy", "apo_reward", "cost_of_pass_usd")}
+
+    with report.stage("gate", f"accuracy and cost of pass ({', '.join(config.gate_modes)}) vs the published {base.id}: 95% intervals") as fig:
+        outcome = await steps.gate(stack, candidate.id, evaluator)
+        fig |= {"promoted": outcome.decision.promote, "reasons": outcome.decision.reasons,
+                "baseline": outcome.baseline.id if outcome.baseline else ""}
+        report.console.print("  " + "; ".join(outcome.decision.reasons))
+
+    with report.stage("publish", "the built-in policy server switches to the candidate" if outcome.decision.promote else "skipped: rejected") as fig:
+        if outcome.decision.promote:
+            published = await publish_builtin(candidate, stack)
+            await steps.update_checkpoint(stack, candidate.id, CheckpointStatus.CHECKPOINT_STATUS_PUBLISHED,
+                                          {"switch_seconds": published.switch_seconds})
+            fig |= {"switch_seconds": round(published.switch_seconds, 3), "serving": str(server.engine.current.path)}
+        else:
+            await steps.update_checkpoint(stack, candidate.id, CheckpointStatus.CHECKPOINT_STATUS_REJECTED, {})
+            fig["serving"] = str(server.engine.current.path)
 
 
 FIGURES = ("accuracy", "apo_reward", "cost_of_pass_usd", "mean_cost_usd", "mean_output_tokens", "format_valid")
@@ -257,9 +319,10 @@ def before_after_table(rows: dict[str, dict[str, dict]], base_id: str, candidate
     return table
 
 
-def main(settings: Settings, quick: bool, config_path: str | None, out: str | None) -> dict:
-    """`gearshift loop`: the preset (QUICK or DEFAULT) with a JSON file's fields over it."""
+def main(settings: Settings, quick: bool, config_path: str | None, out: str | None, flags: dict | None = None) -> dict:
+    """`gearshift loop`: the preset (QUICK or DEFAULT) with a JSON file's fields over it, and the
+    command line's flags (--from-feedback) over both."""
     preset = QUICK_CONFIG if quick else DEFAULT_CONFIG
     overrides = json.loads(Path(config_path).read_text()) if config_path else {}
-    config = LoopConfig.model_validate(preset.model_dump() | overrides)
+    config = LoopConfig.model_validate(preset.model_dump() | overrides | (flags or {}))
     return asyncio.run(run_round(settings, config, Console(), Path(out) if out else None))

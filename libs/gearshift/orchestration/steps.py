@@ -127,6 +127,13 @@ def data_filter(data: dict) -> store_pb2.TrajectoryFilter:
     return filters[0]
 
 
+async def count_matching(settings: Settings, data: dict) -> int:
+    """How many stored trajectories a data filter matches now."""
+    request = store_pb2.ExportRequest(filter=data_filter(data))
+    async with channel(settings.store_addr, settings) as ch:
+        return sum([1 async for _ in store_pb2_grpc.TrajectoryStoreStub(ch).Export(request)])
+
+
 async def snapshot(settings: Settings, data: dict) -> dict:
     """Freezes what a data filter matches now: the ids, named by their hash (the trainers'
     snapshot id), written to data_dir/snapshots/<id>.json."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 from gearshift.api.common.v1.common_pb2 import Purpose, Trajectory, TrajectoryStatus
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
@@ -69,8 +70,15 @@ async def export(store_addr: str, config: DataConfig, settings: Settings | None 
 
 
 def load_trajectories(store_addr: str, config: DataConfig, settings: Settings | None = None) -> list[Trajectory]:
-    """export() for synchronous callers (the trainers)."""
-    return asyncio.run(export(store_addr, config, settings))
+    """export() for synchronous callers (the trainers). Called inside a running event loop (APO's
+    and distillation's trainers are async and read their prompts first), it reads on a thread
+    of its own, as asyncio.run refuses to nest."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(export(store_addr, config, settings))
+    with ThreadPoolExecutor(max_workers=1) as reader:
+        return reader.submit(asyncio.run, export(store_addr, config, settings)).result()
 
 
 def snapshot_id(trajectory_ids: Iterable[str]) -> str:
