@@ -49,19 +49,16 @@ def sampling(rollout: RolloutConfig) -> Sampling:
 
 
 def encode_rollouts(tokenizer, rollouts: list[Trajectory], rollout: RolloutConfig, max_length: int) -> list[tokenization.Encoded]:
-    """The rollouts' tokens and masks, with no end-of-turn target (serving stops at stop words,
-    so the policy never sampled one). With exact_tokens only the sampled tokens are learned, so
+    """The rollouts' tokens and masks; a text-protocol rollout has no end-of-turn target (serving
+    stops at stop words, so the policy never sampled one), a native one learns each generation's
+    end as the chat template writes it (the engine stopped there). With exact_tokens only the sampled tokens are learned, so
     rollouts that kept none mean a server that does not return them: an error, not silence."""
-    if rollout.exact_tokens and rollouts and not any(turn.sampled for t in rollouts for turn in t.turns):
+    if rollout.exact_tokens and rollouts and not any(turn.sampled or turn.token_ids for t in rollouts for turn in t.turns):
         raise FailedPrecondition(
             "no rollout kept its sampled token ids: serve the policy with the built-in server or vLLM and keep "
             "GEARSHIFT_POLICY_CLIENT__RETURN_TOKEN_IDS on, or set rollout.exact_tokens: false"
         )
-    return [
-        tokenization.encode(tokenizer, t.query, tokenization.assistant_segments(t), end_of_turn=False, max_length=max_length,
-                            exact=rollout.exact_tokens, conversation=t.conversation)
-        for t in rollouts
-    ]
+    return [tokenization.encode_trajectory(tokenizer, t, max_length, exact=rollout.exact_tokens, end_of_turn=False) for t in rollouts]
 
 
 def save_adapter(run: Run, directory: Path) -> None:

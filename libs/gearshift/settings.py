@@ -102,6 +102,13 @@ class PolicyClientSettings(BaseModel):
         description="Ask for the sampled token ids (vLLM's return_token_ids; the built-in server honours it too), which "
         "trajectories keep for training on exactly the sampled tokens; turn off for a server that rejects the field",
     )
+    protocol: Literal["text", "native"] = Field(
+        "text",
+        description='How the executor speaks to the policy: "text", the A^2FM text protocol (one growing assistant message, '
+        'tool calls as tagged text; the default policy\'s); "native", a chat conversation with the tools declared as JSON-schema '
+        "functions, which the engine's parsers return as tool_calls and reasoning_content (vLLM with --tool-call-parser and "
+        "--reasoning-parser, e.g. Qwen3 or Agents-A1)",
+    )
 
 
 class PolicyServerSettings(BaseModel):

@@ -4,7 +4,9 @@ trajectory.
 
 The whole episode is one assistant turn that grows: the routing prefix, then each generation,
 tool responses appended by the environment (A^2FM). The policy server keeps the chat template;
-the executor continues the assistant message (`continue_final_message`, as vLLM offers it)."""
+the executor continues the assistant message (`continue_final_message`, as vLLM offers it).
+The native protocol (a chat conversation with structured tool calls) is NativeEpisodeRunner's,
+in native.py: the same episode, routing, planning, tools and wrap-up, other mode loops."""
 
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ from gearshift.api.common.v1.common_pb2 import (
     Plan,
     PlanDecision,
     PlanningStats,
+    PolicyProtocol,
     RoutingStrategy,
+    SampledSpan,
     Sampling,
     TokenUsage,
     ToolCall,
@@ -109,6 +113,8 @@ def event(turn: int, **kind) -> executor_pb2.SolveEvent:
 class EpisodeRunner:
     """Runs episodes; one per executor process, shared by concurrent requests."""
 
+    protocol = PolicyProtocol.POLICY_PROTOCOL_TEXT
+
     def __init__(self, policy: PolicyClient, downstream: Downstream, config: ExecutorSettings, limits: Limits,
                  costs: CostTable, model_version: str):
         self.policy = policy
@@ -117,7 +123,7 @@ class EpisodeRunner:
         self.limits = limits
         self.costs = costs
         self.model_version = model_version
-        self._tools: frozenset[str] | None = None
+        self._tools: list[sandbox_pb2.ToolSpec] | None = None
 
     # Entry point
 
@@ -168,14 +174,18 @@ class EpisodeRunner:
             trajectory.routing_sampled.append(route.sampled)
         state.account(None, route.usage.input_tokens, route.usage.output_tokens)
         yield event(ROUTING_TURN, mode_chosen=executor_pb2.ModeChosen(mode=route.mode, strategy=route.strategy, rationale=route.rationale))
-        state.transcript = a2fm.episode_prefix(route.mode, route.rationale)
-        loop = self._agentic if route.mode == Mode.MODE_AGENTIC else self._direct
-        async for item in loop(state, budget):
+        async for item in self._mode_loop(state, budget):
             yield item
         if not trajectory.status:
             trajectory.status = TrajectoryStatus.TRAJECTORY_STATUS_BUDGET_EXHAUSTED
 
     # Mode loops
+
+    def _mode_loop(self, state: EpisodeState, budget: Budget) -> AsyncIterator[executor_pb2.SolveEvent]:
+        """The episode after routing: the assistant turn opens with the routing head."""
+        mode = state.trajectory.mode
+        state.transcript = a2fm.episode_prefix(mode, state.trajectory.routing_rationale)
+        return (self._agentic if mode == Mode.MODE_AGENTIC else self._direct)(state, budget)
 
     async def _direct(self, state: EpisodeState, budget: Budget) -> AsyncIterator[executor_pb2.SolveEvent]:
         """Instant and reasoning mode: generate until </answer>, continuing if cut by length."""
@@ -236,10 +246,23 @@ class EpisodeRunner:
     # Pieces
 
     async def _regulate(self, state: EpisodeState, turn: Turn) -> executor_pb2.SolveEvent:
-        block_at = state.transcript + plan_block_separator(first_turn=not turn.index)
+        """The configurator (and planner) in the agent's own message; the turn's output opens
+        with the SR2AM block of the decision."""
+        samples = await self._decide(state, turn, transcript=state.transcript + plan_block_separator(first_turn=not turn.index))
+        block, opener = plan_block(turn.plan_decision, turn.plan, first_turn=not turn.index)
+        state.transcript += block  # the agent's own reasoning (SR2AM): learned in training
+        turn.output += block
+        turn.sampled.extend(shifted(span, len(plan_block_separator(first_turn=not turn.index))) for span in samples)
+        state.inject(turn, opener)
+        return event(turn.index, plan=executor_pb2.PlanMade(decision=turn.plan_decision, plan=turn.plan))
+
+    async def _decide(self, state: EpisodeState, turn: Turn, transcript: str = "") -> list[SampledSpan]:
+        """Records the configurator's decision for the turn, and a new plan when it asks for one
+        and the planner writes one; returns what the policy sampled of them in the transcript.
+        Without a transcript, configurator and planner ask the policy with prompts of their own."""
         belief = planner_pb2.BeliefState(
             query=state.trajectory.query, history=state.trajectory.turns, current_plan=state.plan, plan_progress=state.plan_progress,
-            transcript=block_at, conversation=state.trajectory.conversation,
+            transcript=transcript, conversation=state.trajectory.conversation,
         )
         decision = await self.down.planner.Regulate(planner_pb2.RegulateRequest(state=belief, sampling=state.explore))
         state.account(turn, decision.usage.input_tokens, decision.usage.output_tokens)
@@ -255,12 +278,7 @@ class EpisodeRunner:
             else:
                 turn.plan_decision = PlanDecision.PLAN_DECISION_ACT  # the planner produced nothing usable
                 samples = []  # the block is the platform's, not what was sampled
-        block, opener = plan_block(turn.plan_decision, turn.plan, first_turn=not turn.index)
-        state.transcript += block  # the agent's own reasoning (SR2AM): learned in training
-        turn.output += block
-        turn.sampled.extend(shifted(span, len(plan_block_separator(first_turn=not turn.index))) for span in samples)
-        state.inject(turn, opener)
-        return event(turn.index, plan=executor_pb2.PlanMade(decision=turn.plan_decision, plan=turn.plan))
+        return samples
 
     async def _generate(self, state: EpisodeState, turn: Turn, stop: list[str]) -> AsyncIterator[executor_pb2.SolveEvent]:
         """Continues the assistant turn, streaming chunks; closes a tag the stop word cut."""
@@ -314,11 +332,14 @@ class EpisodeRunner:
             return ToolResult(call_id=call.id, name=call.name, is_error=True, error=exc.details() or "invalid call")
         return reply.result
 
-    async def _known_tools(self) -> frozenset[str]:
+    async def _tool_specs(self) -> list[sandbox_pb2.ToolSpec]:
+        """The sandbox's tools, asked once."""
         if self._tools is None:
-            listed = await self.down.sandbox.ListTools(sandbox_pb2.ListToolsRequest())
-            self._tools = frozenset(tool.name for tool in listed.tools)
+            self._tools = list((await self.down.sandbox.ListTools(sandbox_pb2.ListToolsRequest())).tools)
         return self._tools
+
+    async def _known_tools(self) -> frozenset[str]:
+        return frozenset(tool.name for tool in await self._tool_specs())
 
     def _answer(self, state: EpisodeState, answer: str) -> executor_pb2.SolveEvent:
         state.trajectory.answer = answer
@@ -372,6 +393,7 @@ class EpisodeRunner:
             created_at=created,
             usage=TokenUsage(),
             conversation=request.conversation,
+            protocol=self.protocol,
         )
         if request.HasField("sampling"):  # rollouts: every model call explores, routing and planning too
             return EpisodeState(trajectory, request.sampling, request.sampling)

@@ -12,7 +12,8 @@ from gearshift.clients import service_channel
 from gearshift.policy_client import PolicyClient
 from gearshift.pricing import CostTable
 from gearshift.server import Handler, Service
-from gearshift.services.executor.episode import Downstream, EpisodeRunner
+from gearshift.services.executor.episode import Downstream
+from gearshift.services.executor.native import runner_class
 from gearshift.services.executor.servicer import ExecutorServicer
 from gearshift.settings import Settings
 
@@ -29,7 +30,7 @@ async def build(settings: Settings) -> Service:
         store=store_pb2_grpc.TrajectoryStoreStub(channels["store"]),
     )
     policy = PolicyClient.from_settings(settings)
-    runner = EpisodeRunner(
+    runner = runner_class(settings.policy_client.protocol)(
         policy, downstream, settings.executor, settings.limits, CostTable.from_prices(settings.prices), settings.policy_client.model
     )
 

@@ -1,8 +1,8 @@
 """Training from gateway feedback: a job's DataConfig with feedback_only selects exactly the served
 trajectories a client gave a verdict on, from a Postgres store that holds every other kind too;
-SFT learns the ones judged correct (their format checked, since a client's verdict says nothing
-of it); APO takes their queries with their conversations and the approved answers as references,
-and its rollouts go through the executor in that conversation."""
+SFT learns the ones judged correct that were in their mode's format; APO and distillation take
+their queries with their conversations (APO: the approved answers as references), and their
+rollouts go through the executor in that conversation."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ class SFTConfig(PolicyJobConfig):
         default_factory=lambda: DataConfig(correctness="correct"),
         description="Which stored trajectories to learn from (incorrect ones are dropped in any case)",
     )
-    require_format_valid: bool = Field(True, description="Keep only trajectories that followed their mode's format (the policy learns the protocol, not only the answer); for a client's verdict, which says nothing of the format, the trainer checks it itself")
+    require_format_valid: bool = Field(True, description="Keep only trajectories that followed their mode's format (the policy learns the protocol, not only the answer)")
     batch_size: int = Field(4, ge=1, description="Trajectories per optimizer step")
     max_length: int = Field(2048, ge=16, description="Tokens kept per trajectory (prompt included); the rest is cut")
     balance_difficulty: bool = Field(

@@ -21,8 +21,6 @@ from collections import Counter
 import torch
 from gearshift.api.common.v1.common_pb2 import Trajectory
 from gearshift.jobs.sft.config import SFTConfig
-from gearshift.rewards.feedback import is_feedback
-from gearshift.rewards.formats import check_trajectory_format
 from gearshift.training import data, losses, tokenization
 from gearshift.training.runtime import Run, StepCallback
 
@@ -67,17 +65,8 @@ def train_on(config: SFTConfig, trajectories: list[Trajectory], on_step: StepCal
     return fit(Run.start("sft", config, on_step), config, trajectories)
 
 
-def well_formed(trajectory: Trajectory) -> bool:
-    """Whether the trajectory followed its mode's format. A client's verdict (gateway feedback)
-    judges the answer, not the protocol: for one, the format is checked here, as the reward
-    service checks it."""
-    if is_feedback(trajectory.reward.verifier):
-        return bool(check_trajectory_format(trajectory))
-    return trajectory.reward.format_valid
-
-
 def fit(run: Run, config: SFTConfig, trajectories: list[Trajectory]) -> dict:
-    kept = [t for t in trajectories if t.reward.correct and (not config.require_format_valid or well_formed(t))]
+    kept = [t for t in trajectories if t.reward.correct and (t.reward.format_valid or not config.require_format_valid)]
     routing = tokenization.route_targets(kept)
     examples = [tokenization.encode_trajectory(run.tokenizer, t, config.max_length, t.id in routing) for t in kept]
     usable = [(t, e) for t, e in zip(kept, examples) if e.target_count]

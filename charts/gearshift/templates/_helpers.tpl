@@ -164,6 +164,8 @@ dataDir (GEARSHIFT_DATA_DIR, default /var/lib/gearshift).
   value: {{ include "gearshift.policyURL" $root | quote }}
 - name: GEARSHIFT_POLICY_CLIENT__MODEL
   value: {{ $root.Values.policy.servedModelName | quote }}
+- name: GEARSHIFT_POLICY_CLIENT__PROTOCOL
+  value: {{ $root.Values.policy.protocol | quote }}
 - name: GEARSHIFT_REDIS_URL
   valueFrom:
     secretKeyRef:

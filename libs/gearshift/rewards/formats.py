@@ -9,6 +9,9 @@
 A leading routing rationale and <classification> block is allowed and must name the mode.
 Generation stops at </tool_call> and </answer>, so an unclosed one of those at the end of a
 turn counts as closed there. Tool responses the environment appended are ignored.
+
+A native trajectory (gearshift.protocol.native) has no tags: its format is a well-formed native
+episode (check_native_format).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gearshift.api.common.v1.common_pb2 import Mode, Trajectory
+from gearshift.protocol import native
 from gearshift.protocol.a2fm import LABELS, MAX_PARALLEL_CALLS, render_transcript, tag_content
 
 TAGS = ("classification", "answer", "reasoning", "plan", "tool_call", "tool_response", "summary")
@@ -123,7 +127,40 @@ def check_trajectory_format(trajectory: Trajectory) -> FormatCheck:
     mode opener the executor injected, every turn's output and the tool responses."""
     if not trajectory.turns:
         return FormatCheck(False, "no turns")
+    if native.is_native(trajectory):
+        return check_native_format(trajectory)
     return check_format(trajectory.mode, [render_transcript(trajectory)])
+
+
+def check_native_format(trajectory: Trajectory) -> FormatCheck:
+    """Whether a native trajectory is a well-formed native episode of its mode: it ends with an
+    assistant message without tool calls whose content is the answer; instant mode is that one
+    message and no reasoning, reasoning mode one message with its reasoning; in agentic mode each
+    turn before the answer calls tools, and every call is well-formed (a tool that was offered,
+    arguments a JSON object, at most MAX_PARALLEL_CALLS a turn: none the platform refused)."""
+    turns = trajectory.turns
+    if trajectory.mode not in _MODE_RULES:
+        return FormatCheck(False, "no mode")
+    if not turns:
+        return FormatCheck(False, "no turns")
+    if turns[-1].tool_calls or not turns[-1].output.strip():
+        return FormatCheck(False, "does not end with an answer (a message with content and no tool calls)")
+    if trajectory.mode != Mode.MODE_AGENTIC:
+        if len(turns) != 1:
+            return FormatCheck(False, f"{len(turns)} messages in a mode that answers in one")
+        has_reasoning = bool(turns[0].reasoning_content.strip())
+        if trajectory.mode == Mode.MODE_INSTANT and has_reasoning:
+            return FormatCheck(False, "instant mode answers without reasoning")
+        if trajectory.mode == Mode.MODE_REASONING and not has_reasoning:
+            return FormatCheck(False, "reasoning mode reasons before it answers")
+        return FormatCheck(True)
+    for position, turn in enumerate(turns[:-1]):
+        if not turn.tool_calls:
+            return FormatCheck(False, f"turn {position} neither calls a tool nor ends the episode")
+        refusals = [result.error for result in turn.tool_results if native.refused(result)]
+        if refusals:
+            return FormatCheck(False, f"turn {position}: {refusals[0]}")
+    return FormatCheck(True)
 
 
 def final_answer(trajectory: Trajectory) -> str:

@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gearshift.api.common.v1.common_pb2 import Mode, Reward, RoutingStrategy, Trajectory
+from gearshift.api.common.v1.common_pb2 import Mode, Reward, RoutingStrategy, Trajectory, Turn
+from gearshift.protocol import native
+from gearshift.protocol.sr2am import plan_block
 from gearshift.rewards import formulas, verifiers
 from gearshift.rewards.formats import check_trajectory_format, final_answer
 from gearshift.rewards.structure import check_structure
@@ -52,11 +54,18 @@ def verify(answer: str, reference: str, verifier: str, config: RewardSettings) -
 
 
 def structure_of(rollout: Trajectory, format_valid: bool) -> bool:
-    """SR2AM's structure term: the plan blocks of the regulated agentic turns; a trajectory
-    without any (instant, reasoning) is judged by its mode's format instead."""
+    """SR2AM's structure term: the plan blocks of the regulated agentic turns (a native
+    trajectory's are its recorded decisions and plans, written as the text protocol writes them);
+    a trajectory without any (instant, reasoning) is judged by its mode's format instead."""
     if any(turn.plan_decision for turn in rollout.turns):
-        return bool(check_structure(rollout.turns))
+        return bool(check_structure(native_plan_blocks(rollout.turns) if native.is_native(rollout) else rollout.turns))
     return format_valid
+
+
+def native_plan_blocks(turns: Sequence[Turn]) -> list[Turn]:
+    """Native turns as turns whose output is their SR2AM block (sr2am.plan_block), for the checker."""
+    return [Turn(plan_decision=turn.plan_decision, output=plan_block(turn.plan_decision, turn.plan, first_turn=True)[0])
+            if turn.plan_decision else Turn() for turn in turns]
 
 
 def is_forced_instant(rollout: Trajectory) -> bool:

@@ -13,8 +13,9 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 # request body -> the text the "model" writes, or an awaitable of it (a model that takes time,
-# during which the endpoint serves other requests)
-Responder = Callable[[dict], str | Awaitable[str]]
+# during which the endpoint serves other requests). On /v1/chat/completions it may instead write
+# an assistant message as a dict, the way an engine's parsers return it (see ChatReply).
+Responder = Callable[[dict], str | dict | Awaitable[str | dict]]
 
 
 def _cut(text: str, stop: list[str]) -> str:
@@ -38,6 +39,68 @@ def _usage(body: dict, text: str) -> dict:
     return usage
 
 
+class ChatReply:
+    """An assistant message a responder wrote as a dict, answered as an engine with a reasoning
+    parser and a tool-call parser answers (vLLM's --reasoning-parser, --tool-call-parser):
+
+        {"content": "...", "reasoning_content": "...",
+         "tool_calls": [{"name": "python", "arguments": {"code": "..."}, "id": "call_1"}]}
+
+    every key optional; arguments an object, or a string sent verbatim (bad JSON included); ids
+    call_<n> unless given. Stop words do not apply; finish_reason is "tool_calls" when it calls.
+    Streamed as reasoning, then content, then each call in two deltas (name, then its arguments
+    in halves), as vLLM streams them."""
+
+    def __init__(self, written: dict):
+        self.content = written.get("content")
+        self.reasoning = written.get("reasoning_content")
+        self.calls = [
+            {"id": call.get("id") or f"call_{n}", "type": "function",
+             "function": {"name": call["name"], "arguments": _arguments_text(call.get("arguments", {}))}}
+            for n, call in enumerate(written.get("tool_calls") or [], start=1)
+        ]
+        self.finish = "tool_calls" if self.calls else "stop"
+
+    def text(self) -> str:
+        """What the "model" wrote, for the usage and the stand-in token ids: its reasoning,
+        content and calls, one after the other."""
+        calls = "".join(f"{call['function']['name']}{call['function']['arguments']}" for call in self.calls)
+        return (self.reasoning or "") + (self.content or "") + calls
+
+    def message(self) -> dict:
+        message = {"role": "assistant", "content": self.content}
+        if self.reasoning is not None:
+            message["reasoning_content"] = self.reasoning
+        return message | ({"tool_calls": self.calls} if self.calls else {})
+
+    def deltas(self) -> list[dict]:
+        deltas = [{"reasoning_content": self.reasoning}] if self.reasoning else []
+        deltas += [{"content": self.content}] if self.content else []
+        for index, call in enumerate(self.calls):
+            arguments = call["function"]["arguments"]
+            half = len(arguments) // 2
+            deltas.append({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+                                           "function": {"name": call["function"]["name"], "arguments": arguments[:half]}}]})
+            deltas.append({"tool_calls": [{"index": index, "function": {"arguments": arguments[half:]}}]})
+        return deltas
+
+
+def _arguments_text(arguments) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments)
+
+
+def _chat_reply(written: ChatReply, model: str, body: dict, stand_in_ids: bool) -> tuple[str, bytes]:
+    text = written.text()
+    usage = _usage(body, text)
+    ids = {"token_ids": [ord(c) for c in text]} if stand_in_ids and body.get("return_token_ids") else {}
+    if not body.get("stream"):
+        choice = {"index": 0, "finish_reason": written.finish, "message": written.message()} | ids
+        return "application/json", json.dumps({"id": "scripted", "model": model, "choices": [choice], "usage": usage}).encode()
+    events = [{"choices": [{"index": 0, "delta": delta, "finish_reason": None}]} for delta in written.deltas()]
+    events += [{"choices": [{"index": 0, "delta": {}, "finish_reason": written.finish} | ids]}, {"choices": [], "usage": usage}]
+    return "text/event-stream", "".join(f"data: {json.dumps(e)}\n\n" for e in events).encode() + b"data: [DONE]\n\n"
+
+
 async def reply(respond: Responder, model: str, path: str, body: dict, stand_in_ids: bool = False) -> tuple[str, bytes]:
     """(content type, body) of the answer to one request; stand_in_ids: honour return_token_ids
     with _stand_in_ids (test stand-ins only: a trainer would take them for real tokens)."""
@@ -50,6 +113,10 @@ async def reply(respond: Responder, model: str, path: str, body: dict, stand_in_
     written = respond(body)
     if inspect.isawaitable(written):
         written = await written
+    if isinstance(written, dict):
+        if not chat:
+            raise ValueError("a responder writes a message (a dict) only on /v1/chat/completions")
+        return _chat_reply(ChatReply(written), model, body, stand_in_ids)
     stop = [stop] if isinstance(stop, str) else stop
     text = _cut(written, stop)
     usage = _usage(body, text)

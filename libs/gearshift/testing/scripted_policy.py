@@ -2,7 +2,9 @@
 
 It is a stand-in, named as such: it isolates the executor's own logic and overhead from model
 time (deterministic tool calls in tests, zero-latency turns in benchmarks). End-to-end tests
-use the real policy server with the real model."""
+use the real policy server with the real model. A function may answer a chat request with a
+dict, an assistant message with tool_calls and reasoning_content as an engine's parsers return
+it (endpoint.ChatReply): the native protocol's stand-in."""
 
 import functools
 

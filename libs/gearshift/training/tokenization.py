@@ -19,6 +19,13 @@ tool response). Where the trajectory kept what the policy sampled (SampledSpan),
 very token ids sampled, as far as they decode to its text; the rest of a learned piece is text
 the platform wrote for the policy (the "Plan:" head, a re-rendered plan, a cut rationale), and
 on-policy training (exact=True) masks it: the policy ratio is taken on sampled tokens only.
+
+A native trajectory (Trajectory.protocol NATIVE, gearshift.protocol.native) is a chat
+conversation instead: the chat template is applied to exactly the messages and tools it was
+served, with the same chat_template_kwargs, and each assistant generation (from the template's
+generation prompt to its end-of-message marker) is learned with the token ids sampled for it;
+the prompt, plan messages, tool messages and the template's text between messages are masked.
+Its routing head is not in that conversation (the router asks its own prompt), so it is not learned.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from gearshift.api.common.v1.common_pb2 import Conversation, RoutingStrategy, Trajectory, TrajectoryStatus
-from gearshift.protocol import a2fm, prompts
+from gearshift.protocol import a2fm, native, prompts
 
 
 @dataclass(frozen=True)
@@ -137,10 +144,17 @@ def encode(tokenizer, query: str, segments: list[Segment], end_of_turn: bool, ma
     """Tokenizes prompt + segments (+ the end-of-turn marker as a target when end_of_turn). A
     piece's sampled ids are used as far as they decode to its text; exact: only sampled tokens
     are learned."""
-    ids = _ids(tokenizer, prompt_text(tokenizer, query, conversation))
-    target = [False] * len(ids)
+    prompt = Segment(prompt_text(tokenizer, query, conversation), target=False)
+    pieces = [prompt, *segments] + ([Segment(_end_of_turn(tokenizer), True)] if end_of_turn else [])
+    return encode_pieces(tokenizer, pieces, max_length, exact)
+
+
+def encode_pieces(tokenizer, pieces: list[Segment], max_length: int | None = None, exact: bool = False) -> Encoded:
+    """Tokenizes the pieces one by one, each with its target flag; a piece's sampled ids are used
+    as far as they decode to its text; exact: only sampled tokens are learned."""
+    ids: list[int] = []
+    target: list[bool] = []
     unsampled = 0
-    pieces = list(segments) + ([Segment(_end_of_turn(tokenizer), True)] if end_of_turn else [])
     for piece in pieces:
         sampled, chars = sampled_prefix(tokenizer, piece.sampled or (), piece.text)
         rest = _ids(tokenizer, piece.text[chars:]) if chars < len(piece.text) else []
@@ -176,11 +190,44 @@ def _ids(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def native_segments(tokenizer, trajectory: Trajectory) -> list[Segment]:
+    """The chat template's whole rendering of a native trajectory's conversation, prompt
+    included, in pieces: each assistant generation learned, with the ids sampled for it, from
+    the template's generation prompt to its end-of-message marker (whitespace after it masked);
+    everything else masked. ValueError for a template that renders a conversation's earlier
+    messages differently once later ones follow (the generations could not be told apart)."""
+    chat = native.episode(trajectory)
+    bodies = native.template_messages([message.body for message in chat])
+    tools, kwargs = native.served_tools(trajectory), native.served_kwargs(trajectory)
+
+    def render(count: int, opened: bool) -> str:
+        return tokenizer.apply_chat_template(bodies[:count], tools=tools, tokenize=False, add_generation_prompt=opened, **kwargs)
+
+    whole = render(len(bodies), False)
+    pieces, at = [], 0
+    for index, message in enumerate(chat):
+        if message.generated_by is None:
+            continue
+        before, through = render(index, True), render(index + 1, False)
+        if not (through.startswith(before) and whole.startswith(through)):
+            raise ValueError(f"trajectory {trajectory.id}: the chat template renders message {index} apart from the rest")
+        end = len(through.rstrip())
+        pieces += [Segment(whole[at:len(before)], False), Segment(whole[len(before):end], True, tuple(message.generated_by.token_ids) or None)]
+        at = end
+    pieces.append(Segment(whole[at:], False))
+    return [piece for piece in pieces if piece.text]
+
+
 def encode_trajectory(tokenizer, trajectory: Trajectory, max_length: int | None = None, learn_routing: bool | None = None,
-                      exact: bool = False) -> Encoded:
-    """A stored trajectory with its masks; a completed one also learns to end its turn."""
-    completed = trajectory.status == TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED
-    return encode(tokenizer, trajectory.query, assistant_segments(trajectory, learn_routing), completed, max_length, exact,
+                      exact: bool = False, end_of_turn: bool | None = None) -> Encoded:
+    """A stored trajectory with its masks. Text protocol: a completed one also learns to end its
+    turn (end_of_turn: whether to, instead). Native: its conversation through the chat template
+    (native_segments), every generation learning its own end as the template writes it."""
+    if native.is_native(trajectory):
+        return encode_pieces(tokenizer, native_segments(tokenizer, trajectory), max_length, exact)
+    if end_of_turn is None:
+        end_of_turn = trajectory.status == TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED
+    return encode(tokenizer, trajectory.query, assistant_segments(trajectory, learn_routing), end_of_turn, max_length, exact,
                   trajectory.conversation)
 
 

@@ -24,7 +24,7 @@ from gearshift.settings import Settings
 from gearshift.testing.postgres import scratch_database
 from gearshift.training.data import load_trajectories
 
-from tests.libs.training.served import CONVERSATION, JUDGED_CORRECT, LIKED, ids, served, store_traffic
+from tests.libs.training.served import CONVERSATION, JUDGED_CORRECT, LIKED, ids, served, store_traffic, verdict
 
 BASE = Checkpoint(id="base-1", kind="policy", uri="/models/base")
 
@@ -72,7 +72,7 @@ async def test_the_round_learns_from_exactly_the_approved_served_trajectories(st
     assert named == loop.round_name(config, BASE, figures["snapshot"]) != loop.round_name(config.model_copy(update={"from_feedback": False}), BASE)
     later = served("Capital of Kenya?", "Nairobi")
     await stub.Put(store_pb2.PutRequest(trajectories=[later]))
-    await stub.SetReward(store_pb2.SetRewardRequest(id=later.id, reward=LIKED))
+    await stub.SetReward(store_pb2.SetRewardRequest(id=later.id, reward=verdict(later, LIKED)))
     again = loop.Reporter(None)
     await loop.feedback_stage(stack, config, again)
     assert again.stages["feedback"]["correct"] == 4

@@ -20,6 +20,7 @@ from gearshift.api.common.v1.common_pb2 import (
 )
 from gearshift.api.store.v1 import store_pb2
 from gearshift.rewards.feedback import feedback_verifier
+from gearshift.rewards.formats import check_trajectory_format
 
 from tests.libs.training.trajectories import forced_agentic
 
@@ -74,12 +75,21 @@ def traffic() -> dict[str, Trajectory]:
     return rows
 
 
+def verdict(trajectory: Trajectory, given: Reward) -> Reward:
+    """The reward the gateway stores for a client's verdict: whether the answer was in its mode's
+    format is the platform's to say (SFT keeps only those)."""
+    reward = Reward()
+    reward.CopyFrom(given)
+    reward.format_valid = bool(check_trajectory_format(trajectory))
+    return reward
+
+
 async def store_traffic(stub) -> dict[str, Trajectory]:
     """Puts fresh traffic, then gives the verdicts as the gateway does on POST /v1/feedback."""
     rows = traffic()
     await stub.Put(store_pb2.PutRequest(trajectories=list(rows.values())))
-    for name, reward in VERDICTS.items():
-        reply = await stub.SetReward(store_pb2.SetRewardRequest(id=rows[name].id, reward=reward))
+    for name, given in VERDICTS.items():
+        reply = await stub.SetReward(store_pb2.SetRewardRequest(id=rows[name].id, reward=verdict(rows[name], given)))
         assert not reply.replaced
     return rows
 

@@ -53,6 +53,12 @@ class TrajectoryStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TRAJECTORY_STATUS_CANCELLED: _ClassVar[TrajectoryStatus]
     TRAJECTORY_STATUS_FAILED: _ClassVar[TrajectoryStatus]
 
+class PolicyProtocol(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    POLICY_PROTOCOL_UNSPECIFIED: _ClassVar[PolicyProtocol]
+    POLICY_PROTOCOL_TEXT: _ClassVar[PolicyProtocol]
+    POLICY_PROTOCOL_NATIVE: _ClassVar[PolicyProtocol]
+
 class CheckpointStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     CHECKPOINT_STATUS_UNSPECIFIED: _ClassVar[CheckpointStatus]
@@ -84,6 +90,9 @@ TRAJECTORY_STATUS_COMPLETED: TrajectoryStatus
 TRAJECTORY_STATUS_BUDGET_EXHAUSTED: TrajectoryStatus
 TRAJECTORY_STATUS_CANCELLED: TrajectoryStatus
 TRAJECTORY_STATUS_FAILED: TrajectoryStatus
+POLICY_PROTOCOL_UNSPECIFIED: PolicyProtocol
+POLICY_PROTOCOL_TEXT: PolicyProtocol
+POLICY_PROTOCOL_NATIVE: PolicyProtocol
 CHECKPOINT_STATUS_UNSPECIFIED: CheckpointStatus
 CHECKPOINT_STATUS_CANDIDATE: CheckpointStatus
 CHECKPOINT_STATUS_PUBLISHED: CheckpointStatus
@@ -182,7 +191,7 @@ class Plan(_message.Message):
     def __init__(self, steps: _Optional[_Iterable[_Union[PlanStep, _Mapping]]] = ...) -> None: ...
 
 class Turn(_message.Message):
-    __slots__ = ("index", "plan_decision", "plan", "output", "tool_calls", "tool_results", "usage", "wall_seconds", "injected_spans", "sampled")
+    __slots__ = ("index", "plan_decision", "plan", "output", "tool_calls", "tool_results", "usage", "wall_seconds", "injected_spans", "sampled", "reasoning_content", "token_ids")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     PLAN_DECISION_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +202,8 @@ class Turn(_message.Message):
     WALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     INJECTED_SPANS_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_FIELD_NUMBER: _ClassVar[int]
+    REASONING_CONTENT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     index: int
     plan_decision: PlanDecision
     plan: Plan
@@ -203,7 +214,9 @@ class Turn(_message.Message):
     wall_seconds: float
     injected_spans: _containers.RepeatedScalarFieldContainer[int]
     sampled: _containers.RepeatedCompositeFieldContainer[SampledSpan]
-    def __init__(self, index: _Optional[int] = ..., plan_decision: _Optional[_Union[PlanDecision, str]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., output: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_results: _Optional[_Iterable[_Union[ToolResult, _Mapping]]] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., wall_seconds: _Optional[float] = ..., injected_spans: _Optional[_Iterable[int]] = ..., sampled: _Optional[_Iterable[_Union[SampledSpan, _Mapping]]] = ...) -> None: ...
+    reasoning_content: str
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, index: _Optional[int] = ..., plan_decision: _Optional[_Union[PlanDecision, str]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., output: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_results: _Optional[_Iterable[_Union[ToolResult, _Mapping]]] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., wall_seconds: _Optional[float] = ..., injected_spans: _Optional[_Iterable[int]] = ..., sampled: _Optional[_Iterable[_Union[SampledSpan, _Mapping]]] = ..., reasoning_content: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SampledSpan(_message.Message):
     __slots__ = ("start", "end", "token_ids")
@@ -214,6 +227,14 @@ class SampledSpan(_message.Message):
     end: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class NativeRequest(_message.Message):
+    __slots__ = ("tools_json", "chat_template_kwargs_json")
+    TOOLS_JSON_FIELD_NUMBER: _ClassVar[int]
+    CHAT_TEMPLATE_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    tools_json: str
+    chat_template_kwargs_json: str
+    def __init__(self, tools_json: _Optional[str] = ..., chat_template_kwargs_json: _Optional[str] = ...) -> None: ...
 
 class Reward(_message.Message):
     __slots__ = ("value", "correct", "format_valid", "kind", "verifier", "components")
@@ -249,7 +270,7 @@ class PlanningStats(_message.Message):
     def __init__(self, planning_frequency: _Optional[float] = ..., mean_plan_depth: _Optional[float] = ..., reasoning_tokens: _Optional[int] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("id", "query", "mode", "requested_mode", "routing_strategy", "routing_rationale", "turns", "answer", "reference_answer", "status", "usage", "cost", "reward", "planning", "task_source", "split", "run_id", "model_version", "labels", "created_at", "wall_seconds", "purpose", "routing_sampled", "conversation")
+    __slots__ = ("id", "query", "mode", "requested_mode", "routing_strategy", "routing_rationale", "turns", "answer", "reference_answer", "status", "usage", "cost", "reward", "planning", "task_source", "split", "run_id", "model_version", "labels", "created_at", "wall_seconds", "purpose", "routing_sampled", "conversation", "protocol", "native")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -281,6 +302,8 @@ class Trajectory(_message.Message):
     PURPOSE_FIELD_NUMBER: _ClassVar[int]
     ROUTING_SAMPLED_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_FIELD_NUMBER: _ClassVar[int]
     id: str
     query: str
     mode: Mode
@@ -305,7 +328,9 @@ class Trajectory(_message.Message):
     purpose: Purpose
     routing_sampled: _containers.RepeatedCompositeFieldContainer[SampledSpan]
     conversation: Conversation
-    def __init__(self, id: _Optional[str] = ..., query: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., requested_mode: _Optional[_Union[Mode, str]] = ..., routing_strategy: _Optional[_Union[RoutingStrategy, str]] = ..., routing_rationale: _Optional[str] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., answer: _Optional[str] = ..., reference_answer: _Optional[str] = ..., status: _Optional[_Union[TrajectoryStatus, str]] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., cost: _Optional[_Union[Cost, _Mapping]] = ..., reward: _Optional[_Union[Reward, _Mapping]] = ..., planning: _Optional[_Union[PlanningStats, _Mapping]] = ..., task_source: _Optional[str] = ..., split: _Optional[str] = ..., run_id: _Optional[str] = ..., model_version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., wall_seconds: _Optional[float] = ..., purpose: _Optional[_Union[Purpose, str]] = ..., routing_sampled: _Optional[_Iterable[_Union[SampledSpan, _Mapping]]] = ..., conversation: _Optional[_Union[Conversation, _Mapping]] = ...) -> None: ...
+    protocol: PolicyProtocol
+    native: NativeRequest
+    def __init__(self, id: _Optional[str] = ..., query: _Optional[str] = ..., mode: _Optional[_Union[Mode, str]] = ..., requested_mode: _Optional[_Union[Mode, str]] = ..., routing_strategy: _Optional[_Union[RoutingStrategy, str]] = ..., routing_rationale: _Optional[str] = ..., turns: _Optional[_Iterable[_Union[Turn, _Mapping]]] = ..., answer: _Optional[str] = ..., reference_answer: _Optional[str] = ..., status: _Optional[_Union[TrajectoryStatus, str]] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., cost: _Optional[_Union[Cost, _Mapping]] = ..., reward: _Optional[_Union[Reward, _Mapping]] = ..., planning: _Optional[_Union[PlanningStats, _Mapping]] = ..., task_source: _Optional[str] = ..., split: _Optional[str] = ..., run_id: _Optional[str] = ..., model_version: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., wall_seconds: _Optional[float] = ..., purpose: _Optional[_Union[Purpose, str]] = ..., routing_sampled: _Optional[_Iterable[_Union[SampledSpan, _Mapping]]] = ..., conversation: _Optional[_Union[Conversation, _Mapping]] = ..., protocol: _Optional[_Union[PolicyProtocol, str]] = ..., native: _Optional[_Union[NativeRequest, _Mapping]] = ...) -> None: ...
 
 class Checkpoint(_message.Message):
     __slots__ = ("id", "kind", "uri", "parent_id", "job", "config_json", "code_version", "dataset_snapshot", "trajectory_ids", "eval_metrics", "status", "created_at")

@@ -1,0 +1,117 @@
+"""The native protocol's episode (gearshift.protocol.native): a chat conversation in which the
+engine's parsers return the policy's tool calls as `tool_calls` and its thinking as
+`reasoning_content`, for policies that call tools natively (Qwen3 and Agents-A1 on vLLM with
+--tool-call-parser and --reasoning-parser).
+
+Routing, the budget, the sandbox calls, scoring and storing are EpisodeRunner's; only the mode
+loop differs. Per turn the request is the whole conversation so far, rebuilt from the trajectory
+by the function training renders it with:
+- instant: thinking off, no tools; reasoning: thinking on, no tools; one generation, the answer;
+- agentic: tools on; per turn the configurator (and planner) in their prompt form, a new plan
+  given as an assistant message before the generation, then the generation; its tool calls run
+  in parallel (malformed ones refused with a result the model reads) and come back as one `tool`
+  message per call; an assistant message without tool calls is the answer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+
+from gearshift.api.common.v1.common_pb2 import NativeRequest, PolicyProtocol, ToolResult, Turn
+from gearshift.api.executor.v1 import executor_pb2
+from gearshift.protocol import native
+from gearshift.services.executor.episode import Budget, EpisodeRunner, EpisodeState, event
+
+
+class NativeEpisodeRunner(EpisodeRunner):
+    """EpisodeRunner speaking the native protocol (policy_client.protocol: native)."""
+
+    protocol = PolicyProtocol.POLICY_PROTOCOL_NATIVE
+
+    def _mode_loop(self, state: EpisodeState, budget: Budget) -> AsyncIterator[executor_pb2.SolveEvent]:
+        return self._conversation(state, budget)
+
+    async def _conversation(self, state: EpisodeState, budget: Budget) -> AsyncIterator[executor_pb2.SolveEvent]:
+        trajectory = state.trajectory
+        agentic = native.offers_tools(trajectory.mode)
+        tools = native.tool_schemas(await self._tool_specs()) if agentic else []
+        trajectory.native.CopyFrom(NativeRequest(
+            tools_json=json.dumps(tools) if tools else "",
+            chat_template_kwargs_json=json.dumps(native.CHAT_TEMPLATE_KWARGS[trajectory.mode]),
+        ))
+        known = frozenset(tool["function"]["name"] for tool in tools)
+        steps = budget.max_steps or (self.config.max_steps_agentic if agentic else 1)
+        for index in range(steps):
+            if budget.exhausted(state.used_tokens):
+                return
+            turn = Turn(index=index)
+            started = time.monotonic()
+            if agentic:
+                await self._decide(state, turn)  # prompt form: the native conversation holds no plan blocks
+                yield event(index, plan=executor_pb2.PlanMade(decision=turn.plan_decision, plan=turn.plan))
+            calls = []
+            async for item in self._chat(state, turn, tools, calls):
+                yield item
+            if not calls:  # an assistant message without calls: the answer
+                state.trajectory.turns.append(turn)
+                if turn.output.strip() or state.last_finish != "length":
+                    yield self._answer(state, turn.output.strip())
+                return  # cut by length before any answer: no answer (BUDGET_EXHAUSTED)
+            read = native.read_calls(calls, known)
+            for item in read:
+                yield event(index, tool_call=item.call)
+            results = await self._run_native_calls(state, turn, read)
+            for result in results:
+                yield event(index, tool_result=result)
+            state.plan_progress += 1
+            turn.wall_seconds = time.monotonic() - started
+            state.trajectory.turns.append(turn)
+        # Steps used up: the trajectory ends without an answer (BUDGET_EXHAUSTED).
+
+    async def _chat(self, state: EpisodeState, turn: Turn, tools: list[dict], calls: list) -> AsyncIterator[executor_pb2.SolveEvent]:
+        """One generation on the conversation so far (and the turn's plan message), streaming
+        content and reasoning; the engine's tool calls go to calls."""
+        trajectory = state.trajectory
+        content, reasoning, finish, usage, token_ids = [], [], None, None, None
+        async for chunk in self.policy.stream_chat(
+            native.messages(trajectory, upcoming=turn),
+            tools=tools or None,
+            max_tokens=self.config.max_tokens_per_turn,
+            temperature=state.sampling.temperature,
+            top_p=state.sampling.top_p or 1.0,
+            chat_template_kwargs=native.served_kwargs(trajectory),
+        ):
+            if chunk.text:
+                content.append(chunk.text)
+                yield event(turn.index, chunk=executor_pb2.OutputChunk(text=chunk.text))
+            if chunk.reasoning:
+                reasoning.append(chunk.reasoning)
+                yield event(turn.index, chunk=executor_pb2.OutputChunk(reasoning=chunk.reasoning))
+            calls += chunk.tool_calls
+            finish, usage, token_ids = chunk.finish_reason or finish, chunk.usage or usage, chunk.token_ids or token_ids
+        state.last_finish = finish
+        turn.output, turn.reasoning_content = "".join(content), "".join(reasoning)
+        turn.token_ids.extend(token_ids or [])
+        if usage is not None:
+            state.account(turn, usage.prompt_tokens, usage.completion_tokens)
+
+    async def _run_native_calls(self, state: EpisodeState, turn: Turn, read: list[native.ReadCall]) -> list[ToolResult]:
+        """Runs the well-formed calls in parallel in the sandbox; the refused ones get the
+        platform's error result. Every call is kept with its result, in the engine's order, as
+        the conversation replays them."""
+        turn.tool_calls.extend(item.call for item in read)
+
+        async def result_of(item: native.ReadCall) -> ToolResult:
+            return native.refusal_result(item) if item.refusal else await self._execute(state.trajectory.id, item.call)
+
+        results = list(await asyncio.gather(*(result_of(item) for item in read)))
+        turn.tool_results.extend(results)
+        return results
+
+
+def runner_class(protocol: str) -> type[EpisodeRunner]:
+    """The episode runner of a policy_client.protocol setting."""
+    return NativeEpisodeRunner if protocol == "native" else EpisodeRunner
+
