@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import json
+import re
+from datetime import datetime, timezone
 
 from google.protobuf.json_format import MessageToDict
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
-from gearshift.api.common.v1.common_pb2 import Mode, PlanDecision, RoutingStrategy, Trajectory, TrajectoryStatus
+from gearshift.api.common.v1.common_pb2 import Mode, PlanDecision, RoutingStrategy, ToolCall, ToolResult, Trajectory, TrajectoryStatus
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.clients import service_channel
+from gearshift.protocol.a2fm import FORCED_ANSWER_OPENER, REJECTED_CALL_PREFIX
 from gearshift.protocol.modes import MODE_OF, mode_name
+from gearshift.protocol.prompts import MODE_OPENERS
+from gearshift.protocol.sr2am import plan_block
 from gearshift.settings import Settings
+from gearshift.tables import Column, TableData
 
 MODE_BY_NAME = MODE_OF | {"auto": Mode.MODE_UNSPECIFIED}  # what `gearshift solve --mode` accepts
 
@@ -22,39 +27,166 @@ def status_name(status: int) -> str:
     return TrajectoryStatus.Name(status).removeprefix("TRAJECTORY_STATUS_").lower()
 
 
+def as_dict(trajectory: Trajectory) -> dict:
+    return MessageToDict(trajectory, preserving_proto_field_name=True)
+
+
 def as_json(trajectory: Trajectory) -> str:
-    return json.dumps(MessageToDict(trajectory, preserving_proto_field_name=True), indent=2)
+    return json.dumps(as_dict(trajectory), indent=2)
+
+
+# The A^2FM tags the live view reads the policy's text by. What is inside a hidden one is shown
+# by its own event instead (a tool call, parsed) or by the summary (the answer), never as text.
+SHOWN_TAGS = ("plan", "reasoning", "summary")
+HIDDEN_TAGS = ("answer", "tool_call", "tool_response", "classification")
+_TAG = re.compile(rf"</?({'|'.join((*SHOWN_TAGS, *HIDDEN_TAGS))})>")
+_TAG_TEXTS = tuple(f"<{slash}{tag}>" for tag in (*SHOWN_TAGS, *HIDDEN_TAGS) for slash in ("", "/"))
+
+
+class ModelText:
+    """The policy's streamed text less its protocol tags and what hidden tags hold, piece by
+    piece: a tag split across two chunks is held back until it is whole. Whitespace at the
+    start of a block and at its end is dropped, so a removed tag leaves no blank line."""
+
+    def __init__(self) -> None:
+        self.inside: str | None = None  # the tag the text is in now; None: plain prose
+        self.held = ""  # the start of what may be a tag
+        self.space = ""  # whitespace shown only if more text follows
+        self.started = False
+
+    def enter(self, opener: str) -> None:
+        """Text the executor wrote into the transcript itself (a mode's opener): it is not
+        streamed, but what streams next is inside it."""
+        self.inside = None
+        self.feed(opener)
+        self.space, self.started = "", False
+
+    def feed(self, text: str) -> str:
+        """What of text to show now."""
+        text, self.held, shown = self.held + text, "", []
+        at = 0
+        while (start := text.find("<", at)) >= 0:
+            shown.append(text[at:start] if self.visible else "")
+            tag = _TAG.match(text, start)
+            if tag:
+                self.inside = None if tag.group(0).startswith("</") else tag.group(1)
+                at = tag.end()
+            elif any(whole.startswith(text[start:]) for whole in _TAG_TEXTS):
+                self.held = text[start:]
+                return self._spaced("".join(shown))
+            else:  # a "<" of the text itself (2 < 3)
+                shown.append("<" if self.visible else "")
+                at = start + 1
+        shown.append(text[at:] if self.visible else "")
+        return self._spaced("".join(shown))
+
+    def end_block(self) -> str | None:
+        """Closes the block (another event comes): the rest of it to show before a line break,
+        None when the block showed nothing."""
+        tail = self._spaced(self.held) if self.visible else ""  # a "<" that never became a tag
+        shown = self.started
+        self.held, self.space, self.started = "", "", False
+        return tail if shown else None
+
+    @property
+    def visible(self) -> bool:
+        return self.inside not in HIDDEN_TAGS
+
+    def _spaced(self, text: str) -> str:
+        if not self.started:
+            text = text.lstrip()
+        body = text.rstrip()
+        if not body:
+            self.space += text
+            return ""
+        shown, self.space, self.started = self.space + body, text[len(body):], True
+        return shown
 
 
 class LiveView:
-    """Prints an episode's events as they stream in."""
+    """Prints an episode's events as they stream in: the mode, each turn's plan, the policy's
+    own words, the tool calls and their results, parsed. The answer is left to summary()."""
 
     def __init__(self, console: Console):
         self.console = console
-        self.in_text = False
+        self.text = ModelText()
+        self.mode = Mode.MODE_UNSPECIFIED
+        self.planned_turn = -1
 
     def show(self, item: executor_pb2.SolveEvent) -> None:
         kind = item.WhichOneof("event")
-        if kind != "chunk" and self.in_text:
-            self.console.print()
-            self.in_text = False
+        if kind == "chunk":
+            self._chunk(item)
+            return
+        if (tail := self.text.end_block()) is not None:
+            self.console.print(tail, style="dim", markup=False, highlight=False)
         if kind == "mode_chosen":
-            strategy = RoutingStrategy.Name(item.mode_chosen.strategy).removeprefix("ROUTING_STRATEGY_").lower()
-            self.console.print(f"[bold]mode[/] {mode_name(item.mode_chosen.mode)} ({strategy}): {item.mode_chosen.rationale}")
+            self._mode(item.mode_chosen)
         elif kind == "plan":
-            decision = PlanDecision.Name(item.plan.decision).removeprefix("PLAN_DECISION_").lower()
-            steps = "; ".join(step.action for step in item.plan.plan.steps)
-            self.console.print(f"[bold cyan]turn {item.turn} plan[/] {decision}" + (f": {steps}" if steps else ""))
-        elif kind == "chunk":
-            self.console.print(item.chunk.text, end="", style="dim", markup=False, highlight=False)
-            self.in_text = True
+            self._plan(item.turn, item.plan)
         elif kind == "tool_call":
-            self.console.print(f"[bold yellow]call {item.tool_call.id}[/] {item.tool_call.name} {item.tool_call.arguments_json}", markup=True)
+            self._call(item.tool_call)
         elif kind == "tool_result":
-            result = item.tool_result
-            text = f"error: {result.error}" if result.is_error else result.output.strip()
-            self.console.print(f"[bold yellow]result {result.call_id}[/] {text[:300]}")
-        # The answer is in the streamed text already; summary() states it once more with its verdict.
+            self._result(item.tool_result)
+
+    def _mode(self, chosen: executor_pb2.ModeChosen) -> None:
+        self.mode = chosen.mode
+        self.text.enter(MODE_OPENERS.get(chosen.mode, ""))
+        strategy = RoutingStrategy.Name(chosen.strategy).removeprefix("ROUTING_STRATEGY_").lower()
+        line = Text.assemble(("mode ", "bold"), f"{mode_name(chosen.mode)} ({strategy})")
+        self.console.print(line.append(f": {chosen.rationale}" if chosen.rationale else ""))
+
+    def _plan(self, turn: int, made: executor_pb2.PlanMade) -> None:
+        self.planned_turn = turn
+        self.text.enter(plan_block(made.decision, made.plan, first_turn=turn == 0)[1])
+        if made.decision == PlanDecision.PLAN_DECISION_PLAN_NEW:
+            plan = " → ".join(step.action for step in made.plan.steps)
+        else:
+            plan = "continue" if made.decision == PlanDecision.PLAN_DECISION_CONTINUE else "none, act"
+        self.console.print(Text.assemble((f"turn {turn + 1} plan", "bold cyan"), f": {plan}"))
+
+    def _chunk(self, item: executor_pb2.SolveEvent) -> None:
+        if self.mode == Mode.MODE_AGENTIC and item.turn != self.planned_turn:
+            # An agentic turn without a plan is the executor asking for the answer outright.
+            self.planned_turn = item.turn
+            self.text.enter(FORCED_ANSWER_OPENER)
+        shown = self.text.feed(item.chunk.text)
+        if shown:
+            self.console.print(shown, end="", style="dim", markup=False, highlight=False)
+
+    def _call(self, call: ToolCall) -> None:
+        line = Text.assemble((f"call {call.id}", "bold yellow"), f" {call.name}")
+        try:
+            arguments = json.loads(call.arguments_json or "{}")
+        except json.JSONDecodeError:
+            arguments = None
+        if not isinstance(arguments, dict):
+            line.append(f" {call.arguments_json}")
+        elif len(arguments) == 1 and isinstance(value := next(iter(arguments.values())), str):
+            line.append(_after_colon(value))  # the one argument most tools take (python's code, a query), as written
+        else:
+            line.append(" " + ", ".join(f"{name}={value!r}" for name, value in arguments.items()))
+        self.console.print(line)
+
+    def _result(self, result: ToolResult) -> None:
+        if result.is_error:
+            label = "rejected call" if result.call_id.startswith(REJECTED_CALL_PREFIX) else f"error {result.call_id}"
+            self.console.print(Text.assemble((label, "bold red"), f": {result.error}"))
+            return
+        output = result.output.strip() or "(nothing printed)"
+        if len(output) > RESULT_CHARS:
+            output = f"{output[:RESULT_CHARS]}\n(and {len(output) - RESULT_CHARS} characters more)"
+        self.console.print(Text(f"result {result.call_id}", style="bold yellow").append(_after_colon(output)))
+
+
+RESULT_CHARS = 300  # of a tool's output in the live view; `trajectories show` has all of it
+
+
+def _after_colon(text: str) -> str:
+    """": text" on the same line, or text indented under the line when it has several lines."""
+    if "\n" not in text:
+        return f": {text}"
+    return ":\n" + "\n".join(f"  {line}" for line in text.splitlines())
 
 
 def summary(trajectory: Trajectory) -> Text:
@@ -66,20 +198,56 @@ def summary(trajectory: Trajectory) -> Text:
     line = Text()
     line.append("answer ", style="bold green").append(trajectory.answer or "none").append(verdict, style="bold")
     line.append(f"\n{mode_name(trajectory.mode, unset='?')} mode, {status_name(trajectory.status)}, "
-                f"{len(trajectory.turns)} turn{'s' if len(trajectory.turns) != 1 else ''}, {calls} tool call{'s' if calls != 1 else ''}, "
+                f"{len(trajectory.turns)} turn{'s' if len(trajectory.turns) != 1 else ''}, {calls} tool call{'s' if calls != 1 else ''}\n"
                 f"{trajectory.usage.input_tokens} + {trajectory.usage.output_tokens} tokens, "
                 f"${trajectory.cost.total_usd:.6f}, {trajectory.wall_seconds:.1f} s", style="dim")
     return line
 
 
-def trajectories_table(trajectories: list[Trajectory]) -> Table:
-    table = Table(show_header=True, header_style="bold")
-    for column in ("id", "created", "mode", "status", "correct", "cost $", "query"):
-        table.add_column(column, overflow="ellipsis", no_wrap=column != "query")
+TRAJECTORY_COLUMNS = (
+    Column("id"),
+    Column("age", priority=2),
+    Column("mode"),
+    Column("status", priority=1),
+    Column("correct"),
+    Column("cost $", priority=3, justify="right"),
+    Column("tokens", priority=4, justify="right"),
+    Column("source", priority=5),
+    Column("run", priority=6),
+    Column("query", wraps=True),
+)
+SHORT_ID = 8  # hex digits of an id in a terminal, as git shortens a commit; `trajectories show` takes them
+
+
+def age(created: datetime, now: datetime) -> str:
+    """How long ago, as kubectl writes it: 45s, 12m, 5h, 3d."""
+    seconds = max(0, int((now - created).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def trajectories_table(trajectories: list[Trajectory], full: bool, now: datetime | None = None) -> TableData:
+    """The rows of `trajectories list`: in a terminal short ids and ages, else full ids and UTC times."""
+    now = now or datetime.now(timezone.utc)
+    table = TableData(TRAJECTORY_COLUMNS)
+    if full:
+        table.columns = [Column("created", c.priority) if c.header == "age" else c for c in TRAJECTORY_COLUMNS]
     for t in trajectories:
-        correct = ("yes" if t.reward.correct else "no") if t.HasField("reward") else "-"
-        created = t.created_at.ToDatetime().strftime("%Y-%m-%d %H:%M:%S")
-        table.add_row(t.id, created, mode_name(t.mode, unset="?"), status_name(t.status), correct, f"{t.cost.total_usd:.6f}", t.query[:80])
+        created = t.created_at.ToDatetime(tzinfo=timezone.utc)
+        table.rows.append([
+            t.id if full else t.id[:SHORT_ID],
+            created.isoformat(timespec="seconds").replace("+00:00", "Z") if full else age(created, now),
+            mode_name(t.mode, unset="?"),
+            status_name(t.status),
+            ("yes" if t.reward.correct else "no") if t.HasField("reward") else "-",
+            f"{t.cost.total_usd:.6f}",
+            str(t.usage.input_tokens + t.usage.output_tokens),
+            t.task_source or "-",
+            t.run_id or "-",
+            " ".join(t.query.split()),  # one paragraph: a query's own line breaks would only stretch the row
+        ])
     return table
 
 

@@ -11,6 +11,7 @@ from rich.console import Console
 from gearshift.cli import main
 from gearshift.cli.common import one_line_errors, run_or_fail
 from gearshift.settings import get_settings
+from gearshift.tables import full_output, print_table
 
 
 @main.group("eval", invoke_without_command=True)
@@ -23,14 +24,15 @@ from gearshift.settings import get_settings
 @click.option("--concurrency", type=int, default=4, show_default=True, help="Episodes in flight at once")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Report folder (default: DATA_DIR/eval/RUN_ID)")
 @click.option("--inprocess", is_flag=True, help="Start the services and the built-in policy server in this process")
+@click.option("--wide", "-w", is_flag=True, help="Every column of the table, however narrow the terminal")
 @click.pass_context
-def eval_(ctx, suite, modes, n, samples, split, run_id, concurrency, out_dir, inprocess) -> None:
+def eval_(ctx, suite, modes, n, samples, split, run_id, concurrency, out_dir, inprocess, wide) -> None:
     """Evaluate modes on a suite through the executor; writes a Markdown/PNG report."""
     if ctx.invoked_subcommand is not None:
         return
     from gearshift.embedded import embedded
     from gearshift.evaluation.harness import default_run_id, evaluate
-    from gearshift.evaluation.report import rich_table
+    from gearshift.evaluation.report import summary_table
     from gearshift.evaluation.runner import parse_modes
 
     if n < 1 or samples < 1:
@@ -57,7 +59,7 @@ def eval_(ctx, suite, modes, n, samples, split, run_id, concurrency, out_dir, in
         out.print(f"[red]error[/] {error}", markup=True, highlight=False)
     if summary.aborted:
         out.print(f"[red]stopped early[/]: the stack became unavailable; resume with --run-id {run_id}")
-    out.print(rich_table(result.report))
+    print_table(out, summary_table(result.report), full_output(out, wide))
     if result.report.failed:
         out.print(f"left out of the figures (failed episodes, run again on resume): {result.report.failed}")
     out.print("report: " + ", ".join(str(path) for path in result.files))
@@ -66,7 +68,8 @@ def eval_(ctx, suite, modes, n, samples, split, run_id, concurrency, out_dir, in
 @eval_.command("compare")
 @click.argument("run_a")
 @click.argument("run_b")
-def eval_compare(run_a: str, run_b: str) -> None:
+@click.option("--wide", "-w", is_flag=True, help="Every column of the table, however narrow the terminal")
+def eval_compare(run_a: str, run_b: str, wide: bool) -> None:
     """Show per-mode differences of run B against run A."""
     from gearshift.evaluation.harness import load_report
     from gearshift.evaluation.report import compare_table
@@ -77,22 +80,24 @@ def eval_compare(run_a: str, run_b: str) -> None:
         return await load_report(settings, run_a), await load_report(settings, run_b)
 
     a, b = run_or_fail(go())
-    Console().print(compare_table(a, b))
+    out = Console()
+    print_table(out, compare_table(a, b), full_output(out, wide))
 
 
 @eval_.command("report")
 @click.argument("run_id")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Report folder (default: DATA_DIR/eval/RUN_ID)")
-def eval_report(run_id: str, out_dir: str | None) -> None:
+@click.option("--wide", "-w", is_flag=True, help="Every column of the table, however narrow the terminal")
+def eval_report(run_id: str, out_dir: str | None, wide: bool) -> None:
     """Recompute and rewrite a stored run's report."""
     from gearshift.evaluation.harness import load_report
-    from gearshift.evaluation.report import rich_table, write_report
+    from gearshift.evaluation.report import summary_table, write_report
 
     settings = get_settings()
     report = run_or_fail(load_report(settings, run_id))
     files = write_report(report, Path(out_dir) if out_dir else settings.data_dir / "eval" / run_id)
     out = Console()
-    out.print(rich_table(report))
+    print_table(out, summary_table(report), full_output(out, wide))
     out.print("report: " + ", ".join(str(path) for path in files))
 
 

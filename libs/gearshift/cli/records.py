@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
@@ -20,32 +21,72 @@ def trajectories() -> None:
 @click.option("--limit", type=int, default=20, show_default=True)
 @click.option("--mode", type=click.Choice(["instant", "reasoning", "agentic"]), default=None)
 @click.option("--source", default="", help="Only this task source")
-def trajectories_list(limit: int, mode: str | None, source: str) -> None:
-    """List the newest trajectories."""
+@click.option("--wide", "-w", is_flag=True, help="Every column, full ids and times (also when the output is not a terminal)")
+@click.option("--json", "as_json", is_flag=True, help="The trajectories as a JSON array (turns left out)")
+def trajectories_list(limit: int, mode: str | None, source: str, wide: bool, as_json: bool) -> None:
+    """List the newest trajectories. In a terminal the columns that fit it; ids are shortened
+    as `trajectories show` accepts them."""
     from rich.console import Console
 
     from gearshift import console as view
     from gearshift.api.store.v1 import store_pb2
+    from gearshift.tables import full_output, print_table
 
     query = store_pb2.QueryRequest(
         filter=store_pb2.TrajectoryFilter(modes=[view.MODE_BY_NAME[mode]] if mode else [], task_source=source), page_size=limit
     )
     page = store_call(lambda stub: stub.Query(query))
-    Console().print(view.trajectories_table(list(page.trajectories)))
+    if as_json:
+        click.echo(json.dumps([view.as_dict(t) for t in page.trajectories], indent=2))
+        return
+    out = Console()
+    full = full_output(out, wide)
+    print_table(out, view.trajectories_table(list(page.trajectories), full), full)
 
 
-@trajectories.command("show")
+PREFIX_SCAN = 5000  # a short id is looked up among this many of the newest trajectories
+
+
+async def find_trajectory_id(stub, prefix: str) -> str:
+    """The one id among the newest PREFIX_SCAN trajectories that starts with prefix."""
+    from gearshift.api.store.v1 import store_pb2
+
+    matches: set[str] = set()
+    token, seen = "", 0
+    while seen < PREFIX_SCAN and len(matches) < 2:
+        page = await stub.Query(store_pb2.QueryRequest(page_size=min(500, PREFIX_SCAN - seen), page_token=token))
+        matches.update(t.id for t in page.trajectories if t.id.startswith(prefix))
+        seen, token = seen + len(page.trajectories), page.next_page_token
+        if not token:
+            break
+    if not matches:
+        raise click.ClickException(f"no trajectory among the newest {seen} has an id starting with {prefix!r}")
+    if len(matches) > 1:
+        raise click.ClickException(f"{prefix!r} starts more than one id ({', '.join(sorted(matches))}): give more of it")
+    return matches.pop()
+
+
+@trajectories.command("show", help="Show one trajectory: its transcript and its figures. TRAJECTORY_ID is its id, or the "
+                      f"start of one (as `trajectories list` shortens them) among the newest {PREFIX_SCAN}.")
 @click.argument("trajectory_id")
 @click.option("--json", "as_json", is_flag=True, help="The whole trajectory as JSON")
 def trajectories_show(trajectory_id: str, as_json: bool) -> None:
-    """Show one trajectory: its transcript and its figures."""
+    import uuid
+
     from rich.console import Console
 
     from gearshift import console as view
     from gearshift.api.store.v1 import store_pb2
     from gearshift.protocol.a2fm import render_transcript
 
-    trajectory = store_call(lambda stub: stub.Get(store_pb2.GetRequest(id=trajectory_id))).trajectory
+    async def get(stub):
+        try:
+            full_id = str(uuid.UUID(trajectory_id))
+        except ValueError:
+            full_id = await find_trajectory_id(stub, trajectory_id.lower())
+        return (await stub.Get(store_pb2.GetRequest(id=full_id))).trajectory
+
+    trajectory = store_call(get)
     if as_json:
         click.echo(view.as_json(trajectory))
         return

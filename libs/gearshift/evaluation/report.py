@@ -3,7 +3,7 @@
 Per mode: pass@1, pass@k (the unbiased estimator of Chen et al. 2021), mean output tokens,
 mean tool calls, mean cost, cost of pass with a bootstrap interval (A^2FM's metric), and for
 routed modes (auto, learned) the share of each chosen mode, overall and by difficulty.
-Written as Markdown, JSON and two PNG plots; shown as a rich table; two runs can be compared.
+Written as Markdown, JSON and two PNG plots; shown as a table that fits the terminal; two runs can be compared.
 """
 
 from __future__ import annotations
@@ -15,13 +15,12 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rich.table import Table
-
 from gearshift.api.common.v1.common_pb2 import Trajectory, TrajectoryStatus
 from gearshift.api.store.v1 import store_pb2
 from gearshift.evaluation.runner import MODES, ROUTED, eval_mode_of, verifier_name
 from gearshift.protocol.modes import MODE_NAMES, mode_name
 from gearshift.rewards.cost_of_pass import compute_cost_of_pass
+from gearshift.tables import Column, TableData
 
 CHOSEN = MODE_NAMES
 
@@ -178,7 +177,13 @@ def _share_text(shares: dict[str, float]) -> str:
     return " ".join(f"{name} {share:.0%}" for name, share in shares.items()) or "-"
 
 
-COLUMNS = ("mode", "items", "n", "pass@1", "pass@k", "out tok", "tool calls", "mean cost", "cost of pass", "95% CI", "modes chosen")
+# In a terminal too narrow for all of them, the highest priorities are left out first.
+SUMMARY_COLUMNS = (
+    Column("mode"), Column("items", 4, justify="right"), Column("n", 1, justify="right"), Column("pass@1", justify="right"),
+    Column("pass@k", 3, justify="right"), Column("out tok", 3, justify="right"), Column("tool calls", 3, justify="right"),
+    Column("mean cost", 2, justify="right"), Column("cost of pass", justify="right"), Column("95% CI", 4, justify="right"),
+    Column("modes chosen", 1, wraps=True),
+)
 
 
 def _row(r: ModeReport) -> list[str]:
@@ -189,13 +194,10 @@ def _row(r: ModeReport) -> list[str]:
     ]
 
 
-def rich_table(report: RunReport) -> Table:
-    table = Table(title=f"run {report.run_id} · suite {report.suite} · split {','.join(report.splits)}", header_style="bold")
-    for column in COLUMNS:
-        table.add_column(column, no_wrap=column != "modes chosen")
-    for mode_figures in report.modes.values():
-        table.add_row(*_row(mode_figures))
-    return table
+def summary_table(report: RunReport) -> TableData:
+    """The run's figures per mode, as `gearshift eval` prints them (tables.print_table)."""
+    title = f"run {report.run_id} · suite {report.suite} · split {','.join(report.splits)}"
+    return TableData(SUMMARY_COLUMNS, [_row(r) for r in report.modes.values()], title)
 
 
 def markdown_table(header: Iterable[str], rows: Iterable[Iterable[str]]) -> str:
@@ -210,7 +212,7 @@ def markdown(report: RunReport) -> str:
         f"# Evaluation run `{report.run_id}`",
         f"Suite `{report.suite}`, split {', '.join(report.splits)}. Correctness is the suite's own grader; cost from the "
         "shared price table; cost of pass = total cost / correct answers, with a 95% percentile bootstrap interval.",
-        markdown_table(COLUMNS, (_row(r) for r in report.modes.values())),
+        markdown_table((column.header for column in SUMMARY_COLUMNS), (_row(r) for r in report.modes.values())),
     ]
     routed = [r for r in report.modes.values() if r.mode_share_by_difficulty]
     for r in routed:
@@ -340,16 +342,21 @@ def compare(a: RunReport, b: RunReport) -> list[ModeDelta]:
     ]
 
 
-def compare_table(a: RunReport, b: RunReport) -> Table:
-    table = Table(title=f"{b.run_id} against {a.run_id}", header_style="bold")
-    for column in ("mode", "pass@1 A", "pass@1 B", "Δ pass@1", "mean cost A", "mean cost B", "cost of pass A", "cost of pass B",
-                   "Δ cost of pass", "out tok A", "out tok B"):
-        table.add_column(column, no_wrap=True)
+COMPARE_COLUMNS = (
+    Column("mode"), Column("pass@1 A", 1, justify="right"), Column("pass@1 B", 1, justify="right"),
+    Column("Δ pass@1", justify="right"), Column("mean cost A", 3, justify="right"), Column("mean cost B", 3, justify="right"),
+    Column("cost of pass A", 2, justify="right"), Column("cost of pass B", 2, justify="right"),
+    Column("Δ cost of pass", justify="right"), Column("out tok A", 4, justify="right"), Column("out tok B", 4, justify="right"),
+)
+
+
+def compare_table(a: RunReport, b: RunReport) -> TableData:
+    table = TableData(COMPARE_COLUMNS, title=f"{b.run_id} against {a.run_id}")
     for d in compare(a, b):
         change = d.cost_of_pass_change
-        table.add_row(
+        table.rows.append([
             d.mode, f"{d.pass_at_1[0]:.3f}", f"{d.pass_at_1[1]:.3f}", f"{d.pass_at_1[1] - d.pass_at_1[0]:+.3f}",
             usd(d.mean_cost_usd[0]), usd(d.mean_cost_usd[1]), usd(d.cost_of_pass_usd[0]), usd(d.cost_of_pass_usd[1]),
             "-" if change is None else f"{change:+.1%}", f"{d.mean_output_tokens[0]:.1f}", f"{d.mean_output_tokens[1]:.1f}",
-        )
+        ])
     return table
