@@ -1,9 +1,9 @@
-# Images without torch: the six gRPC services (target `service`, one image per SERVICE) and the
-# Celery worker that orchestrates training (target `worker`). Build from the repository root so
+# Images without torch: the six gRPC services and the HTTP gateway (target `service`, one image per
+# SERVICE) and the Celery worker that orchestrates training (target `worker`). Build from the repository root so
 # libs/ and the generated protos are in the context:
 #   docker build -f docker/service.Dockerfile --target service --build-arg SERVICE=router -t gearshift-router .
 #   docker build -f docker/service.Dockerfile --target worker -t gearshift-worker .
-# The six services share one dependency set, so one Dockerfile builds all of them: six copies
+# The services share one dependency set, so one Dockerfile builds all of them: seven copies
 # would only drift apart. skaffold.yaml builds each image as its own artifact; `make images`
 # builds them all (docs/images.md).
 # PYTHON_IMAGE: the pinned slim image, or where no registry is reachable the same Python built
@@ -52,9 +52,10 @@ ENTRYPOINT ["celery", "-A", "gearshift.orchestration.app", "worker", "--queues",
 
 FROM runtime AS service
 ARG SERVICE
-RUN test -n "${SERVICE}" || { echo "build with --build-arg SERVICE=<router|planner|executor|sandbox|reward|store>" >&2; exit 1; }
+RUN test -n "${SERVICE}" || { echo "build with --build-arg SERVICE=<router|planner|executor|sandbox|reward|store|gateway>" >&2; exit 1; }
 ENV GEARSHIFT_SERVICE=${SERVICE}
+# gRPC services: 50051 and metrics on 9090; the gateway: HTTP on GEARSHIFT_PORT (the chart: 8100).
 EXPOSE 50051 9090
-# The pod probes the standard grpc.health.v1 service natively; exec keeps the service PID 1 so
-# it receives SIGTERM and drains.
+# The pod probes the standard grpc.health.v1 service natively (the gateway: its /health and
+# /ready); exec keeps the service PID 1 so it receives SIGTERM and drains.
 ENTRYPOINT ["/bin/sh", "-c", "exec gearshift serve \"$GEARSHIFT_SERVICE\""]

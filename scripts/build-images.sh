@@ -65,7 +65,7 @@ build() {  # build NAME DOCKERFILE TARGET [BUILD ARGS...]
 }
 
 started=$SECONDS
-for service in router planner executor sandbox reward store; do
+for service in router planner executor sandbox reward store gateway; do
   build "$service" docker/service.Dockerfile service --build-arg SERVICE="$service"
 done
 build worker docker/service.Dockerfile worker

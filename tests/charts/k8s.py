@@ -16,7 +16,7 @@ from pathlib import Path
 import jsonschema
 import kubernetes_validate
 import yaml
-from gearshift.topology import SERVICE_NAMES
+from gearshift.topology import GRPC_SERVICE_NAMES, SERVICE_NAMES
 from kubeflow_trainer_api.models import TrainerV1alpha1TrainJob
 from kubernetes_validate.utils import SchemaNotFoundError
 
@@ -24,8 +24,10 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "gearshift"
 KUBE_VERSION = "1.35.0"
 RELEASE = "gearshift"  # release name == chart name, so objects are named gearshift-<component>
-GRPC_SERVICES = SERVICE_NAMES  # the chart lists them too (gearshift.grpcServices); the tests check both agree
-COMPONENTS = (*GRPC_SERVICES, "worker", "policy")
+# The chart lists them too (gearshift.grpcServices, gearshift.httpServices); the tests check both agree.
+GRPC_SERVICES = GRPC_SERVICE_NAMES
+HTTP_SERVICES = tuple(name for name in SERVICE_NAMES if name not in GRPC_SERVICE_NAMES)
+COMPONENTS = (*SERVICE_NAMES, "worker", "policy")
 POD_KINDS = ("Deployment", "StatefulSet", "Job", "CronJob", "Pod")
 TRAINER_API = "trainer.kubeflow.org/v1alpha1"
 SERVICE_MONITOR_SCHEMA = json.loads((ROOT / "tests" / "charts" / "servicemonitor.schema.json").read_text())

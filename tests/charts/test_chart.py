@@ -12,12 +12,14 @@ import kubernetes_validate
 import pytest
 import yaml
 from gearshift.services.sandbox.isolation import seccomp
+from gearshift.settings import Settings
 from gearshift.topology import SERVICES
 
 from tests.charts.k8s import (
     CHART,
     COMPONENTS,
     GRPC_SERVICES,
+    HTTP_SERVICES,
     KUBE_VERSION,
     RELEASE,
     TRAINER_API,
@@ -39,6 +41,7 @@ from tests.charts.k8s import (
 SCENARIOS = scenarios()
 TRAINJOB = "ci/trainjob-values.yaml"
 VLLM_REPLICAS = "ci/vllm-replicas-values.yaml"
+GATEWAY_INGRESS = "ci/gateway-ingress-values.yaml"
 COMMON_KEYS = {
     "enabled", "image", "replicaCount", "resources", "autoscaling", "pdb", "serviceMonitor",
     "securityContext", "nodeSelector", "tolerations", "affinity", "env", "envFromSecret",
@@ -59,7 +62,8 @@ def name(component: str) -> str:
 
 def test_matrix_is_not_trivial():
     assert len(SCENARIOS) >= 8
-    assert {"ci/defaults-values.yaml", "values-cpu.yaml", "values-gpu.yaml", "values-production.yaml", TRAINJOB, VLLM_REPLICAS} <= set(SCENARIOS)
+    assert {"ci/defaults-values.yaml", "values-cpu.yaml", "values-gpu.yaml", "values-production.yaml", TRAINJOB, VLLM_REPLICAS,
+            GATEWAY_INGRESS} <= set(SCENARIOS)
     assert api_versions(SCENARIOS[TRAINJOB]) == (TRAINER_API,)
 
 
@@ -294,7 +298,7 @@ def test_secrets_reach_pods_only_through_secret_references(scenario):
             for secret in ("GEARSHIFT_AUTH_TOKEN", "GEARSHIFT_DATABASE_URL", "GEARSHIFT_REDIS_URL", "POSTGRES_PASSWORD"):
                 if secret in env:
                     assert "secretKeyRef" in env[secret]["valueFrom"], f"{container['name']} {secret}"
-    for service in GRPC_SERVICES:
+    for service in (*GRPC_SERVICES, *HTTP_SERVICES):
         deployment = named(docs, "Deployment", name(service))
         if deployment:
             env = {item["name"] for item in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
@@ -758,13 +762,24 @@ def test_the_vllm_drain_waits_until_no_request_runs_or_waits():
     assert done.returncode == 0
 
 
-def test_helm_test_pod_checks_every_enabled_grpc_service():
+def test_helm_test_pod_checks_every_enabled_service():
     pod = named(render(), "Pod", name("health-check"))
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     (container,) = pod["spec"]["containers"]
-    assert container["args"] == [f"{s}={name(s)}:50051" for s in GRPC_SERVICES]
-    fewer = named(render((), ("reward.enabled=false",)), "Pod", name("health-check"))
+    assert container["args"] == [f"{s}={name(s)}:50051" for s in GRPC_SERVICES] + [f"gateway=http://{name('gateway')}:8100/ready"]
+    assert HTTP_SERVICES == ("gateway",)
+    fewer = named(render((), ("reward.enabled=false", "gateway.enabled=false")), "Pod", name("health-check"))
     assert "reward" not in " ".join(fewer["spec"]["containers"][0]["args"])
+    assert "gateway" not in " ".join(fewer["spec"]["containers"][0]["args"])
+
+
+def test_the_charts_service_lists_are_the_services_table_split_by_protocol():
+    """gearshift.grpcServices and gearshift.httpServices, as every pod's address settings show
+    them, in the table's order (libs/gearshift/topology.py)."""
+    (router,) = named(render(), "Deployment", name("router"))["spec"]["template"]["spec"]["containers"]
+    addresses = [item["name"] for item in router["env"] if item["name"].endswith("_ADDR")]
+    assert addresses == [f"GEARSHIFT_{spec.address_setting.upper()}" for spec in SERVICES]
+    assert [spec.name for spec in SERVICES] == [*GRPC_SERVICES, *HTTP_SERVICES]
 
 
 async def test_health_check_script_passes_on_a_serving_service_and_fails_on_a_dead_one(settings, unused_tcp_port):
@@ -786,6 +801,148 @@ async def test_health_check_script_passes_on_a_serving_service_and_fails_on_a_de
         )
         out, _ = await down.communicate()
         assert down.returncode == 1 and b"DOWN (UNAVAILABLE)" in out
+
+
+def test_health_check_script_asks_an_http_service_for_ready(unused_tcp_port):
+    """The gateway's target: 200 from /ready is SERVING, 503 is NOT_SERVING, nothing listening is DOWN."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Ready(BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response({"/ready": 200, "/unready": 503}.get(self.path, 404))
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    script = str(CHART / "files" / "check-health.py")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Ready)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        ok = subprocess.run([sys.executable, script, "5", f"gateway={base}/ready"], capture_output=True, text=True, timeout=30)
+        assert ok.returncode == 0 and ok.stdout.split()[-1] == "SERVING", ok.stdout + ok.stderr
+        for target, state in ((f"{base}/unready", "NOT_SERVING"), (f"{base}/other", "DOWN (404)"),
+                              (f"http://127.0.0.1:{unused_tcp_port}/ready", "DOWN (ConnectionRefusedError)")):
+            down = subprocess.run([sys.executable, script, "2", f"gateway={target}"], capture_output=True, text=True, timeout=30)
+            assert down.returncode == 1 and down.stdout.rstrip().endswith(state), down.stdout + down.stderr
+    finally:
+        server.shutdown()
+
+
+# ---------------------------------------------------------------- the gateway
+
+
+def gateway_container(docs) -> dict:
+    (container,) = named(docs, "Deployment", name("gateway"))["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def test_gateway_serves_http_probed_on_health_and_ready_with_the_platform_token():
+    docs = render()
+    container = gateway_container(docs)
+    assert container["command"] == ["gearshift", "serve", "gateway"]
+    assert container["ports"] == [{"name": "http", "containerPort": 8100, "protocol": "TCP"}]
+    assert container["startupProbe"]["httpGet"] == container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    env = {item["name"]: item for item in container["env"]}
+    assert env["GEARSHIFT_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": name("auth"), "key": "token"}
+    # It calls services over gRPC and needs neither the database nor Redis.
+    assert not {"GEARSHIFT_DATABASE_URL", "GEARSHIFT_REDIS_URL", "GEARSHIFT_METRICS_PORT"} & set(env)
+    assert len(env) == len(container["env"]), "each variable once"
+    (port,) = named(docs, "Service", name("gateway"))["spec"]["ports"]
+    assert port == {"name": "http", "port": 8100, "targetPort": "http", "protocol": "TCP", "appProtocol": "http"}
+    assert container["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
+
+
+def test_gateway_settings_from_its_pod_environment_listen_where_the_probes_look_and_call_the_executor(monkeypatch):
+    """The pod's environment read as the gateway reads it: its port is the container port the
+    probes and the Service use, and the executor it calls is the executor's Service."""
+    docs = render((), ("gateway.port=9123",))
+    container = gateway_container(docs)
+    for item in container["env"]:
+        monkeypatch.setenv(item["name"], item.get("value", "from-a-secret"))
+    settings = Settings()
+    (port,) = container["ports"]
+    # As services/gateway/service.py binds: gateway.port when set, else GEARSHIFT_PORT, else the table's.
+    listens = settings.gateway.port if settings.gateway.port is not None else settings.service_port("gateway")
+    assert listens == port["containerPort"] == 9123
+    assert named(docs, "Service", name("gateway"))["spec"]["ports"][0]["port"] == 9123
+    executor = named(docs, "Service", name("executor"))["spec"]["ports"][0]
+    assert settings.address_of("executor") == f"{name('executor')}:{executor['port']}"
+    assert settings.address_of("store") == f"{name('store')}:50051" and settings.address_of("reward") == f"{name('reward')}:50051"
+    assert settings.token() == "from-a-secret"
+    (router,) = named(docs, "Deployment", name("router"))["spec"]["template"]["spec"]["containers"]
+    assert {"name": "GEARSHIFT_GATEWAY_ADDR", "value": f"{name('gateway')}:9123"} in router["env"]
+
+
+def test_gateway_has_no_ingress_by_default_and_one_routing_only_the_api_when_asked():
+    assert not of_kind(render(), "Ingress")
+    docs = render((GATEWAY_INGRESS,))
+    (ingress,) = of_kind(docs, "Ingress")
+    spec = ingress["spec"]
+    assert spec["ingressClassName"] == "nginx"
+    assert ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-buffering"] == "off"
+    assert spec["tls"] == [{"hosts": ["api.gearshift.example.com"], "secretName": f"{name('gateway')}-tls"}]
+    (rule,) = spec["rules"]
+    assert rule["host"] == "api.gearshift.example.com"
+    (path,) = rule["http"]["paths"]  # /health, /ready and /metrics stay inside the cluster
+    assert (path["path"], path["pathType"]) == ("/v1", "Prefix")
+    backend = path["backend"]["service"]
+    service = named(docs, "Service", backend["name"])
+    assert service is not None and backend["port"]["name"] in {p["name"] for p in service["spec"]["ports"]}
+    plain = render((), ("gateway.ingress.enabled=true", "gateway.ingress.host=gw.example.com", "gateway.ingress.tls.secretName=mine"))
+    (ingress,) = of_kind(plain, "Ingress")
+    assert "tls" not in ingress["spec"] and "ingressClassName" not in ingress["spec"] and "annotations" not in ingress["metadata"]
+    with pytest.raises(HelmError, match="host"):
+        render((), ("gateway.ingress.host=Not_A_Host",))
+
+
+def test_gateway_is_open_to_clients_unless_allow_from_names_them():
+    spec = named(render(), "NetworkPolicy", name("gateway"))["spec"]
+    assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "gateway"
+    assert spec["policyTypes"] == ["Ingress"]
+    assert spec["ingress"] == [{"ports": [{"port": "http", "protocol": "TCP"}]}]  # no `from`: any source
+    fenced = named(render((GATEWAY_INGRESS,)), "NetworkPolicy", name("gateway"))["spec"]
+    (rule,) = fenced["ingress"]
+    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}} in rule["from"]
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}} in rule["from"]  # Prometheus
+    assert any(peer.get("podSelector", {}).get("matchLabels", {}).get("app.kubernetes.io/component") == "health-check"
+               for peer in rule["from"])
+    assert named(render((), ("networkPolicy.enabled=false",)), "NetworkPolicy", name("gateway")) is None
+
+
+def test_gateway_scales_and_is_scraped_like_every_component():
+    docs = render((GATEWAY_INGRESS,))
+    assert named(docs, "HorizontalPodAutoscaler", name("gateway"))["spec"]["minReplicas"] == 2
+    assert "replicas" not in named(docs, "Deployment", name("gateway"))["spec"]
+    assert named(docs, "PodDisruptionBudget", name("gateway"))["spec"]["minAvailable"] == 1
+    monitor = named(docs, "ServiceMonitor", name("gateway"))
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert (endpoint["port"], endpoint["path"]) == ("http", "/metrics")
+    assert named(render(), "PodDisruptionBudget", name("gateway")) is None  # one replica: no PDB
+
+
+def test_a_disabled_gateway_renders_nothing():
+    docs = render((GATEWAY_INGRESS,), ("gateway.enabled=false",))
+    assert not [doc for doc in docs if doc["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "gateway"]
+    assert not [doc for doc in docs if doc["metadata"]["name"] == name("gateway")]
+
+
+def test_notes_say_how_to_reach_the_gateway_with_the_openai_client():
+    def notes(*args: str) -> str:
+        result = helm("install", RELEASE, str(CHART), "--namespace", RELEASE, "--dry-run=client", *args)
+        assert result.returncode == 0, result.stderr
+        return result.stdout.partition("NOTES:")[2]
+
+    default = notes()
+    assert f"port-forward svc/{name('gateway')} 8100" in default and "OPENAI_BASE_URL=http://127.0.0.1:8100/v1" in default
+    assert "from openai import OpenAI" in default and 'reply.gearshift["mode"]' in default
+    assert "OPENAI_BASE_URL=https://api.gearshift.example.com/v1" in notes("-f", str(CHART / GATEWAY_INGRESS))
+    assert "gateway is disabled" in notes("--set", "gateway.enabled=false")
 
 
 def test_every_component_has_its_folder_and_identical_value_sub_keys():

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import yaml
+from gearshift.topology import SERVICE_NAMES
 
 from tests.charts.k8s import CHART, ROOT, apply_patches, find_helm, image_references, render, split_image
 
@@ -174,8 +175,21 @@ def test_skaffold_builds_every_dockerfile_target_from_the_repository_root():
         stages = stages_of(ROOT / artifact["docker"]["dockerfile"])
         assert artifact["docker"]["target"] in stages, artifact["image"]
     services = {a["docker"]["buildArgs"]["SERVICE"] for a in built if a["docker"]["target"] == "service"}
-    assert services == {"router", "planner", "executor", "sandbox", "reward", "store"}
+    assert services == set(SERVICE_NAMES)  # one image per service of the table, the gateway too
     assert all(a["image"] == f"gearshift-{a['docker']['buildArgs']['SERVICE']}" for a in built if a["docker"]["target"] == "service")
+
+
+def test_build_images_builds_one_service_image_per_service_of_the_table():
+    script = (ROOT / "scripts" / "build-images.sh").read_text()
+    (loop,) = re.findall(r"^for service in ([\w ]+); do$", script, re.MULTILINE)
+    assert sorted(loop.split()) == sorted(SERVICE_NAMES)
+    assert 'build "$service" docker/service.Dockerfile service --build-arg SERVICE="$service"' in script
+
+
+def test_skaffold_dev_forwards_the_client_facing_services():
+    (dev,) = [profile for profile in SKAFFOLD["profiles"] if profile["name"] == "dev"]
+    forwards = {(f["resourceName"], f["port"], f["localPort"]) for f in dev["portForward"]}
+    assert forwards == {("gearshift-executor", 50051, 50053), ("gearshift-gateway", 8100, 8100)}
 
 
 def test_skaffold_profiles_are_cpu_gpu_and_dev():

@@ -151,9 +151,9 @@ dataDir (GEARSHIFT_DATA_DIR, default /var/lib/gearshift).
   value: {{ $root.Values.ports.metrics | quote }}
 - name: GEARSHIFT_DATA_DIR
   value: {{ .dataDir | default "/var/lib/gearshift" | quote }}
-{{- range $service := include "gearshift.grpcServices" $root | splitList " " }}
+{{- range $service := include "gearshift.services" $root | splitList " " }}
 - name: GEARSHIFT_{{ upper $service }}_ADDR
-  value: {{ printf "%s:%v" (include "gearshift.componentName" (dict "root" $root "name" $service)) $root.Values.ports.grpc | quote }}
+  value: {{ include "gearshift.serviceAddress" (dict "root" $root "name" $service) | quote }}
 {{- end }}
 - name: GEARSHIFT_AUTH_TOKEN
   valueFrom:
@@ -218,8 +218,24 @@ readinessProbe:
   failureThreshold: 2
 {{- end }}
 
-{{/* The platform's gRPC services in start order: the services table of libs/gearshift/topology.py
-(tests/charts keeps the two the same). */}}
+{{/* The platform's gRPC services in start order, then its HTTP ones: the services table of
+libs/gearshift/topology.py, split by protocol (tests/charts keeps them the same). */}}
 {{- define "gearshift.grpcServices" -}}
 store sandbox reward planner router executor
+{{- end }}
+
+{{- define "gearshift.httpServices" -}}
+gateway
+{{- end }}
+
+{{- define "gearshift.services" -}}
+{{ include "gearshift.grpcServices" . }} {{ include "gearshift.httpServices" . }}
+{{- end }}
+
+{{/* host:port of a service inside the cluster (GEARSHIFT_<NAME>_ADDR): the gRPC port for the
+gRPC services, an HTTP service's own `port`. Args: root, name. */}}
+{{- define "gearshift.serviceAddress" -}}
+{{- $http := has .name (include "gearshift.httpServices" .root | splitList " ") -}}
+{{- $port := ternary (index .root.Values .name | default dict).port .root.Values.ports.grpc $http -}}
+{{- printf "%s:%v" (include "gearshift.componentName" (dict "root" .root "name" .name)) $port }}
 {{- end }}
