@@ -11,7 +11,7 @@ import click
 
 from gearshift.cli import main
 from gearshift.cli.common import run_or_fail
-from gearshift.settings import get_settings
+from gearshift.settings import Settings, get_settings
 from gearshift.topology import BY_NAME, SERVICE_NAMES
 
 
@@ -123,7 +123,7 @@ DEMO_QUESTIONS = (
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Where the SQLite store lives")
 @click.option("--base-port", type=int, default=None, help=f"First of {len(SERVICE_NAMES) + 1} consecutive ports")
 def demo(data_dir: str | None, base_port: int | None) -> None:
-    """Start the embedded stack, solve a few example questions live, then stop it."""
+    """Start the embedded stack, solve a few example questions live, ask one through the gateway, then stop it."""
     from rich.console import Console
 
     from gearshift import console as view
@@ -150,6 +150,31 @@ def demo(data_dir: str | None, base_port: int | None) -> None:
             trajectory = asyncio.run(view.solve(stack.client_settings(), request, view.LiveView(out)))
             out.print(view.summary(trajectory))
         out.rule()
+        ask_the_gateway(stack.client_settings(), out)
+        out.rule()
         out.print(f"stored in {stack.data_dir / 'store.db'}: `gearshift trajectories list` reads them")
     finally:
         stack.stop()
+
+def ask_the_gateway(settings: Settings, out) -> None:
+    """The demo's first question again, through the OpenAI-compatible gateway with the official
+    openai client (the dev extra, which `make install` installs): the answer, and the mode and
+    cost from the reply's `gearshift` extension object."""
+    from rich.markup import escape
+
+    try:
+        import openai
+    except ImportError:
+        out.print("[dim]pip install openai to see the same stack answer through its OpenAI-compatible gateway[/]")
+        return
+    question = DEMO_QUESTIONS[0][0]
+    client = openai.OpenAI(base_url=f"http://{settings.gateway_addr}/v1", api_key=settings.token() or "no-token-set",
+                           max_retries=0, timeout=600)
+    out.print(f"[bold]{question}[/]  [dim](the openai client at {client.base_url}, model gearshift)[/]")
+    try:
+        reply = client.chat.completions.create(model="gearshift", messages=[{"role": "user", "content": question}])
+    except openai.APIError as exc:
+        raise click.ClickException(f"the gateway: {exc}") from None
+    extension = reply.gearshift
+    out.print(f"answer [bold]{escape(reply.choices[0].message.content or '')}[/]  mode {extension['mode']}  "
+              f"cost ${extension['cost_usd']['total']:.6f}  trajectory {extension['trajectory_id']}", highlight=False)
