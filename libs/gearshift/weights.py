@@ -8,6 +8,7 @@ Nothing is ever downloaded: every load runs with HF_HUB_OFFLINE=1 and local_file
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -15,6 +16,8 @@ import logging
 import os
 import shutil
 import time
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -143,6 +146,17 @@ def create_tiny(target: Path, seed: int = TINY_SEED, tokenizer=None) -> Path:
     return target
 
 
+@contextlib.contextmanager
+def peft_wrapping() -> Iterator[None]:
+    """Around peft wrapping a transformers model (PeftModel, get_peft_model). peft 0.21, the newest
+    release, asks the model for `is_gradient_checkpointing`, which transformers 5 deprecated for
+    `is_activation_checkpointing` with a FutureWarning that says nothing to a user; only that one
+    warning, only inside peft's call, is left out (gearshift's own code never reads the alias)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
+
+
 def merge_adapter(adapter: Path, models_dir: Path) -> Path:
     """A LoRA adapter folded into its base model (adapter_config.json's base_model_name_or_path,
     itself a model source), cached once per adapter content: serving and training then load a
@@ -156,7 +170,8 @@ def merge_adapter(adapter: Path, models_dir: Path) -> Path:
     base = resolve(json.loads((adapter / ADAPTER_CONFIG).read_text())["base_model_name_or_path"], models_dir)
     log.info("folding the adapter %s into %s (once)", adapter, base)
     model = AutoModelForCausalLM.from_pretrained(base, local_files_only=True, dtype=torch.float32)
-    merged = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    with peft_wrapping():
+        merged = PeftModel.from_pretrained(model, adapter).merge_and_unload()
     _save_atomically(merged, AutoTokenizer.from_pretrained(base, local_files_only=True), target)
     return target
 

@@ -4,7 +4,9 @@ checkpoint; the cache is per machine (models_dir), not per data directory."""
 from __future__ import annotations
 
 import json
+import warnings
 
+import pytest
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM
@@ -39,3 +41,20 @@ def test_an_adapter_is_folded_into_its_base_once(tmp_path):
 
 def test_models_are_cached_per_machine_not_per_data_directory(tmp_path):
     assert Settings(data_dir=tmp_path / "a").models_dir == Settings(data_dir=tmp_path / "b").models_dir
+
+
+def test_folding_an_adapter_says_nothing_of_deprecated_transformers_names(tmp_path):
+    """peft reads transformers' deprecated is_gradient_checkpointing when it wraps a model; a
+    user folding (or training) an adapter is not shown the FutureWarning that gives."""
+    base = weights.resolve(weights.TINY, Settings().models_dir)
+    model = AutoModelForCausalLM.from_pretrained(base)
+    with pytest.warns(FutureWarning, match="is_gradient_checkpointing"):
+        model.is_gradient_checkpointing  # noqa: B018  (the alias, read as peft reads it)
+    adapter = tmp_path / "adapter"
+    get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"])).save_pretrained(adapter)
+    config = json.loads((adapter / weights.ADAPTER_CONFIG).read_text())
+    (adapter / weights.ADAPTER_CONFIG).write_text(json.dumps(config | {"base_model_name_or_path": str(base)}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        weights.resolve(str(adapter), tmp_path / "models")
+    assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)]

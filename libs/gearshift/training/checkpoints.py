@@ -72,7 +72,8 @@ def load_policy(config: ModelConfig, models_dir: Path, compute_dtype: torch.dtyp
             target_modules=config.lora_target_modules,
             task_type="CAUSAL_LM",
         )
-        model = get_peft_model(model, lora)
+        with weights.peft_wrapping():
+            model = get_peft_model(model, lora)
     return LoadedPolicy(model, tokenizer, path)
 
 
