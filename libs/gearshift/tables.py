@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 GAP = 2  # cells between two columns: rich's padding of one on either side, none at the edges
-WRAP_MIN = 20  # the narrowest a wrapping column may get before another column is left out
+WRAP_MIN = 30  # the narrowest a wrapping column may get before another column is left out (a short question on one line)
 
 
 @dataclass(frozen=True)
