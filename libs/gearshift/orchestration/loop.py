@@ -233,14 +233,14 @@ async def feedback_stage(stack: Settings, config: LoopConfig, report: Reporter) 
     round). Returns SFT's and APO's data sections."""
     data, apo_data = feedback_data(config)
     with report.stage("feedback", "served trajectories with a client's verdict (the gateway's POST /v1/feedback)") as fig:
+        judged = await steps.count_matching(stack, {"feedback_only": True, "completed_only": False})
         try:
             snapshot = await steps.snapshot(stack, data)
         except FailedPrecondition:
             raise FailedPrecondition(
-                "no served trajectory has been judged correct by a client yet: send verdicts with POST /v1/feedback on"
-                " the gateway (docs/gateway.md), then run the round again") from None
-        fig |= {"snapshot": snapshot["snapshot"], "correct": snapshot["count"],
-                "judged": await steps.count_matching(stack, {"feedback_only": True})}
+                f"no completed served trajectory has been judged correct by a client yet ({judged} with a verdict):"
+                " send verdicts with POST /v1/feedback on the gateway (docs/gateway.md), then run the round again") from None
+        fig |= {"snapshot": snapshot["snapshot"], "correct": snapshot["count"], "judged": judged}
     return data, apo_data
 
 

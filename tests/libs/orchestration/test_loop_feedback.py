@@ -83,7 +83,7 @@ async def test_a_round_from_feedback_without_any_is_refused_clearly(store):
     stack, stub = store
     put = served("Capital of Spain?", "Madrid")
     await stub.Put(store_pb2.PutRequest(trajectories=[put]))  # served, but nobody said anything about it
-    with pytest.raises(FailedPrecondition, match="POST /v1/feedback"):
+    with pytest.raises(FailedPrecondition, match=r"\(0 with a verdict\).*POST /v1/feedback"):
         await loop.feedback_stage(stack, loop.QUICK_CONFIG.model_copy(update={"from_feedback": True}), loop.Reporter(None))
 
 
