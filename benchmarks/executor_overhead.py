@@ -39,7 +39,7 @@ from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.clients import channel
 from gearshift.settings import Settings
 from gearshift.stack import Stack
-from gearshift.topology import SERVICES
+from gearshift.topology import GRPC_SERVICE_NAMES
 from gearshift.testing.scripted_policy import instant_policy, serve_scripted
 from gearshift.embedded import embedded
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -109,9 +109,9 @@ async def episode_times(settings: Settings, mode: int, n: int, tagged: bool = Fa
 
 async def measure(stack: Settings, episodes: int, processes: dict[str, psutil.Process] | None = None) -> None:
     rtt = await bare_rtt([stack.executor_addr], stack, episodes * 5)
-    in_turn = await bare_rtt([stack.address_of(spec.name) for spec in SERVICES], stack, episodes * 5)
+    in_turn = await bare_rtt([stack.address_of(name) for name in GRPC_SERVICE_NAMES], stack, episodes * 5)
     print(f"bare loopback gRPC round-trip (median of {episodes * 5}): back to back to the executor {rtt * 1e3:.3f} ms,"
-          f" in turn to the {len(SERVICES)} services {in_turn * 1e3:.3f} ms")
+          f" in turn to the {len(GRPC_SERVICE_NAMES)} gRPC services {in_turn * 1e3:.3f} ms")
     print(f"{'episode':<32} {'hops':>4} {'median ms':>10} {'tool ms':>8} {'overhead ms':>12} {'floor ms':>9} {'ratio':>6}"
           f" {'in turn ms':>11} {'ratio':>6} {'per turn ms':>12}" + (f" {'executor cpu ms':>16} {'services cpu ms':>16}" if processes else ""))
     for name, shape in SHAPES.items():

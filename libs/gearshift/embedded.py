@@ -17,7 +17,6 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gearshift.server import running
 from gearshift.settings import Settings
 from gearshift.topology import SERVICE_NAMES, SERVICES
 
@@ -61,6 +60,7 @@ async def embedded(
         for spec in SERVICES:
             if spec.name in wanted:
                 build = importlib.import_module(spec.module).build
-                server = await stack.enter_async_context(running(await build(settings), settings))
+                bootstrap = importlib.import_module(spec.bootstrap)  # gRPC or HTTP: the same running()
+                server = await stack.enter_async_context(bootstrap.running(await build(settings), settings))
                 settings = settings.model_copy(update={spec.address_setting: f"127.0.0.1:{server.port}"})
         yield Platform(settings, policy)

@@ -242,6 +242,23 @@ class ExecutorSettings(BaseModel):
     tool_timeout_seconds: float = Field(10.0, gt=0, description="Limit of one tool call")
 
 
+class GatewaySettings(BaseModel):
+    """The OpenAI-compatible HTTP gateway in front of executor.Solve (docs/gateway.md). It finds
+    the executor, store and reward service at their address settings, and requires
+    GEARSHIFT_AUTH_TOKEN as a bearer token when that is set, as every service does."""
+
+    host: str | None = Field(None, description="Interface the gateway binds to (none: GEARSHIFT_HOST, as every service)")
+    port: int | None = Field(None, description="HTTP port of the gateway (none: GEARSHIFT_PORT, else the services table's 8100)")
+    max_body_bytes: int = Field(1_048_576, gt=0, description="Largest request body; larger ones are answered 413")
+    request_timeout_seconds: float = Field(
+        600.0, gt=0, description="Deadline of one request's Solve call (then 504; the episode is stored as cancelled)"
+    )
+    ready_timeout_seconds: float = Field(1.0, gt=0, description="How long GET /ready waits for the executor's health check")
+    feedback_correct_at: float = Field(
+        0.5, ge=0, le=1, description="A reward sent as feedback counts as correct at or above this (Reward.correct, which SFT selects on)"
+    )
+
+
 class OrchestrationSettings(BaseModel):
     """The closed loop: Celery tasks, the training trigger, the promotion gate and publishing."""
 
@@ -349,6 +366,7 @@ class _Settings(BaseSettings):
     learned_router: LearnedRouterSettings = Field(default_factory=LearnedRouterSettings)
     planner: PlannerSettings = Field(default_factory=PlannerSettings)
     executor: ExecutorSettings = Field(default_factory=ExecutorSettings)
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     orchestration: OrchestrationSettings = Field(default_factory=OrchestrationSettings)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
 

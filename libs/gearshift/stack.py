@@ -32,19 +32,32 @@ def _die_with_parent() -> None:
 
 
 async def check_health(settings: Settings, timeout: float = 2.0) -> dict[str, tuple[str, str]]:
-    """Asks every service's grpc.health.v1 endpoint; returns name -> (address, state)."""
+    """Asks every service whether it serves: grpc.health.v1 for gRPC services, GET /ready for
+    HTTP ones; returns name -> (address, state)."""
 
-    async def one(name: str) -> tuple[str, tuple[str, str]]:
-        address = settings.address_of(name)
+    async def grpc_state(address: str) -> str:
         async with channel(address, settings) as ch:
             try:
                 reply = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
-                state = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
             except grpc.aio.AioRpcError as exc:
-                state = f"DOWN ({exc.code().name})"
-        return name, (address, state)
+                return f"DOWN ({exc.code().name})"
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
-    return dict(await asyncio.gather(*(one(name) for name in SERVICE_NAMES)))
+    async def http_state(address: str) -> str:
+        try:
+            async with httpx.AsyncClient(timeout=timeout) as client:
+                response = await client.get(f"http://{address}/ready")
+        except httpx.TransportError:
+            return "DOWN"
+        return {200: "SERVING", 503: "NOT_SERVING"}.get(response.status_code, f"DOWN ({response.status_code})")
+
+    checks = {"grpc": grpc_state, "http": http_state}
+
+    async def one(spec) -> tuple[str, tuple[str, str]]:
+        address = settings.address_of(spec.name)
+        return spec.name, (address, await checks[spec.protocol](address))
+
+    return dict(await asyncio.gather(*(one(spec) for spec in SERVICES)))
 
 
 def policy_health(policy_url: str) -> str:

@@ -5,15 +5,28 @@ service is one row here plus its package under services/ (docs/adding-a-service.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+# Each protocol's bootstrap: a module whose running(service, settings) and main(build) run the
+# service that the package's build(settings) returns (gearshift serve, up and embedded use them).
+BOOTSTRAPS = {"grpc": "gearshift.server", "http": "gearshift.http_server"}
 
 
 @dataclass(frozen=True)
 class ServiceSpec:
-    """One gRPC service of the platform."""
+    """One service of the platform."""
 
     name: str  # its package under services/ and its name on the command line
     port: int  # where it listens on one machine; in Kubernetes every pod uses its own
     title: str  # what it is, for help texts
+    # grpc: grpc.health.v1, metrics on port + 1000. http: GET /ready for health, /metrics on
+    # its own port (the OpenAI-compatible gateway, for clients outside the platform).
+    protocol: Literal["grpc", "http"] = "grpc"
+
+    @property
+    def bootstrap(self) -> str:
+        """The module that runs it (gearshift.server for gRPC, gearshift.http_server for HTTP)."""
+        return BOOTSTRAPS[self.protocol]
 
     @property
     def address_setting(self) -> str:
@@ -34,8 +47,10 @@ SERVICES = (
     ServiceSpec("planner", 50052, "SR2AM planner"),
     ServiceSpec("router", 50051, "Mode router"),
     ServiceSpec("executor", 50053, "Episode executor"),
+    ServiceSpec("gateway", 8100, "OpenAI-compatible gateway", protocol="http"),
 )
 SERVICE_NAMES = tuple(service.name for service in SERVICES)
+GRPC_SERVICE_NAMES = tuple(service.name for service in SERVICES if service.protocol == "grpc")
 BY_NAME = {service.name: service for service in SERVICES}
-METRICS_PORT_OFFSET = 1000  # service port + 1000 serves /metrics unless set explicitly
+METRICS_PORT_OFFSET = 1000  # a gRPC service's port + 1000 serves /metrics unless set explicitly
 POLICY_PORT = 8400  # the built-in policy server's HTTP port on one machine

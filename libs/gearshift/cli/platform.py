@@ -17,15 +17,14 @@ from gearshift.topology import BY_NAME, SERVICE_NAMES
 
 @main.command()
 @click.argument("service", type=click.Choice(SERVICE_NAMES))
-@click.option("--port", type=int, default=None, help="gRPC port (default: GEARSHIFT_PORT or the service's own)")
+@click.option("--port", type=int, default=None, help="Port (default: GEARSHIFT_PORT or the service's own)")
 def serve(service: str, port: int | None) -> None:
     """Run one service in the foreground until SIGTERM/SIGINT."""
-    from gearshift.server import main as serve_forever
-
     settings = get_settings()
     if port is not None:
         settings = settings.model_copy(update={"port": port})
-    serve_forever(importlib.import_module(BY_NAME[service].module).build, settings)
+    spec = BY_NAME[service]
+    importlib.import_module(spec.bootstrap).main(importlib.import_module(spec.module).build, settings)
 
 
 @main.command("serve-policy")
@@ -53,7 +52,7 @@ def up(data_dir: str | None, base_port: int | None, no_policy: bool) -> None:
 @main.command()
 @click.option("--timeout", type=float, default=2.0, help="Seconds to wait for each service")
 def status(timeout: float) -> None:
-    """Check each service's gRPC health and the policy server's."""
+    """Check each service's health (gRPC health, the gateway's /ready) and the policy server's."""
     from gearshift.stack import check_health, policy_health
 
     settings = get_settings()

@@ -1,0 +1,130 @@
+"""The HTTP counterpart of gearshift.server, for the services of the table that speak HTTP (the
+OpenAI-compatible gateway): uvicorn on one socket in the running event loop, uvloop under
+`main`, and a graceful drain on SIGTERM/SIGINT: stop accepting, close idle keep-alive
+connections, let requests and streams in flight finish within the grace, then cancel them.
+
+The service's ASGI app serves its own /health, /ready and /metrics; this module only runs it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+import uvloop
+
+from gearshift.server import configure_logging
+from gearshift.settings import Settings, get_settings
+
+log = logging.getLogger("gearshift.http_server")
+
+
+@dataclass
+class HttpService:
+    """What an HTTP service hands to the bootstrap: its ASGI app and what to close on shutdown."""
+
+    name: str
+    app: Any  # an ASGI application
+    on_close: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    host: str | None = None  # None: settings.host, as every service
+    port: int | None = None  # None: settings.service_port(name)
+
+
+class RunningHttpServer:
+    """A started server: its bound port and a way to drain it."""
+
+    def __init__(self, server: uvicorn.Server, task: asyncio.Task, sock: socket.socket, service: HttpService):
+        self.server = server
+        self.task = task
+        self.sock = sock
+        self.port = sock.getsockname()[1]
+        self.service = service
+
+    async def stop(self, grace: float) -> None:
+        self.server.config.timeout_graceful_shutdown = max(grace, 0.1)
+        self.server.should_exit = True
+        try:
+            await self.task
+        finally:
+            self.sock.close()
+            for close in self.service.on_close:
+                await close()
+
+
+def _bind(host: str, port: int, name: str) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"{name}: cannot listen on {host}:{port} ({exc.strerror}; is the port in use?)") from None
+    return sock
+
+
+async def start(service: HttpService, settings: Settings, port: int | None = None) -> RunningHttpServer:
+    """Starts the service; port 0 picks a free one (tests). Returns once it accepts connections."""
+    host = service.host or settings.host
+    if port is None:
+        port = service.port if service.port is not None else settings.service_port(service.name)
+    sock = _bind(host, port, service.name)
+    config = uvicorn.Config(
+        service.app, log_level=settings.log_level.lower(), lifespan="off",
+        access_log=False,  # a line per request drowns the stack's output; /metrics counts them
+        timeout_graceful_shutdown=max(settings.grace_seconds, 0.1),
+    )
+    server = uvicorn.Server(config)
+    server.capture_signals = contextlib.nullcontext  # the caller owns SIGINT/SIGTERM, not uvicorn
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if task.done():
+            sock.close()
+            task.result()  # raises why it could not start
+            raise OSError(f"{service.name}: the HTTP server exited during start-up")
+        await asyncio.sleep(0.01)
+    return RunningHttpServer(server, task, sock, service)
+
+
+@contextlib.asynccontextmanager
+async def running(service: HttpService, settings: Settings) -> AsyncIterator[RunningHttpServer]:
+    """Runs a service on a free port for the duration of a block (tests, benchmarks, embedded)."""
+    server = await start(service, settings, port=0)
+    try:
+        yield server
+    finally:
+        await server.stop(grace=0.5)
+
+
+async def serve(build: Callable[[Settings], Awaitable[HttpService]], settings: Settings) -> None:
+    """Builds and runs a service until SIGTERM or SIGINT, then drains it."""
+    service = await build(settings)
+    server = await start(service, settings)
+    log.info("%s listening on http://%s:%d (auth %s)", service.name, service.host or settings.host, server.port,
+             "on" if settings.auth_token else "off")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({stopped, server.task}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    log.info("%s draining for up to %.1fs", service.name, settings.grace_seconds)
+    await server.stop(settings.grace_seconds)
+    log.info("%s stopped", service.name)
+
+
+def main(build: Callable[[Settings], Awaitable[HttpService]], settings: Settings | None = None) -> None:
+    """An HTTP service's entry point (`python -m gearshift.services.NAME`, `gearshift serve NAME`)."""
+    settings = settings or get_settings()
+    configure_logging(settings.log_level)
+    try:
+        uvloop.run(serve(build, settings))
+    except OSError as exc:  # a port in use: one line, not a traceback
+        log.error("%s", exc)
+        raise SystemExit(1) from None

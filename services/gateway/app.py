@@ -1,0 +1,134 @@
+"""The gateway's HTTP routes: OpenAI's chat completions and models, feedback, health, readiness
+and metrics. Every error is an OpenAI-shaped error object (errors.py), never a crash."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import grpc
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from gearshift.api.executor.v1 import executor_pb2_grpc
+from gearshift.interceptors import request_id
+from gearshift.services.gateway import translate
+from gearshift.services.gateway.completions import ClientGone, Completion
+from gearshift.services.gateway.errors import ApiError, error_response
+from gearshift.services.gateway.feedback import FeedbackDesk
+from gearshift.services.gateway.middleware import BearerAuth, BodyLimit, GatewayMetrics, Metrics, RequestIds
+from gearshift.services.gateway.schemas import ChatCompletionRequest, FeedbackRequest
+from gearshift.settings import Settings
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("gearshift.gateway")
+TRAJECTORY_HEADER = "x-gearshift-trajectory-id"
+
+
+@dataclass
+class Gateway:
+    """What the routes call: the executor, its health, and the feedback desk."""
+
+    settings: Settings
+    executor: executor_pb2_grpc.ExecutorStub
+    executor_health: health_pb2_grpc.HealthStub
+    feedback: FeedbackDesk
+
+
+def create_app(gateway: Gateway):
+    """The gateway's ASGI application: the routes inside metrics, auth and the body limit."""
+    settings, config = gateway.settings, gateway.settings.gateway
+    metrics = GatewayMetrics()
+    app = FastAPI(title="gearshift gateway", docs_url=None, redoc_url=None, openapi_url=None)
+    started = int(time.time())
+    native = settings.policy_client.protocol == "native"  # how the executor streams the policy's text
+
+    _error_handlers(app)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        try:
+            reply = await gateway.executor_health.Check(health_pb2.HealthCheckRequest(), timeout=config.ready_timeout_seconds)
+            state = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+        except grpc.aio.AioRpcError as exc:
+            state = f"DOWN ({exc.code().name})"
+        serving = state == "SERVING"
+        return JSONResponse({"status": "ready" if serving else "unavailable", "executor": state}, 200 if serving else 503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [_card(model, started) for model in translate.MODELS.values()]}
+
+    @app.get("/v1/models/{name}")
+    async def model(name: str) -> dict:
+        return _card(translate.served_model(name), started)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        request.state.model = body.model if body.model in translate.MODELS else "unknown"
+        trajectory_id = translate.new_trajectory_id()
+        solve = translate.solve_request(body, trajectory_id, settings.store.max_label_chars)
+        view = translate.EpisodeView(trajectory_id, time.monotonic(), translate.stop_words(body), native)
+        call = gateway.executor.Solve(solve, timeout=config.request_timeout_seconds)
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        completion = Completion(call, view, body.model, int(time.time()), include_usage, metrics)
+        headers = {TRAJECTORY_HEADER: trajectory_id}
+        if body.stream:
+            return completion.stream(await completion.first_event(request), headers)
+        return JSONResponse(await completion.whole(request), headers=headers)
+
+    @app.post("/v1/feedback")
+    async def feedback(body: FeedbackRequest) -> dict:
+        return await gateway.feedback.submit(body)
+
+    return Metrics(RequestIds(BearerAuth(BodyLimit(app, config.max_body_bytes), settings.token())), metrics)
+
+
+def _card(model: translate.ServedModel, created: int) -> dict:
+    return {"id": model.name, "object": "model", "created": created, "owned_by": "gearshift", "description": model.description}
+
+
+def _error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def refused(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.param)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _validation_message(exc)
+        return error_response(400, message, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, exc: ClientGone) -> Response:
+        return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error on %s (request %s)", request.url.path, request_id.get())
+        return error_response(500, f"internal error (request id {request_id.get()})")
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
+    parts, param = [], None
+    for error in exc.errors():
+        if error.get("type") == "json_invalid":
+            return f"malformed JSON body: {error.get('ctx', {}).get('error', error.get('msg'))}", None
+        where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
+        param = param or where.split(".")[0] or None
+        parts.append(f"{where or 'body'}: {error.get('msg')}")
+    return "; ".join(parts) or "invalid request", param
