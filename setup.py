@@ -12,7 +12,7 @@ setup(
     packages=packages,
     package_dir=ROOTS,
     package_data={
-        "": ["*.pyi", "*.ini", "*.mako", "*.jsonl", "*.md", "py.typed"],
+        "": ["*.pyi", "*.ini", "*.mako", "*.jsonl", "*.md", "*.jinja", "py.typed"],
         "gearshift": ["default_policy/*"],  # the shipped adapter and its model card (a folder, not a package)
     },
 )
