@@ -1,0 +1,35 @@
+"""Plugins that let vLLM serve gearshift's models natively: a2fm_parsers.py holds the tool parser
+and the reasoning parser "a2fm" for the A^2FM chat format (gearshift.protocol.native_format),
+which vLLM loads by path (--tool-parser-plugin, --reasoning-parser-plugin) in its own virtual
+environment; this package itself imports nothing but the standard library, so the platform can
+name the files and copy them (`python -m gearshift.vllm_plugins DIR`) without vLLM."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+PARSERS = Path(__file__).with_name("a2fm_parsers.py")
+FORMAT = Path(__file__).parent.parent / "protocol" / "native_format.py"
+CHAT_TEMPLATE = FORMAT.with_name("a2fm_chat_template.jinja")
+PARSER_NAME = "a2fm"
+
+
+def vllm_args(directory: Path | None = None, chat_template: bool = True) -> list[str]:
+    """vLLM server flags serving the A^2FM model with native tool calls and reasoning: the
+    parsers and (chat_template) the chat template, from the package or from a directory
+    copy_files filled. Without the template flag, requests name it (vLLM's `chat_template`
+    field, with --trust-request-chat-template), as on a server that serves other models too."""
+    parsers, template = (PARSERS, CHAT_TEMPLATE) if directory is None else (directory / PARSERS.name, directory / CHAT_TEMPLATE.name)
+    args = [
+        "--enable-auto-tool-choice", "--tool-call-parser", PARSER_NAME, "--tool-parser-plugin", str(parsers),
+        "--reasoning-parser", PARSER_NAME, "--reasoning-parser-plugin", str(parsers),
+    ]
+    return args + (["--chat-template", str(template)] if chat_template else [])
+
+
+def copy_files(directory: Path) -> list[Path]:
+    """Copies the parsers, the format module they load (found beside them) and the chat template
+    into one directory, e.g. a volume a vLLM container mounts; returns the copies."""
+    directory.mkdir(parents=True, exist_ok=True)
+    return [Path(shutil.copy(source, directory / source.name)) for source in (PARSERS, FORMAT, CHAT_TEMPLATE)]
