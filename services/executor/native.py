@@ -56,9 +56,9 @@ class NativeEpisodeRunner(EpisodeRunner):
                 yield item
             if not calls:  # an assistant message without calls: the answer
                 state.trajectory.turns.append(turn)
-                if turn.output.strip() or state.last_finish != "length":
+                if state.last_finish != "length":
                     yield self._answer(state, turn.output.strip())
-                return  # cut by length before any answer: no answer (BUDGET_EXHAUSTED)
+                return  # cut by the turn's token limit: a message the policy did not end is no answer (BUDGET_EXHAUSTED)
             read = native.read_calls(calls, known)
             for item in read:
                 yield event(index, tool_call=item.call)

@@ -47,7 +47,8 @@ class ChatReply:
          "tool_calls": [{"name": "python", "arguments": {"code": "..."}, "id": "call_1"}]}
 
     every key optional; arguments an object, or a string sent verbatim (bad JSON included); ids
-    call_<n> unless given. Stop words do not apply; finish_reason is "tool_calls" when it calls.
+    call_<n> unless given. Stop words do not apply; finish_reason is "tool_calls" when it calls,
+    else "stop", unless the dict names one (e.g. "length": a message cut by max_tokens).
     Streamed as reasoning, then content, then each call in two deltas (name, then its arguments
     in halves), as vLLM streams them."""
 
@@ -59,7 +60,7 @@ class ChatReply:
              "function": {"name": call["name"], "arguments": _arguments_text(call.get("arguments", {}))}}
             for n, call in enumerate(written.get("tool_calls") or [], start=1)
         ]
-        self.finish = "tool_calls" if self.calls else "stop"
+        self.finish = written.get("finish_reason") or ("tool_calls" if self.calls else "stop")
 
     def text(self) -> str:
         """What the "model" wrote, for the usage and the stand-in token ids: its reasoning,

@@ -29,6 +29,7 @@ BAD = [
     {"name": "python", "arguments": "{'code': 'print(1)'"},  # not JSON
 ]
 BAD_QUERY = "Compute 17*23 carelessly."
+CUT_QUERY = "Write a long essay."
 
 
 class NativeModel:
@@ -51,6 +52,8 @@ class NativeModel:
             return PLAN
         assert first.startswith(native.SYSTEM_PROMPT), first
         if not body.get("tools"):
+            if messages[1]["content"] == CUT_QUERY:
+                return {"content": "Let me start by", "finish_reason": "length"}
             if body["chat_template_kwargs"]["enable_thinking"]:
                 return {"reasoning_content": "17*23 = 391.", "content": "391"}
             return {"content": "42"}
@@ -165,6 +168,13 @@ async def test_direct_modes_answer_in_one_message_without_tools(stack, mode, thi
     assert turn.reasoning_content == ("17*23 = 391." if thinking else "") and not turn.plan_decision
     assert trajectory.native.tools_json == "" and json.loads(trajectory.native.chat_template_kwargs_json) == {"enable_thinking": thinking}
     assert [e.chunk.text for e in events if e.WhichOneof("event") == "chunk" and e.chunk.text] == [answer]
+
+
+async def test_a_message_cut_by_the_token_limit_is_no_answer(stack):
+    settings, _ = stack
+    trajectory = (await solve(settings, query=CUT_QUERY, mode=Mode.MODE_INSTANT))[-1].final.trajectory
+    assert trajectory.status == TrajectoryStatus.TRAJECTORY_STATUS_BUDGET_EXHAUSTED and trajectory.answer == ""
+    assert [turn.output for turn in trajectory.turns] == ["Let me start by"]  # kept, as sampled
 
 
 async def test_the_stored_trajectory_keeps_the_sampled_ids(stack):
