@@ -21,7 +21,8 @@ from tests.images.stack import Stack, docker, docker_ready
 VALUES = Path(__file__).with_name("values.yaml")
 DEPS_IMAGE = "gearshift-test-deps"
 # Start order: what others call first. The policy server loads the model while nothing waits on it.
-ORDER = ("postgresql", "redis", "policy", "store", "sandbox", "reward", "planner", "router", "executor", "worker")
+ORDER = ("postgresql", "redis", "policy", "store", "sandbox", "reward", "planner", "router", "executor", "gateway", "worker")
+PUBLISHED = {"gateway": "http"}  # component -> the port clients outside reach, published on loopback
 # Figures for docs/images.md: `docker run` to ready, per component, written at the end of a run.
 FIGURES = Path(tempfile.gettempdir()) / "gearshift-image-startup.json"
 LOGS = Path(tempfile.gettempdir()) / "gearshift-image-logs"  # every container's log, kept after the run
@@ -39,6 +40,8 @@ def stack(docs):
         pytest.fail(why)
     runs = container_runs(docs, Path(tempfile.mkdtemp(prefix="gearshift-images-")))
     assert set(ORDER) == set(runs), f"the chart renders {sorted(runs)}; the tests start {sorted(ORDER)}"
+    for component, port in PUBLISHED.items():
+        runs[component].publish = [p["containerPort"] for p in runs[component].spec["ports"] if p["name"] == port]
     tag = runs["store"].image.rpartition(":")[2]
     deps = f"{DEPS_IMAGE}:{tag}"
     missing = [image for image in {run.image for name, run in runs.items() if name not in ("postgresql", "redis")} | {deps}

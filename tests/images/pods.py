@@ -4,7 +4,8 @@ volumes, resource limits) turned into the engine's flags, so the image tests run
 renders rather than a copy of it.
 
 What has no engine equivalent is left out on purpose: probes (tests/images runs them itself),
-Services (a network alias with the Service's name stands in), NetworkPolicies, `hostUsers`
+Services (a network alias with the Service's name stands in), Ingresses (a port published on
+loopback stands in, for the components a test names), NetworkPolicies, `hostUsers`
 (user namespaces are daemon-wide in the engine) and the scheduling fields.
 """
 
@@ -38,6 +39,9 @@ class ContainerRun:
     volumes: dict[str, str] = field(default_factory=dict)  # named volume -> mount path (claims)
     files: dict[Path, str] = field(default_factory=dict)  # ConfigMap/Secret files to write before the run
     spec: dict = field(default_factory=dict)  # the rendered container, for its probes and ports
+    # Container ports published on a free loopback port of the host: what clients outside the
+    # cluster reach (the gateway, as through its Ingress); every other port stays on the network.
+    publish: list[int] = field(default_factory=list)
 
     def command(self, network: str, prefix: str, image: str | None = None) -> list[str]:
         """The `docker run` command line; names and volumes carry the prefix, so a test run owns them."""
@@ -45,6 +49,8 @@ class ContainerRun:
                "--network-alias", self.name, "--label", f"gearshift-test={prefix}", *self.flags, *self.mounts]
         for volume, path in self.volumes.items():
             run += ["--mount", f"type=volume,source={prefix}{volume},target={path}"]
+        for port in self.publish:
+            run += ["--publish", f"127.0.0.1::{port}"]
         for key, value in self.env.items():
             run += ["-e", f"{key}={value}"]
         if self.entrypoint:

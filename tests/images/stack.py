@@ -124,6 +124,14 @@ class Stack:
             return port
         return next(p["containerPort"] for p in self.runs[component].spec["ports"] if p["name"] == port)
 
+    def published(self, component: str, port: int | str) -> str:
+        """127.0.0.1:PORT where the host reaches a published container port (ContainerRun.publish)."""
+        container_port = self.port(component, port)
+        assert container_port in self.runs[component].publish, f"{component}: port {container_port} is not published"
+        found = docker("port", self.container(component), f"{container_port}/tcp").stdout.split()
+        (address,) = [line for line in found if line.startswith("127.0.0.1:")]
+        return address
+
     def ip(self, component: str) -> str:
         template = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
         return docker("inspect", "-f", template, self.container(component)).stdout.strip()

@@ -1,7 +1,8 @@
 """The built images, run as the chart runs them (tests/images/conftest.py starts the stack): health
 through the chart's own test pod, metrics ports, a Solve through every container stored in the
-Postgres container, the hostile battery against the sandbox container under the chart's seccomp
-profile, a store restart that keeps every trajectory, and a SIGTERM that drains."""
+Postgres container, chat completions through the gateway container with the openai client (whole
+and streamed, stored likewise), the hostile battery against the sandbox container under the
+chart's seccomp profile, a store restart that keeps every trajectory, and SIGTERMs that drain."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 
 import grpc
 import httpx
+import openai
 import pytest
 from gearshift.api.common.v1.common_pb2 import Mode
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
@@ -29,6 +31,7 @@ from tests.services.sandbox.test_hostile import BATTERY, Hostile
 pytestmark = pytest.mark.timeout(900)
 
 GRPC_SERVICES = ("store", "sandbox", "reward", "planner", "router", "executor")
+HTTP_SERVICES = ("gateway",)
 solved: list[str] = []  # trajectory ids the Solve test stored
 
 
@@ -37,12 +40,20 @@ def client_settings(stack: Stack) -> Settings:
     return Settings(auth_token=stack.runs["executor"].env["GEARSHIFT_AUTH_TOKEN"])
 
 
+def psql(stack: Stack, sql: str) -> str:
+    """One query in the Postgres container, its rows as psql's unaligned text."""
+    env = stack.runs["postgresql"].env
+    rows = stack.exec("postgresql", "psql", "-h", "/var/run/postgresql", "-U", env["POSTGRES_USER"], "-d", env["POSTGRES_DB"], "-tAc", sql)
+    assert rows.returncode == 0, rows.stdout + rows.stderr
+    return rows.stdout.strip()
+
+
 def image_size_mb(image: str) -> float:
     return int(docker("image", "inspect", "-f", "{{.Size}}", image).stdout) / 1e6
 
 
 def test_service_images_carry_no_torch(stack: Stack):
-    for component in (*GRPC_SERVICES, "worker"):
+    for component in (*GRPC_SERVICES, *HTTP_SERVICES, "worker"):
         image = stack.runs[component].image
         found = docker("run", "--rm", "--entrypoint", "python", image, "-c",
                        "import importlib.util as u; print(u.find_spec('torch') is not None)").stdout.strip()
@@ -73,13 +84,14 @@ def test_the_chart_health_check_pod_passes(stack: Stack, docs, tmp_path):
     result = docker(*command[1:], check=False, timeout=120)
     report = result.stdout + result.stderr
     assert result.returncode == 0, report
-    assert sorted(line.split()[0] for line in report.splitlines() if line.endswith("SERVING")) == sorted(GRPC_SERVICES), report
+    serving = sorted(line.split()[0] for line in report.splitlines() if line.split()[-1:] == ["SERVING"])
+    assert serving == sorted((*GRPC_SERVICES, *HTTP_SERVICES)), report
     assert container["command"][0] == "python"
 
 
 def test_metrics_ports_serve_prometheus_text(stack: Stack):
-    for component in (*GRPC_SERVICES, "policy"):
-        port = "metrics" if component != "policy" else "http"
+    for component in (*GRPC_SERVICES, *HTTP_SERVICES, "policy"):
+        port = "metrics" if component in GRPC_SERVICES else "http"
         reply = httpx.get(f"http://{stack.address(component, port)}/metrics", timeout=10)
         assert reply.status_code == 200 and "# TYPE" in reply.text, f"{component}: {reply.status_code} {reply.text[:200]}"
 
@@ -129,11 +141,63 @@ async def test_a_solve_runs_through_the_containers_and_is_stored_in_postgres(sta
     assert trajectory.id and trajectory.turns and trajectory.usage.output_tokens > 0
     assert trajectory.HasField("reward")  # scored by the reward container
     solved.append(trajectory.id)
+    assert psql(stack, f"SELECT count(*) FROM trajectories WHERE id = '{trajectory.id}'") == "1"
 
-    sql = f"SELECT count(*) FROM trajectories WHERE id = '{trajectory.id}'"
-    env = stack.runs["postgresql"].env
-    rows = stack.exec("postgresql", "psql", "-h", "/var/run/postgresql", "-U", env["POSTGRES_USER"], "-d", env["POSTGRES_DB"], "-tAc", sql)
-    assert rows.stdout.strip() == "1", rows.stdout + rows.stderr
+
+# ---------------------------------------------------------------- the gateway, as clients outside reach it
+
+GATEWAY_MODELS = {"gearshift", "gearshift-learned", "gearshift-instant", "gearshift-reasoning", "gearshift-agentic"}
+QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]
+
+
+def gateway_client(stack: Stack, api_key: str | None = None) -> openai.OpenAI:
+    """The official client on the gateway container's port published on loopback, with the token
+    the chart gave every service as its API key."""
+    return openai.OpenAI(base_url=f"http://{stack.published('gateway', 'http')}/v1", max_retries=0, timeout=240,
+                         api_key=api_key or stack.runs["gateway"].env["GEARSHIFT_AUTH_TOKEN"])
+
+
+def test_the_gateway_is_ready_lists_its_models_and_refuses_a_wrong_key(stack: Stack):
+    probe = stack.runs["gateway"].spec["readinessProbe"]  # /ready: the executor container answers
+    deadline, why = time.monotonic() + 60, "not probed"
+    while time.monotonic() < deadline and (why := stack.probe("gateway", probe)) is not None:
+        time.sleep(0.5)
+    assert why is None, f"{why}\n{stack.logs('gateway')}"
+    assert {model.id for model in gateway_client(stack).models.list()} == GATEWAY_MODELS
+    with pytest.raises(openai.AuthenticationError):
+        gateway_client(stack, api_key="not-the-token").models.list()
+
+
+def test_a_chat_completion_through_the_gateway_container_is_answered_and_stored_in_postgres(stack: Stack):
+    raw = gateway_client(stack).chat.completions.with_raw_response.create(model="gearshift-instant", messages=QUESTION)
+    completion = raw.parse()
+    (choice,) = completion.choices
+    assert choice.message.content.strip() and choice.finish_reason in ("stop", "length"), completion
+    assert completion.model == "gearshift-instant" and completion.usage.completion_tokens > 0
+    extension = completion.gearshift  # the platform's extension object: what it did, what it cost
+    assert extension["trajectory_id"] == raw.headers["x-gearshift-trajectory-id"]
+    assert extension["mode"] == "instant" and extension["cost_usd"]["total"] > 0, extension
+    solved.append(extension["trajectory_id"])
+    stored = psql(stack, f"SELECT mode FROM trajectories WHERE id = '{extension['trajectory_id']}'")
+    assert stored == str(Mode.MODE_INSTANT), f"stored mode {stored!r}"
+
+
+async def test_a_streamed_completion_through_the_gateway_container_adds_up_to_the_stored_answer(stack: Stack):
+    stream = gateway_client(stack).chat.completions.create(
+        model="gearshift-instant", messages=QUESTION, stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    content = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    finish = [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices and chunk.choices[0].finish_reason]
+    assert finish in (["stop"], ["length"]) and content.strip(), chunks
+    last = chunks[-1]
+    assert last.usage.completion_tokens > 0 and last.gearshift["mode"] == "instant"
+    trajectory_id = last.gearshift["trajectory_id"]
+    solved.append(trajectory_id)
+    async with channel(stack.address("store"), client_settings(stack)) as ch:
+        stored = await store_pb2_grpc.TrajectoryStoreStub(ch).Get(store_pb2.GetRequest(id=trajectory_id), timeout=30)
+    assert stored.trajectory.mode == Mode.MODE_INSTANT and stored.trajectory.usage.output_tokens == last.usage.completion_tokens
+    if finish == ["stop"]:
+        assert content == stored.trajectory.answer
 
 
 @pytest.fixture(scope="module")
@@ -202,3 +266,17 @@ async def test_sigterm_drains_a_call_in_flight(stack: Stack, sandbox_stub):
         await sandbox_stub.Execute(sandbox_pb2.ExecuteRequest(call=ToolCall(id="c", name="python", arguments_json='{"code": "1"}')),
                                    timeout=5)
     assert error.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def test_sigterm_lets_a_streamed_completion_finish_then_the_gateway_exits(stack: Stack):
+    """SIGTERM to the gateway container while a completion streams: the stream still ends with
+    its finish reason and the extension, then the gateway exits 0 (the last test to use it)."""
+    stream = gateway_client(stack).chat.completions.create(model="gearshift-instant", messages=QUESTION, stream=True)
+    first = next(stream)
+    assert first.choices[0].delta.role == "assistant"
+    docker("kill", "--signal", "SIGTERM", stack.container("gateway"))
+    rest = list(stream)
+    assert rest and rest[-1].choices[0].finish_reason in ("stop", "length") and rest[-1].gearshift["trajectory_id"], rest
+    exit_code = docker("wait", stack.container("gateway"), timeout=60).stdout.strip()
+    assert exit_code == "0", stack.logs("gateway")
+    assert "draining" in stack.logs("gateway")
