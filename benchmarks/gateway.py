@@ -11,7 +11,8 @@ episode is a forced instant answer to the same question.
   and streamed (to the last chunk); p50 and p99 of each, side by side, and the differences.
 - Throughput: --streams concurrent streamed completions through the gateway for --seconds after
   a warm-up, then the same concurrency of direct Solve streams; completions/s and errors (any
-  failure, or an episode that did not complete).
+  failure, or an episode that did not complete), and the CPU each completion cost each process
+  (the services', and the clients' in this one: the openai client's against gRPC's).
 
     .venv/bin/python benchmarks/gateway.py [--requests 300] [--streams 64] [--seconds 20]
 
@@ -36,6 +37,7 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import grpc
 import openai
+import psutil
 from gearshift.api.common.v1.common_pb2 import Mode, TrajectoryStatus
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.clients import channel
@@ -115,8 +117,14 @@ async def latencies(kinds: dict[str, Callable[[], Awaitable[None]]], requests: i
     return {name: {"p50_ms": statistics.median(values) * 1e3, "p99_ms": percentile(values, 0.99) * 1e3} for name, values in samples.items()}
 
 
-async def throughput(request: Callable[[], Awaitable[None]], streams: int, seconds: float, warmup: float) -> dict:
-    done, errors = 0, Counter()
+def cpu_seconds(processes: dict[str, psutil.Process]) -> dict[str, float]:
+    """User + system CPU so far of each process."""
+    return {name: sum(process.cpu_times()[:2]) for name, process in processes.items()}
+
+
+async def throughput(request: Callable[[], Awaitable[None]], streams: int, seconds: float, warmup: float,
+                     processes: dict[str, psutil.Process]) -> dict:
+    done, errors, before = 0, Counter(), {}
     begun = time.perf_counter()
     measured_from, deadline = begun + warmup, begun + warmup + seconds
 
@@ -130,12 +138,18 @@ async def throughput(request: Callable[[], Awaitable[None]], streams: int, secon
                 continue
             done += now >= measured_from
 
-    await asyncio.gather(*(worker() for _ in range(streams)))
+    async def mark() -> None:
+        await asyncio.sleep(warmup)
+        before.update(cpu_seconds(processes))
+
+    await asyncio.gather(mark(), *(worker() for _ in range(streams)))
     elapsed = time.perf_counter() - measured_from
-    return {"completions": done, "per_second": round(done / elapsed, 1), "errors": sum(errors.values()), "error_kinds": dict(errors)}
+    spent = {name: value - before[name] for name, value in cpu_seconds(processes).items()}
+    return {"completions": done, "per_second": round(done / elapsed, 1), "errors": sum(errors.values()), "error_kinds": dict(errors),
+            "cpu_ms_per_completion": {name: round(value * 1e3 / max(done, 1), 2) for name, value in spent.items()}}
 
 
-async def measure(settings: Settings, args: argparse.Namespace) -> dict:
+async def measure(settings: Settings, args: argparse.Namespace, processes: dict[str, psutil.Process]) -> dict:
     async with contextlib.AsyncExitStack() as exits:
         channels = [await exits.enter_async_context(channel(settings.executor_addr, settings))
                     for _ in range(max(1, args.streams // STREAMS_PER_CHANNEL))]
@@ -149,8 +163,8 @@ async def measure(settings: Settings, args: argparse.Namespace) -> dict:
                                for kind in ("gateway", "gateway streamed")}
         figures["latency"] = {kind: {q: round(v, 3) for q, v in values.items()} for kind, values in figures["latency"].items()}
         figures["throughput"] = {
-            "gateway streamed": await throughput(streamed(client), args.streams, args.seconds, args.warmup_seconds),
-            "solve": await throughput(_rotating(stubs), args.streams, args.seconds, args.warmup_seconds),
+            "gateway streamed": await throughput(streamed(client), args.streams, args.seconds, args.warmup_seconds, processes),
+            "solve": await throughput(_rotating(stubs), args.streams, args.seconds, args.warmup_seconds, processes),
         }
     return figures
 
@@ -182,7 +196,9 @@ def main() -> None:
         health = stack.wait_ready()
         if any(state != "SERVING" for _, state in health.values()):
             raise RuntimeError(f"the stack did not come up: {health}")
-        figures = asyncio.run(measure(stack.client_settings(), args))
+        processes = {name: psutil.Process(process.pid) for name, process in stack.processes.items()}
+        processes["client (this process)"] = psutil.Process()
+        figures = asyncio.run(measure(stack.client_settings(), args, processes))
     figures |= {"requests": args.requests, "streams": args.streams, "policy": "ScriptedPolicy stand-in", "store": "Postgres",
                 "load_average_1min": round(os.getloadavg()[0], 2)}
     print(json.dumps(figures, indent=2))

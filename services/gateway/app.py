@@ -77,16 +77,19 @@ def create_app(gateway: Gateway):
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         request.state.model = body.model if body.model in translate.MODELS else "unknown"
-        trajectory_id = translate.new_trajectory_id()
+        # A stream names its trajectory in its headers, before the episode has stored it, so its id
+        # is chosen here; a whole reply takes the executor's, which spares the executor the store
+        # look-up a client-chosen id costs (an idempotent retry check).
+        trajectory_id = translate.new_trajectory_id() if body.stream else ""
         solve = translate.solve_request(body, trajectory_id, settings.store.max_label_chars)
         view = translate.EpisodeView(trajectory_id, time.monotonic(), translate.stop_words(body), native)
         call = gateway.executor.Solve(solve, timeout=config.request_timeout_seconds)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         completion = Completion(call, view, body.model, int(time.time()), include_usage, metrics)
-        headers = {TRAJECTORY_HEADER: trajectory_id}
         if body.stream:
-            return completion.stream(await completion.first_event(request), headers)
-        return JSONResponse(await completion.whole(request), headers=headers)
+            return completion.stream(await completion.first_event(request), {TRAJECTORY_HEADER: trajectory_id})
+        whole = await completion.whole(request)
+        return JSONResponse(whole, headers={TRAJECTORY_HEADER: whole["gearshift"]["trajectory_id"]})
 
     @app.post("/v1/feedback")
     async def feedback(body: FeedbackRequest) -> dict:

@@ -60,7 +60,8 @@ class Completion:
         return EventStream(self._events(first), media_type="text/event-stream", headers={"Cache-Control": "no-cache", **headers})
 
     def cancel(self) -> None:
-        if not self.call.done():
+        """Cancels the Solve call unless the episode is over (its status may still be on the way)."""
+        if self.view.trajectory is None and not self.call.done():
             self.call.cancel()
             self.metrics.cancelled.labels(self.model).inc()
 

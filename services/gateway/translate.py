@@ -285,7 +285,7 @@ class EpisodeView:
     the streamed content adds up to the answer."""
 
     def __init__(self, trajectory_id: str, started: float, stop: list[str], native: bool = False):
-        self.trajectory_id = trajectory_id
+        self.trajectory_id = trajectory_id  # "" until the final event when the executor chooses it
         self.started = started
         self.native = native  # the executor speaks the native protocol (policy_client.protocol)
         self.routing_seconds: float | None = None
@@ -315,6 +315,7 @@ class EpisodeView:
             return self._out(delta)
         if kind == "final":
             self.trajectory = event.final.trajectory
+            self.trajectory_id = self.trajectory.id
             delta = self._out(self.splitter.finish())
             delta.content += self.stop.finish()
             return delta

@@ -356,6 +356,7 @@ async def test_metrics_health_and_readiness(served, client):
     assert 'gearshift_gateway_requests_total{model="gearshift-instant",route="/v1/chat/completions",status="200"}' in text
     assert 'gearshift_gateway_request_seconds_bucket{le="0.5",model="gearshift-instant",route="/v1/chat/completions"}' in text
     assert 'gearshift_gateway_routing_seconds_count{model="gearshift-instant"}' in text
+    assert 'gearshift_gateway_cancelled_total{model="gearshift-instant"}' not in text  # finished episodes are not cancellations
 
 
 def free_port() -> int:
