@@ -67,9 +67,15 @@ class Budget:
     max_steps: int
     max_tokens: int
     deadline: float  # time.monotonic() value
+    max_output_tokens: int = 0  # 0: only max_tokens bounds what the policy generates
 
-    def exhausted(self, used_tokens: int) -> bool:
-        return used_tokens >= self.max_tokens or time.monotonic() >= self.deadline
+    def exhausted(self, usage: TokenUsage) -> bool:
+        return (usage.input_tokens + usage.output_tokens >= self.max_tokens or time.monotonic() >= self.deadline
+                or 0 < self.max_output_tokens <= usage.output_tokens)
+
+    def turn_tokens(self, per_turn: int, usage: TokenUsage) -> int:
+        """The most tokens the next generation may take: the per-turn cap, within the output budget."""
+        return max(0, min(per_turn, self.max_output_tokens - usage.output_tokens)) if self.max_output_tokens else per_turn
 
 
 @dataclass
@@ -83,11 +89,11 @@ class EpisodeState:
     plan: Plan = field(default_factory=Plan)
     plan_progress: int = 0
     last_finish: str | None = None  # why the last generation stopped: "stop", "length", ...
+    budget: Budget | None = None  # set when the episode starts
 
-    @property
-    def used_tokens(self) -> int:
-        usage = self.trajectory.usage
-        return usage.input_tokens + usage.output_tokens
+    def turn_tokens(self, per_turn: int) -> int:
+        """The most tokens the next generation may take."""
+        return self.budget.turn_tokens(per_turn, self.trajectory.usage) if self.budget else per_turn
 
     def account(self, turn: Turn | None, input_tokens: int, output_tokens: int) -> None:
         """Counts one model call's tokens: the trajectory's usage (priced, and held against the
@@ -143,7 +149,7 @@ class EpisodeRunner:
             yield event(ROUTING_TURN, final=executor_pb2.Final(trajectory=stored))
             return
         started = time.monotonic()
-        budget = self._budget(request.budget, started)
+        budget = state.budget = self._budget(request.budget, started)
         try:
             async for item in self._run(state, budget, routed):
                 yield item
@@ -190,7 +196,7 @@ class EpisodeRunner:
     async def _direct(self, state: EpisodeState, budget: Budget) -> AsyncIterator[executor_pb2.SolveEvent]:
         """Instant and reasoning mode: generate until </answer>, continuing if cut by length."""
         for index in range(budget.max_steps or self.config.max_steps_other):
-            if budget.exhausted(state.used_tokens):
+            if budget.exhausted(state.trajectory.usage):
                 return
             turn = Turn(index=index)
             async for item in self._generate(state, turn, stop=["</answer>"]):
@@ -208,7 +214,7 @@ class EpisodeRunner:
         """Agentic mode: per turn regulate (and maybe plan), generate, run the tool calls."""
         tools = await self._known_tools()
         for index in range(budget.max_steps or self.config.max_steps_agentic):
-            if budget.exhausted(state.used_tokens):
+            if budget.exhausted(state.trajectory.usage):
                 return
             turn = Turn(index=index)
             started = time.monotonic()
@@ -282,7 +288,10 @@ class EpisodeRunner:
 
     async def _generate(self, state: EpisodeState, turn: Turn, stop: list[str]) -> AsyncIterator[executor_pb2.SolveEvent]:
         """Continues the assistant turn, streaming chunks; closes a tag the stop word cut."""
-        remaining = self.config.max_tokens_per_turn
+        remaining = state.turn_tokens(self.config.max_tokens_per_turn)
+        if not remaining:  # planning spent the output budget: the turn is cut where it starts
+            state.last_finish = "length"
+            return
         text, finish, usage, token_ids = [], None, None, None
         async for chunk in self.policy.stream_chat(
             prompts.messages(state.trajectory.query, state.transcript, state.trajectory.conversation),
@@ -361,7 +370,7 @@ class EpisodeRunner:
         if request.strategy not in RoutingStrategy.values():
             raise InvalidArgument(f"unknown routing strategy {request.strategy}")
         budget = request.budget
-        if budget.max_steps < 0 or budget.max_tokens < 0 or budget.max_wall_seconds < 0:
+        if budget.max_steps < 0 or budget.max_tokens < 0 or budget.max_wall_seconds < 0 or budget.max_output_tokens < 0:
             raise InvalidArgument("budget fields must not be negative")
         if request.trajectory_id:
             try:
@@ -374,6 +383,7 @@ class EpisodeRunner:
             max_steps=asked.max_steps,  # 0: the mode's default
             max_tokens=asked.max_tokens or self.config.max_tokens,
             deadline=started + (asked.max_wall_seconds or self.config.max_wall_seconds),
+            max_output_tokens=asked.max_output_tokens,
         )
 
     def _new_state(self, request: executor_pb2.SolveRequest) -> EpisodeState:

@@ -44,7 +44,7 @@ class NativeEpisodeRunner(EpisodeRunner):
         known = frozenset(tool["function"]["name"] for tool in tools)
         steps = budget.max_steps or (self.config.max_steps_agentic if agentic else 1)
         for index in range(steps):
-            if budget.exhausted(state.used_tokens):
+            if budget.exhausted(state.trajectory.usage):
                 return
             turn = Turn(index=index)
             started = time.monotonic()
@@ -74,11 +74,15 @@ class NativeEpisodeRunner(EpisodeRunner):
         """One generation on the conversation so far (and the turn's plan message), streaming
         content and reasoning; the engine's tool calls go to calls."""
         trajectory = state.trajectory
+        remaining = state.turn_tokens(self.config.max_tokens_per_turn)
+        if not remaining:  # planning spent the output budget: the turn is cut where it starts
+            state.last_finish = "length"
+            return
         content, reasoning, finish, usage, token_ids = [], [], None, None, None
         async for chunk in self.policy.stream_chat(
             native.messages(trajectory, upcoming=turn),
             tools=tools or None,
-            max_tokens=self.config.max_tokens_per_turn,
+            max_tokens=remaining,
             temperature=state.sampling.temperature,
             top_p=state.sampling.top_p or 1.0,
             chat_template_kwargs=native.served_kwargs(trajectory),

@@ -32,7 +32,7 @@ class ChatCompletionRequest(BaseModel):
     messages: list[ChatMessage] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_completion_tokens: int | None = Field(None, ge=1, description="The episode's token budget (Budget.max_tokens)")
+    max_completion_tokens: int | None = Field(None, ge=1, description="Most tokens the policy generates over the episode (Budget.max_output_tokens)")
     max_tokens: int | None = Field(None, ge=1, description="Older name of max_completion_tokens")
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)

@@ -111,8 +111,8 @@ def solve_request(body: schemas.ChatCompletionRequest, trajectory_id: str, max_l
         labels=_labels(body, max_label_chars),
     )
     tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    if tokens is not None:
-        request.budget.max_tokens = tokens
+    if tokens is not None:  # what the policy generates, as OpenAI counts it; prompts are the platform's
+        request.budget.max_output_tokens = tokens
     if body.temperature is not None or body.top_p is not None:  # unset: the executor's greedy defaults
         request.sampling.CopyFrom(Sampling(temperature=1.0 if body.temperature is None else body.temperature, top_p=body.top_p or 0.0))
     stop_words(body)  # checked before the episode runs

@@ -68,10 +68,10 @@ def test_the_conversation_around_the_last_user_message():
 
 def test_fields_that_map_onto_the_episode():
     solved = solve(max_completion_tokens=300, max_tokens=99, temperature=0.7, user="u-1", metadata={"app": "demo"})
-    assert solved.budget.max_tokens == 300  # max_completion_tokens wins over the older name
+    assert solved.budget.max_output_tokens == 300 and not solved.budget.max_tokens  # max_completion_tokens wins over the older name
     assert (round(solved.sampling.temperature, 6), solved.sampling.top_p) == (0.7, 0.0)  # top_p 0: 1.0
     assert dict(solved.labels) == {"app": "demo", "user": "u-1"}
-    assert solve(max_tokens=99).budget.max_tokens == 99
+    assert solve(max_tokens=99).budget.max_output_tokens == 99
     assert not solve().HasField("sampling")  # unset: the executor's greedy defaults
     assert solve(top_p=0.5).sampling.temperature == 1.0  # OpenAI's default temperature
     assert translate.stop_words(request(stop="END")) == ["END"]

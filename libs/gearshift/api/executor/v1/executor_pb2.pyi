@@ -8,14 +8,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Budget(_message.Message):
-    __slots__ = ("max_steps", "max_tokens", "max_wall_seconds")
+    __slots__ = ("max_steps", "max_tokens", "max_wall_seconds", "max_output_tokens")
     MAX_STEPS_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MAX_WALL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     max_steps: int
     max_tokens: int
     max_wall_seconds: float
-    def __init__(self, max_steps: _Optional[int] = ..., max_tokens: _Optional[int] = ..., max_wall_seconds: _Optional[float] = ...) -> None: ...
+    max_output_tokens: int
+    def __init__(self, max_steps: _Optional[int] = ..., max_tokens: _Optional[int] = ..., max_wall_seconds: _Optional[float] = ..., max_output_tokens: _Optional[int] = ...) -> None: ...
 
 class SolveRequest(_message.Message):
     __slots__ = ("query", "mode", "strategy", "budget", "reference_answer", "trajectory_id", "task_source", "split", "run_id", "labels", "purpose", "sampling", "conversation")
