@@ -171,8 +171,9 @@ class PolicyServerSettings(BaseModel):
     )
     chat_template: str | None = Field(
         None,
-        description="A Jinja chat template file that renders chat requests instead of the model's own (vLLM's "
-        "--chat-template; kept across hot switches); none: the model's",
+        description='A Jinja chat template file that renders chat requests (vLLM\'s --chat-template; kept across hot '
+        'switches), or "a2fm" (the shipped A^2FM template); none: the A^2FM template for the default policy, the '
+        "model's own for other weights",
     )
 
 

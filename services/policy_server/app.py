@@ -19,7 +19,7 @@ from gearshift.errors import GearshiftError, InvalidArgument, NotFound, Resource
 from gearshift.services.policy_server import logprobs
 from gearshift.services.policy_server.core import ChatJobs, Generation, PolicyEngine
 from gearshift.services.policy_server.generation import Delta, GenerationResult, TokenLogprob
-from gearshift.services.policy_server.parsing import OutputSplitter, Piece, split_output
+from gearshift.services.policy_server.parsing import Piece
 from gearshift.services.policy_server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -296,7 +296,7 @@ def _chat_logprobs(tokenizer, entries: list[TokenLogprob] | None) -> dict | None
 
 
 def _chat_choice(index: int, result: GenerationResult, chat: ChatJobs, tokenizer, body: ChatCompletionRequest) -> dict:
-    output = split_output(result.text, chat.parse_tools, raw=chat.raw)
+    output = chat.reply.split(result.text)
     message = {"role": "assistant", "content": output.content, "reasoning_content": output.reasoning_content}
     calls = output.tool_calls[: chat.max_tool_calls]
     if calls:
@@ -395,7 +395,7 @@ async def _chat_events(
 ) -> AsyncIterator[str]:
     meta = {**meta, "object": "chat.completion.chunk"}
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    splitters = [OutputSplitter(chat.parse_tools, parse_reasoning=not chat.raw) for _ in generations]
+    splitters = [chat.reply.splitter() for _ in generations]
     calls = [0] * len(generations)
     out = [_LogprobsOut() for _ in generations]
 

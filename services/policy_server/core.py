@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from gearshift import weights
+from gearshift import vllm_plugins, weights
 from gearshift.errors import InvalidArgument, NotFound
 from gearshift.services.policy_server.generation import GenerationResult, SamplingParams
+from gearshift.protocol import native_format
+from gearshift.services.policy_server.parsing import ReplyFormat
 from gearshift.services.policy_server.prompts import render_chat
 from gearshift.services.policy_server.scheduler import Scheduler, Sequence
 from gearshift.services.policy_server.schemas import (
@@ -36,6 +38,7 @@ from gearshift.services.policy_server.schemas import (
 from gearshift.settings import PolicyServerSettings
 
 log = logging.getLogger("gearshift.policy_server")
+A2FM = "a2fm"  # the chat_template setting naming the shipped A^2FM template
 
 
 class FieldRefused(InvalidArgument):
@@ -67,9 +70,17 @@ class ChatJobs:
     """The n jobs of a chat request (one prompt), and how their text is read back."""
 
     jobs: list[Job]
-    parse_tools: bool  # tools were given (and tool_choice is not "none"): read <tool_call> blocks
-    raw: bool  # a continued assistant message: the text comes back as generated, tags and all
+    reply: ReplyFormat
     max_tool_calls: int | None  # parallel_tool_calls false: 1
+
+
+@dataclass
+class ChatPrompt:
+    """A chat request's prompt text, and how its reply is read."""
+
+    text: str
+    reply: ReplyFormat
+    stop: list[str]  # stop words the format adds (the A^2FM step pauses after a call, ends after the answer)
 
 
 @dataclass
@@ -169,7 +180,10 @@ class PolicyEngine:
         self.settings = settings
         self.models_dir = models_dir
         self.served_name = settings.served_model_name
-        self.chat_template = Path(settings.chat_template).read_text() if settings.chat_template else None
+        self.a2fm_template = vllm_plugins.CHAT_TEMPLATE.read_text()
+        self.chat_template = None  # the setting's template, read once: kept across hot switches
+        if settings.chat_template:
+            self.chat_template = self.a2fm_template if settings.chat_template == A2FM else Path(settings.chat_template).read_text()
         self._current = loaded
         self.tally = Tally()
         self._switching = asyncio.Lock()
@@ -259,36 +273,51 @@ class PolicyEngine:
         loaded = self._current
         return [job for prompt in prompts for job in self._jobs(loaded, prompt, choices, special=True)]
 
-    def chat_prompt(self, loaded: weights.LoadedModel, request: ChatRendering) -> tuple[str, bool]:
+    def template_of(self, loaded: weights.LoadedModel) -> str | None:
+        """The chat template requests to these weights render with (None: the model's own): the
+        chat_template setting's, else the A^2FM template for the default policy."""
+        if self.chat_template is not None:
+            return self.chat_template
+        return self.a2fm_template if loaded.source == weights.DEFAULT else None
+
+    def chat_prompt(self, loaded: weights.LoadedModel, request: ChatRendering) -> ChatPrompt:
         """The prompt text of chat messages (with the tools, when given and tool_choice is not
-        "none"), and whether tool calls are to be read back."""
+        "none"), and how the reply is read."""
         messages = [message.as_template_dict() for message in request.messages]
         if not any(message["content"].strip() or message.get("tool_calls") for message in messages):
             raise InvalidArgument("messages are empty")
         use_tools = bool(request.tools) and request.tool_choice != "none"
         tools = [tool.model_dump(exclude_none=True) for tool in request.tools] if use_tools else None
         _check_tool_choice(request.tool_choice, tools)
+        template, kwargs = self.template_of(loaded), request.chat_template_kwargs or {}
         try:
-            prompt = render_chat(
-                loaded.tokenizer, messages, tools, request.add_generation_prompt, request.continue_final_message,
-                self.chat_template, request.chat_template_kwargs,
+            text = render_chat(
+                loaded.tokenizer, messages, tools, request.add_generation_prompt, request.continue_final_message, template, kwargs
             )
         except InvalidArgument:
             raise
         except Exception as exc:  # jinja raises whatever a template author chose (TemplateError, ...)
-            raise InvalidArgument(f"the model's chat template rejected these messages: {exc}") from None
-        return prompt, use_tools
+            raise InvalidArgument(f"the chat template rejected these messages: {exc}") from None
+        if template == self.a2fm_template and (use_tools or kwargs.get("enable_thinking") is not None):
+            # The A^2FM format in OpenAI's fields, as vLLM's a2fm parsers give it for the same
+            # requests; any other request reads its text as before (the text protocol's are raw).
+            state = native_format.generation_state(
+                messages, request.add_generation_prompt, request.continue_final_message, kwargs
+            )
+            return ChatPrompt(text, ReplyFormat(use_tools, a2fm_state=state), list(native_format.STOP_WORDS))
+        return ChatPrompt(text, ReplyFormat(use_tools and not request.continue_final_message, raw=request.continue_final_message), [])
 
     def chat_jobs(self, request: ChatCompletionRequest) -> ChatJobs:
         """The n jobs of a /v1/chat/completions request, and how to read their text back."""
         self.check_model(request.model)
         choices = self._params(request)
         loaded = self._current
-        prompt, use_tools = self.chat_prompt(loaded, request)
+        prompt = self.chat_prompt(loaded, request)
+        for params in choices:
+            params.stop += [word for word in prompt.stop if word not in params.stop]
         return ChatJobs(
-            jobs=self._jobs(loaded, prompt, choices, special=False),
-            parse_tools=use_tools and not request.continue_final_message,  # a continuation comes back raw
-            raw=request.continue_final_message,
+            jobs=self._jobs(loaded, prompt.text, choices, special=False),
+            reply=prompt.reply,
             max_tool_calls=1 if request.parallel_tool_calls is False else None,
         )
 
@@ -299,8 +328,7 @@ class PolicyEngine:
         if request.messages is None:
             special = True if request.add_special_tokens is None else request.add_special_tokens
             return self._prompt_ids(loaded, request.prompt or "", special, 0)
-        prompt, _ = self.chat_prompt(loaded, request)
-        return self._prompt_ids(loaded, prompt, bool(request.add_special_tokens), 0)
+        return self._prompt_ids(loaded, self.chat_prompt(loaded, request).text, bool(request.add_special_tokens), 0)
 
     def detokenize(self, request: DetokenizeRequest) -> str:
         self.check_model(request.model)

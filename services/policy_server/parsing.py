@@ -10,6 +10,9 @@ Tool calls (only when the request gave tools): each <tool_call>...</tool_call> b
   - Qwen3-Coder XML:   <function=f><parameter=x>1</parameter></function>
 A block that parses into none of these stays in the content verbatim, so nothing is lost. A block
 left open at the end (generation stopped at the `</tool_call>` stop word) is parsed too.
+
+Replies of the A^2FM chat template that ask for OpenAI's fields are read by
+gearshift.protocol.native_format instead, as vLLM's a2fm parsers read them (ReplyFormat).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
+
+from gearshift.protocol import native_format
 
 REASONING_TAGS = {"<think>": "</think>", "<reasoning>": "</reasoning>"}
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
@@ -199,3 +204,27 @@ def split_output(text: str, parse_tools: bool, raw: bool = False) -> ChatOutput:
     reasoning = trim("".join(p.text for p in pieces if p.kind == "reasoning"))
     calls = [p.call for p in pieces if p.kind == "tool_call"]
     return ChatOutput(content or None, reasoning or None, calls)
+
+
+@dataclass
+class ReplyFormat:
+    """How a chat reply's text becomes content, reasoning_content and tool_calls: this module's
+    split, or (a2fm_state set) the A^2FM chat format's, as vLLM's a2fm parsers read it
+    (gearshift.protocol.native_format: the deliberation as reasoning, the answer's text as
+    content, the dict-line blocks as calls), starting where the prompt left the A^2FM step."""
+
+    parse_tools: bool
+    raw: bool = False  # a continued assistant message: the text as generated, tags and all
+    a2fm_state: str | None = None
+
+    def splitter(self) -> OutputSplitter | native_format.Splitter:
+        """A fresh incremental splitter; both kinds give Pieces of kind content, reasoning, tool_call."""
+        if self.a2fm_state is not None:
+            return native_format.Splitter(self.a2fm_state, self.parse_tools)
+        return OutputSplitter(self.parse_tools, parse_reasoning=not self.raw)
+
+    def split(self, text: str) -> ChatOutput:
+        if self.a2fm_state is not None:
+            parsed = native_format.parse(text, self.a2fm_state, self.parse_tools)
+            return ChatOutput(parsed.content, parsed.reasoning, parsed.tool_calls)
+        return split_output(text, self.parse_tools, self.raw)

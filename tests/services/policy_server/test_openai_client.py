@@ -194,6 +194,20 @@ async def test_streamed_completions_take_several_prompts(client):
     assert [texts[0], texts[1]] == [choice.text for choice in plain.choices]
 
 
+async def test_a_client_leaving_an_n_stream_stops_every_choice(policy_server):
+    from tests.services.policy_server.test_api import settled
+
+    assert await settled(policy_server) == 0
+    body = {"prompt": "The sea", "n": 3, "max_tokens": 2000, "temperature": 1.0, "ignore_eos": True, "stream": True}
+    async with httpx.AsyncClient(base_url=policy_server.base_url, timeout=60) as http:
+        async with http.stream("POST", "/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: "):
+                    break
+            assert policy_server.engine.in_flight == 3
+    assert await settled(policy_server) == 0
+
+
 async def test_n_beyond_the_setting_is_400(client):
     with pytest.raises(openai.BadRequestError) as raised:
         await client.chat.completions.create(model="smollm2", messages=MESSAGES, n=17, max_tokens=2)
@@ -364,3 +378,74 @@ async def test_a_chat_template_of_the_servers_own_renders_tools_calls_and_templa
             extra = GREEDY["extra_body"] | {"chat_template_kwargs": {"mood": "calm"}}
             reply = await client.chat.completions.create(model="smollm2", messages=history, tools=TOOLS, **(GREEDY | {"extra_body": extra}))
             assert reply.usage.prompt_tokens == len(server.engine.current.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+# the A^2FM chat template (the default policy's)
+
+A2FM_STEP = (
+    "This question needs tools to answer reliably.\n<classification>\ntoolcalling_agent\n</classification>\n"
+    "<plan>multiply with python</plan>\n<tool_call>\n{'id': 1, 'name': 'python', 'arguments': {'code': 'print(48213 * 7719)'}}\n"
+    "{'id': 2, 'name': 'python', 'arguments': {'code': 'print(2 ** 10)'}}\n"
+)
+
+
+@pytest.fixture(scope="module")
+async def a2fm_server(tmp_path_factory, tiny_checkpoints):
+    """The tiny model served with the A^2FM template, as the default policy is."""
+    from gearshift.services.policy_server.server import running
+
+    from tests.services.policy_server.conftest import policy_settings
+
+    async with running(policy_settings(tmp_path_factory.mktemp("a2fm"), tiny_checkpoints[0], chat_template="a2fm")) as server:
+        yield server
+
+
+async def test_the_a2fm_template_writes_declared_tools_calls_and_results_as_the_protocol_does(a2fm_server):
+    from gearshift.protocol import a2fm, native_format
+
+    history = [
+        {"role": "user", "content": "What is 17*23?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_7", "type": "function", "function": {"name": "python", "arguments": '{"code": "print(17*23)"}'}}]},
+        {"role": "tool", "tool_call_id": "call_7", "content": "391"},
+    ]
+    async with httpx.AsyncClient(base_url=a2fm_server.base_url.removesuffix("/v1"), timeout=60) as root:
+        text = await prompt_text(root, messages=history, tools=TOOLS)
+        count = (await tokenized(root, messages=history, tools=TOOLS))["count"]
+    assert native_format.render_tools_line(TOOLS) in text  # "Tools: python(code) Runs Python code and returns what it prints."
+    assert "<tool_call>\n{'id': 1, 'name': 'python', 'arguments': {'code': 'print(17*23)'}}\n</tool_call>" in text
+    assert text.endswith(a2fm.tool_response([("1", "391")]))  # the turn goes on after the result: no new turn
+    async with openai.AsyncOpenAI(base_url=a2fm_server.base_url, api_key="unused", max_retries=0) as client:
+        reply = await client.chat.completions.create(model="smollm2", messages=history, tools=TOOLS, **GREEDY)
+    assert reply.usage.prompt_tokens == count
+
+
+async def test_a2fm_requests_asking_for_openais_fields_stop_where_the_step_pauses(a2fm_server):
+    from gearshift.protocol import native_format
+    from gearshift.services.policy_server.schemas import ChatCompletionRequest
+
+    engine = a2fm_server.engine
+    with_tools = engine.chat_jobs(ChatCompletionRequest(messages=MESSAGES, tools=TOOLS, stop=["END"]))
+    assert with_tools.jobs[0].params.stop == ["END", *native_format.STOP_WORDS]
+    assert with_tools.reply.a2fm_state == native_format.START and with_tools.reply.parse_tools
+    thinking = engine.chat_jobs(ChatCompletionRequest(messages=MESSAGES, chat_template_kwargs={"enable_thinking": True}))
+    assert thinking.reply.a2fm_state == native_format.DELIBERATE and not thinking.reply.parse_tools
+    plain = engine.chat_jobs(ChatCompletionRequest(messages=MESSAGES))  # the text protocol's requests: as before
+    assert plain.reply.a2fm_state is None and plain.jobs[0].params.stop == []
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 1000])
+def test_an_a2fm_step_reads_as_reasoning_and_parallel_calls_whole_and_streamed(size):
+    from gearshift.services.policy_server.parsing import ReplyFormat
+
+    reply = ReplyFormat(parse_tools=True, a2fm_state="start")
+    whole = reply.split(A2FM_STEP)
+    assert whole.reasoning_content.startswith("This question needs tools") and "<plan>multiply with python</plan>" in whole.reasoning_content
+    assert whole.content is None
+    assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in whole.tool_calls] == [
+        ("call_1", "python", '{"code": "print(48213 * 7719)"}'), ("call_2", "python", '{"code": "print(2 ** 10)"}')]
+    splitter = reply.splitter()
+    pieces = [piece for start in range(0, len(A2FM_STEP), size) for piece in splitter.feed(A2FM_STEP[start : start + size])]
+    pieces += splitter.finish()
+    assert "".join(p.text for p in pieces if p.kind == "reasoning") == whole.reasoning_content
+    assert [p.call for p in pieces if p.kind == "tool_call"] == whole.tool_calls
