@@ -155,6 +155,7 @@ def demo(data_dir: str | None, base_port: int | None) -> None:
     finally:
         stack.stop()
 
+
 def ask_the_gateway(settings: Settings, out) -> None:
     """The demo's first question again, through the OpenAI-compatible gateway with the official
     openai client (the dev extra, which `make install` installs): the answer, and the mode and
