@@ -172,8 +172,8 @@ class PolicyServerSettings(BaseModel):
     chat_template: str | None = Field(
         None,
         description='A Jinja chat template file that renders chat requests (vLLM\'s --chat-template; kept across hot '
-        'switches), or "a2fm" (the shipped A^2FM template); none: the A^2FM template for the default policy, the '
-        "model's own for other weights",
+        'switches), or "a2fm" (the shipped A^2FM template); none: the model\'s own, except that the default policy\'s '
+        "requests that declare tools or set enable_thinking get the A^2FM template",
     )
 
 

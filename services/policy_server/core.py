@@ -273,12 +273,15 @@ class PolicyEngine:
         loaded = self._current
         return [job for prompt in prompts for job in self._jobs(loaded, prompt, choices, special=True)]
 
-    def template_of(self, loaded: weights.LoadedModel) -> str | None:
-        """The chat template requests to these weights render with (None: the model's own): the
-        chat_template setting's, else the A^2FM template for the default policy."""
+    def template_of(self, loaded: weights.LoadedModel, native: bool) -> str | None:
+        """The chat template a request renders with (None: the model's own): the chat_template
+        setting's; else, for the default policy, the A^2FM template when the request asks for
+        OpenAI's native fields (declares tools or sets enable_thinking, the requests vLLM's a2fm
+        parsers read). The platform's own prompts (router, planner, judge, page summaries) ask for
+        neither and render with the model's template, as the default policy was taught on."""
         if self.chat_template is not None:
             return self.chat_template
-        return self.a2fm_template if loaded.source == weights.DEFAULT else None
+        return self.a2fm_template if native and loaded.source == weights.DEFAULT else None
 
     def chat_prompt(self, loaded: weights.LoadedModel, request: ChatRendering) -> ChatPrompt:
         """The prompt text of chat messages (with the tools, when given and tool_choice is not
@@ -289,7 +292,9 @@ class PolicyEngine:
         use_tools = bool(request.tools) and request.tool_choice != "none"
         tools = [tool.model_dump(exclude_none=True) for tool in request.tools] if use_tools else None
         _check_tool_choice(request.tool_choice, tools)
-        template, kwargs = self.template_of(loaded), request.chat_template_kwargs or {}
+        kwargs = request.chat_template_kwargs or {}
+        native = use_tools or kwargs.get("enable_thinking") is not None
+        template = self.template_of(loaded, native)
         try:
             text = render_chat(
                 loaded.tokenizer, messages, tools, request.add_generation_prompt, request.continue_final_message, template, kwargs
@@ -298,7 +303,7 @@ class PolicyEngine:
             raise
         except Exception as exc:  # jinja raises whatever a template author chose (TemplateError, ...)
             raise InvalidArgument(f"the chat template rejected these messages: {exc}") from None
-        if template == self.a2fm_template and (use_tools or kwargs.get("enable_thinking") is not None):
+        if native and template == self.a2fm_template:
             # The A^2FM format in OpenAI's fields, as vLLM's a2fm parsers give it for the same
             # requests; any other request reads its text as before (the text protocol's are raw).
             state = native_format.generation_state(

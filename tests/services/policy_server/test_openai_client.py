@@ -449,3 +449,22 @@ def test_an_a2fm_step_reads_as_reasoning_and_parallel_calls_whole_and_streamed(s
     pieces += splitter.finish()
     assert "".join(p.text for p in pieces if p.kind == "reasoning") == whole.reasoning_content
     assert [p.call for p in pieces if p.kind == "tool_call"] == whole.tool_calls
+
+
+def test_the_default_policy_gets_the_a2fm_template_only_for_requests_asking_for_native_fields(policy_server, tokenizer):
+    """The platform's own prompts (the planner's, the judge's: no tools) keep the model's template."""
+    import dataclasses
+
+    from gearshift.services.policy_server.schemas import ChatCompletionRequest
+
+    engine = policy_server.engine
+    default_policy = dataclasses.replace(engine.current, source=weights.DEFAULT)
+    plain = engine.chat_prompt(default_policy, ChatCompletionRequest(messages=MESSAGES))
+    assert plain.text == tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True) and not plain.stop
+    tools = engine.chat_prompt(default_policy, ChatCompletionRequest(messages=MESSAGES, tools=TOOLS))
+    assert tools.text.startswith("<|im_start|>system\nYou are an adaptive agent.") and "Tools: python(code)" in tools.text
+    assert tools.reply.a2fm_state == "start" and tools.stop == ["</tool_call>", "</answer>"]
+    thinking = engine.chat_prompt(default_policy, ChatCompletionRequest(messages=MESSAGES, chat_template_kwargs={"enable_thinking": False}))
+    assert thinking.text.endswith("<classification>\ndefault_agent\n</classification>\n<answer>")  # instant, pinned
+    other_weights = engine.chat_prompt(engine.current, ChatCompletionRequest(messages=MESSAGES, tools=TOOLS))
+    assert other_weights.text.startswith("<|im_start|>system\nYou may call one or more functions")  # hermes, as before
