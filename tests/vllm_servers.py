@@ -4,7 +4,11 @@ end-to-end tests' server (tests/e2e/conftest.py) plus what run-time weight loadi
 
 - VLLM_ALLOW_RUNTIME_LORA_UPDATING=True: /v1/load_lora_adapter and /v1/unload_lora_adapter;
 - --max-lora-rank: the project's LoRA rank (ModelConfig.lora_rank), so a trained adapter fits;
-- VLLM_SERVER_DEV_MODE=1: /collective_rpc (full weights reloaded in place) and /reset_prefix_cache.
+- VLLM_SERVER_DEV_MODE=1: /collective_rpc (full weights reloaded in place) and /reset_prefix_cache;
+- the A^2FM parsers (gearshift.vllm_plugins.vllm_args): requests that declare tools or set
+  enable_thinking get tool_calls and reasoning from the default policy's A^2FM blocks, every
+  other request its text as written; no server-wide chat template, so the base model and the
+  text protocol keep SmolLM2's: a request names the A^2FM one (--trust-request-chat-template).
 
 tests/conftest.py registers the session fixture for every test directory:
 
@@ -27,7 +31,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from gearshift import weights
+from gearshift import vllm_plugins, weights
 from gearshift.settings import Settings
 from gearshift.training.config import ModelConfig
 
@@ -51,6 +55,7 @@ def vllm_command(model: Path, port: int) -> list[str]:
         "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager",
         "--enable-lora", "--max-lora-rank", str(ModelConfig().lora_rank),
         "--lora-modules", f"{weights.DEFAULT}={weights.DEFAULT_ADAPTER}",
+        *vllm_plugins.vllm_args(chat_template=False), "--trust-request-chat-template",
     ]
 
 
