@@ -28,12 +28,10 @@ import itertools
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 
 import grpc
 import openai
@@ -44,30 +42,12 @@ from gearshift.clients import channel
 from gearshift.settings import Settings
 from gearshift.stack import Stack
 from gearshift.testing.postgres import scratch_database
+from gearshift.testing.scripted_policy import instant_policy_process
 
 BASE_PORT = 23700  # below the ephemeral range (32768-60999): no client socket can hold it
 QUESTION = "What is the capital of France?"
 WARM_UP = 20  # requests of each kind before the measured ones
 STREAMS_PER_CHANNEL = 50
-
-
-async def serve_stand_in() -> None:
-    """The stand-in policy, in a process of its own so that it does not share a core with the load."""
-    from gearshift.testing.scripted_policy import instant_policy, serve_scripted
-
-    async with serve_scripted(instant_policy, model="smollm2") as url:
-        print(url, flush=True)
-        await asyncio.Event().wait()
-
-
-@contextlib.contextmanager
-def stand_in_policy() -> Iterator[str]:
-    process = subprocess.Popen([sys.executable, __file__, "--serve-stand-in"], stdout=subprocess.PIPE, text=True)
-    try:
-        yield process.stdout.readline().strip()
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
 
 
 # One request of each kind: it raises unless the episode completed.
@@ -180,15 +160,11 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=64, help="concurrent streams for the throughput")
     parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds of each throughput run")
     parser.add_argument("--warmup-seconds", type=float, default=3.0, help="load before each measured run (not counted)")
-    parser.add_argument("--serve-stand-in", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve_stand_in:
-        asyncio.run(serve_stand_in())
-        return
     with scratch_database("gearshift_gateway_bench") as database_url, contextlib.ExitStack() as exits:
         os.environ["GEARSHIFT_DATABASE_URL"] = database_url  # the service processes read their settings from the environment
         os.environ["GEARSHIFT_LOG_LEVEL"] = "WARNING"
-        url = exits.enter_context(stand_in_policy())
+        url = exits.enter_context(instant_policy_process())
         settings = Settings(data_dir=tempfile.mkdtemp(prefix="gearshift-gateway-bench-"), database_url=database_url).with_policy(url, "smollm2")
         stack = Stack(settings, base_port=BASE_PORT, with_policy=False)
         stack.start()

@@ -29,12 +29,9 @@ import itertools
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
 
 import grpc
 import psutil
@@ -45,31 +42,13 @@ from gearshift.clients import channel
 from gearshift.settings import Settings
 from gearshift.stack import Stack
 from gearshift.testing.postgres import scratch_database
+from gearshift.testing.scripted_policy import instant_policy_process
 
 BASE_PORT = 23500  # below the ephemeral range (32768-60999): no client socket can hold it
 STREAMS_PER_CHANNEL = 50
 RSS_SAMPLE_SECONDS = 5.0
 SCRIPTED_MODES = [Mode.MODE_INSTANT, Mode.MODE_REASONING, Mode.MODE_AGENTIC]
 MODEL_MODES = [Mode.MODE_INSTANT, Mode.MODE_REASONING, Mode.MODE_AGENTIC, Mode.MODE_UNSPECIFIED]
-
-
-async def serve_stand_in() -> None:
-    """The stand-in policy, in a process of its own so that it does not share a core with the load."""
-    from gearshift.testing.scripted_policy import instant_policy, serve_scripted
-
-    async with serve_scripted(instant_policy, model="smollm2") as url:
-        print(url, flush=True)
-        await asyncio.Event().wait()
-
-
-@contextlib.contextmanager
-def stand_in_policy() -> Iterator[str]:
-    process = subprocess.Popen([sys.executable, __file__, "--serve-stand-in"], stdout=subprocess.PIPE, text=True)
-    try:
-        yield process.stdout.readline().strip()
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
 
 
 # Postgres and the stack
@@ -182,11 +161,7 @@ def main() -> None:
     parser.add_argument("--drain-seconds", type=float, default=120.0, help="then how long running ones may finish")
     parser.add_argument("--warmup-seconds", type=float, default=10.0, help="full load before the measured time (not counted)")
     parser.add_argument("--model", action="store_true", help="the real SmolLM2 on the built-in policy server")
-    parser.add_argument("--serve-stand-in", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve_stand_in:
-        asyncio.run(serve_stand_in())
-        return
     with scratch_database("gearshift_load") as database_url, contextlib.ExitStack() as exits:
         data_dir = tempfile.mkdtemp(prefix="gearshift-load-")
         # The service processes read their settings from the environment.
@@ -196,7 +171,7 @@ def main() -> None:
             os.environ["GEARSHIFT_POLICY_SERVER__MODEL"] = str(weights.cache_smollm2(Settings().data_dir / "models"))
             settings, modes = Settings(data_dir=data_dir, database_url=database_url), MODEL_MODES
         else:
-            url = exits.enter_context(stand_in_policy())
+            url = exits.enter_context(instant_policy_process())
             settings, modes = Settings(data_dir=data_dir, database_url=database_url).with_policy(url, "smollm2"), SCRIPTED_MODES
         stack = Stack(settings, base_port=BASE_PORT, with_policy=args.model)
         stack.start()

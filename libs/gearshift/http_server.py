@@ -14,13 +14,35 @@ import signal
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import uvicorn
 import uvloop
 
 from gearshift.server import configure_logging
 from gearshift.settings import Settings, get_settings
+
+T = TypeVar("T")
+DISCONNECT_POLL_SECONDS = 0.2
+
+
+class ClientGone(Exception):
+    """The client hung up before its reply was ready."""
+
+
+async def unless_disconnected(request, work: Awaitable[T]) -> T:
+    """Awaits work, cancelling it when the client of request (a Starlette request) hangs up:
+    ClientGone then. A caller that gave up must not keep a generation or an episode running."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                raise ClientGone()
+    finally:
+        task.cancel()
 
 log = logging.getLogger("gearshift.http_server")
 

@@ -14,7 +14,8 @@ from fastapi.responses import JSONResponse, Response
 from gearshift.api.executor.v1 import executor_pb2_grpc
 from gearshift.interceptors import request_id
 from gearshift.services.gateway import translate
-from gearshift.services.gateway.completions import ClientGone, Completion
+from gearshift.http_server import ClientGone
+from gearshift.services.gateway.completions import Completion
 from gearshift.services.gateway.errors import ApiError, error_response
 from gearshift.services.gateway.feedback import FeedbackDesk
 from gearshift.services.gateway.middleware import BearerAuth, BodyLimit, GatewayMetrics, Metrics, RequestIds

@@ -15,6 +15,7 @@ import grpc
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 from gearshift.api.common.v1.common_pb2 import Trajectory
+from gearshift.http_server import ClientGone, unless_disconnected
 from gearshift.interceptors import request_id
 from gearshift.services.gateway import translate
 from gearshift.services.gateway.errors import ApiError, error_body, from_rpc
@@ -23,11 +24,6 @@ from gearshift.services.gateway.text_stream import Delta
 
 log = logging.getLogger("gearshift.gateway")
 T = TypeVar("T")
-DISCONNECT_POLL_SECONDS = 0.2
-
-
-class ClientGone(Exception):
-    """The client hung up before its reply was ready."""
 
 
 @dataclass
@@ -48,13 +44,13 @@ class Completion:
 
     async def whole(self, request: Request) -> dict:
         """Runs the episode to its end; the completion object."""
-        trajectory = await unless_disconnected(request, self._run(), self)
+        trajectory = await _unless_disconnected(request, self._run(), self)
         return translate.completion(trajectory, self.model, self.created, self.view.routing_seconds, self.view.stop.words)
 
     async def first_event(self, request: Request) -> Delta:
         """Waits for the mode decision, so that a refused request is an HTTP error, not an error
         event in a stream already answered 200."""
-        return await unless_disconnected(request, self._next(), self)
+        return await _unless_disconnected(request, self._next(), self)
 
     def stream(self, first: Delta, headers: dict) -> StreamingResponse:
         return EventStream(self._events(first), media_type="text/event-stream", headers={"Cache-Control": "no-cache", **headers})
@@ -131,20 +127,13 @@ class EventStream(StreamingResponse):
             await self.body_iterator.aclose()
 
 
-async def unless_disconnected(request: Request, work: Awaitable[T], completion: Completion) -> T:
+async def _unless_disconnected(request: Request, work: Awaitable[T], completion: Completion) -> T:
     """Awaits work, cancelling the Solve call when the client hangs up."""
-    task = asyncio.ensure_future(work)
     try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                raise ClientGone()
-    finally:
-        if not task.done():
-            task.cancel()
-            completion.cancel()
+        return await unless_disconnected(request, work)
+    except (ClientGone, asyncio.CancelledError):
+        completion.cancel()
+        raise
 
 
 def _sse(payload: dict | str) -> str:

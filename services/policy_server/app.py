@@ -8,14 +8,14 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
-from typing import TypeVar
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from gearshift.errors import GearshiftError, InvalidArgument, NotFound, ResourceExhausted, Unauthenticated, Unavailable
+from gearshift.http_server import ClientGone, unless_disconnected
 from gearshift.services.policy_server import logprobs
 from gearshift.services.policy_server.core import ChatJobs, Generation, PolicyEngine
 from gearshift.services.policy_server.generation import Delta, GenerationResult, TokenLogprob
@@ -33,8 +33,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.exceptions import HTTPException
 
 log = logging.getLogger("gearshift.policy_server.http")
-T = TypeVar("T")
-DISCONNECT_POLL_SECONDS = 0.2
 
 HTTP_STATUS = {InvalidArgument: 400, Unauthenticated: 401, NotFound: 404, ResourceExhausted: 429, Unavailable: 503}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error"}
@@ -203,7 +201,7 @@ def create_app(engine: PolicyEngine) -> FastAPI:
         meta = {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()), "model": engine.served_name}
         if body.stream:
             return _stream(_completion_events(generations, tokenizer, meta, body))
-        results = await _unless_disconnected(request, _all_results(generations))
+        results = await unless_disconnected(request, _all_results(generations))
         choices = [
             {"index": i, "text": r.text, "finish_reason": r.finish_reason, "logprobs": _completion_logprobs(tokenizer, r.logprobs)}
             | _token_ids(body, r)
@@ -219,7 +217,7 @@ def create_app(engine: PolicyEngine) -> FastAPI:
         meta = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": engine.served_name}
         if body.stream:
             return _stream(_chat_events(generations, chat, tokenizer, meta, body))
-        results = await _unless_disconnected(request, _all_results(generations))
+        results = await unless_disconnected(request, _all_results(generations))
         choices = [_chat_choice(i, result, chat, tokenizer, body) for i, result in enumerate(results)]
         return {**meta, "object": "chat.completion", "choices": choices, "usage": _usage(results, body.n)}
 
@@ -245,25 +243,6 @@ def create_app(engine: PolicyEngine) -> FastAPI:
         return asdict(await engine.switch(body.model, body.served_model_name))
 
     return app
-
-
-class ClientGone(Exception):
-    """The client hung up before its reply was ready."""
-
-
-async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Awaits work, cancelling it (and so the generation) when the client hangs up: a caller
-    that gave up must not keep the one generation thread busy."""
-    task = asyncio.ensure_future(work)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                raise ClientGone()
-    finally:
-        task.cancel()
 
 
 def _stream(events: AsyncIterator[str]) -> StreamingResponse:

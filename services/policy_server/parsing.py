@@ -92,17 +92,6 @@ def parse_tool_block(body: str) -> list[dict] | None:
     return calls
 
 
-def _held_back(text: str, tags: list[str]) -> int:
-    """Length of the longest end of text that could still grow into one of the tags."""
-    longest = 0
-    for tag in tags:
-        for size in range(min(len(tag) - 1, len(text)), longest, -1):
-            if text.endswith(tag[:size]):
-                longest = size
-                break
-    return longest
-
-
 @dataclass
 class Piece:
     """A part of the output: kind is "content", "reasoning" or "tool_call" (then call is set)."""
@@ -136,7 +125,7 @@ class OutputSplitter:
                 hits = [(self._buffer.find(tag), tag) for tag in self._open_tags()]
                 hits = [(index, tag) for index, tag in hits if index >= 0]
                 if not hits:
-                    keep = _held_back(self._buffer, self._open_tags())
+                    keep = native_format.held_back(self._buffer, self._open_tags())
                     self._emit(pieces, "content", self._buffer[: len(self._buffer) - keep])
                     self._buffer = self._buffer[len(self._buffer) - keep :]
                     break
@@ -148,7 +137,7 @@ class OutputSplitter:
                 index = self._buffer.find(self._close)
                 if index < 0:
                     if self._state == "reasoning":
-                        keep = _held_back(self._buffer, [self._close])
+                        keep = native_format.held_back(self._buffer, [self._close])
                         self._emit(pieces, "reasoning", self._buffer[: len(self._buffer) - keep])
                         self._buffer = self._buffer[len(self._buffer) - keep :]
                     break

@@ -2,7 +2,9 @@
 thread with its own event loop, since the trainers are synchronous), and job configs."""
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import Iterator
 
 import pytest
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
@@ -85,12 +87,20 @@ class StoreThread:
         return self.call(get())
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    settings = Settings(data_dir=tmp_path_factory.mktemp("store"), metrics_port=0, log_level="WARNING")
+@contextlib.contextmanager
+def running_store(settings: Settings) -> Iterator[StoreThread]:
+    """The store service on its own thread for the duration of a block."""
     server = StoreThread(settings)
     server.thread.start()
     assert server.ready.wait(30)
-    yield server
-    server.loop.call_soon_threadsafe(server.stop.set)
-    server.thread.join(10)
+    try:
+        yield server
+    finally:
+        server.loop.call_soon_threadsafe(server.stop.set)
+        server.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    with running_store(Settings(data_dir=tmp_path_factory.mktemp("store"), metrics_port=0, log_level="WARNING")) as server:
+        yield server

@@ -23,7 +23,7 @@ from gearshift.testing.postgres import scratch_database
 from gearshift.training.config import DataConfig
 from gearshift.training.data import load_trajectories
 
-from tests.jobs.conftest import StoreThread
+from tests.jobs.conftest import running_store
 from tests.libs.training.served import CONVERSATION, JUDGED_CORRECT, WELL_FORMED_CORRECT, ids, store_traffic
 
 
@@ -32,12 +32,8 @@ def store(tmp_path_factory):
     """The store service on a Postgres database of its own."""
     with scratch_database("gearshift_jobs_feedback") as url:
         settings = Settings(data_dir=tmp_path_factory.mktemp("store"), metrics_port=0, log_level="WARNING", database_url=url)
-        server = StoreThread(settings)
-        server.thread.start()
-        assert server.ready.wait(30)
-        yield server
-        server.loop.call_soon_threadsafe(server.stop.set)
-        server.thread.join(10)
+        with running_store(settings) as server:
+            yield server
 
 
 @pytest.fixture(scope="module")

@@ -183,7 +183,7 @@ def calls_of_line(line: str) -> list[tuple[object, str, str]] | None:
     return calls if calls and all(calls) else None
 
 
-def _held_back(text: str, tags: tuple[str, ...]) -> int:
+def held_back(text: str, tags: tuple[str, ...] | list[str]) -> int:
     """Length of the longest end of text that could still grow into one of the tags."""
     longest = 0
     for tag in tags:
@@ -266,7 +266,7 @@ class Splitter:
     def _deliberate(self, pieces: list[Piece]) -> bool:
         at, tag = _first(self._buffer, ACTION_OPENERS)
         if at < 0:
-            keep = _held_back(self._buffer, ACTION_OPENERS)
+            keep = held_back(self._buffer, ACTION_OPENERS)
             self._emit(pieces, "reasoning", self._buffer[: len(self._buffer) - keep])
             self._buffer = self._buffer[len(self._buffer) - keep:]
             return False
@@ -277,7 +277,7 @@ class Splitter:
     def _answer(self, pieces: list[Piece]) -> bool:
         at = self._buffer.find(ANSWER_CLOSE)
         if at < 0:
-            keep = _held_back(self._buffer, (ANSWER_CLOSE,))
+            keep = held_back(self._buffer, (ANSWER_CLOSE,))
             self._emit(pieces, "content", self._buffer[: len(self._buffer) - keep])
             self._buffer = self._buffer[len(self._buffer) - keep:]
             return False
@@ -306,7 +306,7 @@ class Splitter:
     def _verbatim_block(self, pieces: list[Piece]) -> bool:
         at = self._buffer.find(TOOL_CLOSE)
         if at < 0:
-            keep = _held_back(self._buffer, (TOOL_CLOSE,))
+            keep = held_back(self._buffer, (TOOL_CLOSE,))
             self._emit(pieces, "content", self._buffer[: len(self._buffer) - keep])
             self._buffer = self._buffer[len(self._buffer) - keep:]
             return False
@@ -318,7 +318,7 @@ class Splitter:
     def _after(self, pieces: list[Piece]) -> bool:
         at, tag = _first(self._buffer, ACTION_OPENERS + (ANSWER_CLOSE,))
         if at < 0:
-            keep = _held_back(self._buffer, ACTION_OPENERS + (ANSWER_CLOSE,))
+            keep = held_back(self._buffer, ACTION_OPENERS + (ANSWER_CLOSE,))
             self._emit(pieces, "content", self._buffer[: len(self._buffer) - keep])
             self._buffer = self._buffer[len(self._buffer) - keep:]
             return False

@@ -6,7 +6,12 @@ use the real policy server with the real model. A function may answer a chat req
 dict, an assistant message with tool_calls and reasoning_content as an engine's parsers return
 it (endpoint.ChatReply): the native protocol's stand-in."""
 
+import asyncio
+import contextlib
 import functools
+import subprocess
+import sys
+from collections.abc import Iterator
 
 from gearshift.protocol.sr2am import PLAN_HEAD
 from gearshift.teaching.endpoint import Responder, _cut, _usage, reply, serve_function
@@ -35,3 +40,25 @@ def instant_policy(body: dict) -> str:
     if last.rstrip().endswith("<reasoning>"):
         return "France's capital is Paris.</reasoning>\n<answer>Paris</answer>"
     return "Searching.</plan>\n" + SEARCH_CALL
+
+
+@contextlib.contextmanager
+def instant_policy_process() -> Iterator[str]:
+    """instant_policy served as "smollm2" in a process of its own, so that it shares no core
+    with a benchmark's load; yields its base URL."""
+    process = subprocess.Popen([sys.executable, "-m", __name__], stdout=subprocess.PIPE, text=True)
+    try:
+        yield process.stdout.readline().strip()
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+async def _serve_instant_policy() -> None:
+    async with serve_scripted(instant_policy, model="smollm2") as url:
+        print(url, flush=True)
+        await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    asyncio.run(_serve_instant_policy())

@@ -9,14 +9,12 @@ import pytest
 from gearshift.api.common.v1.common_pb2 import ChatMessage, ChatRole, Conversation, Mode, TrajectoryStatus
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.clients import channel
-from gearshift.embedded import embedded
 from gearshift.protocol import prompts
-from gearshift.testing.scripted_policy import serve_scripted
 from gearshift.training import tokenization
 from gearshift.training.tiny import tiny_checkpoint
 from transformers import AutoTokenizer
 
-from tests.services.executor.test_episode import scripted_model, solve, stored
+from tests.services.executor.test_episode import solve, stored
 
 INSTRUCTIONS = "Answer as a pirate would."
 CONVERSATION = Conversation(instructions=INSTRUCTIONS, messages=[
@@ -30,21 +28,6 @@ QUERY = "And what is 17*23?"
 def tokenizer(tmp_path_factory):
     """The default policy's tokenizer (SmolLM2's), from a tiny checkpoint that ships it."""
     return AutoTokenizer.from_pretrained(tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "tiny"), local_files_only=True)
-
-
-@pytest.fixture
-async def recorded(settings, postgres_url):
-    """The stack on a scripted policy that keeps every request body it was sent."""
-    bodies: list[dict] = []
-
-    def model(body: dict) -> str:
-        bodies.append(body)
-        return scripted_model(body)
-
-    async with serve_scripted(model) as policy_url:
-        base = settings.with_policy(policy_url).model_copy(update={"database_url": postgres_url})
-        async with embedded(base) as platform:
-            yield platform.settings, bodies
 
 
 async def test_every_model_call_sees_the_conversation_after_the_platform_prompt(recorded):

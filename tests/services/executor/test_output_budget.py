@@ -6,24 +6,8 @@ from __future__ import annotations
 import pytest
 from gearshift.api.common.v1.common_pb2 import Mode, TrajectoryStatus
 from gearshift.api.executor.v1 import executor_pb2
-from gearshift.embedded import embedded
-from gearshift.testing.scripted_policy import serve_scripted
 
-from tests.services.executor.test_episode import scripted_model, solve
-
-
-@pytest.fixture
-async def recorded(settings, postgres_url):
-    bodies: list[dict] = []
-
-    def model(body: dict) -> str:
-        bodies.append(body)
-        return scripted_model(body)
-
-    async with serve_scripted(model) as policy_url:
-        base = settings.with_policy(policy_url).model_copy(update={"database_url": postgres_url})
-        async with embedded(base) as platform:
-            yield platform.settings, bodies
+from tests.services.executor.test_episode import solve
 
 
 async def test_generations_stay_within_the_output_budget(recorded):
