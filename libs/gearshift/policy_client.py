@@ -40,6 +40,7 @@ from gearshift.errors import (
     Unauthenticated,
     Unavailable,
 )
+from gearshift import vllm_plugins
 from gearshift.settings import Settings, get_settings
 
 RETRYABLE_STATUS = {429, 500, 502, 503, 504}
@@ -188,6 +189,7 @@ class PolicyClient:
         backoff: float = 0.5,
         connect_timeout: float = 5.0,
         token_ids: bool = False,
+        chat_template: str | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         self.model = model  # what the settings name: a served model, or an alias of versioned names
@@ -196,6 +198,7 @@ class PolicyClient:
         self.retries = retries
         self.backoff = backoff
         self._token_ids = {"return_token_ids": True} if token_ids else {}
+        self.chat_template = chat_template  # the native protocol's requests carry it (None: the server's)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=timeout)
         self._http: aiohttp.ClientSession | None = None  # made on first use, inside the running loop
@@ -212,6 +215,7 @@ class PolicyClient:
             retries=client.retries,
             backoff=client.backoff_seconds,
             token_ids=client.return_token_ids,
+            chat_template=vllm_plugins.chat_template_text(client.chat_template),
         )
 
     async def __aenter__(self) -> PolicyClient:
@@ -279,15 +283,15 @@ class PolicyClient:
         except READ_TIMEOUTS as exc:
             raise DeadlineExceeded(f"policy server {self._url(path, root)} did not answer in time: {exc!r}") from None
 
-    async def _open(self, path: str, body: dict) -> aiohttp.ClientResponse:
+    async def _open(self, path: str, body: dict, root: bool = False) -> aiohttp.ClientResponse:
         """Sends a POST with retries; returns a response with a 2xx status, body unread. A model
         the server stopped serving is followed to its alias's newest version, once."""
         try:
-            return await self._send(path, body)
+            return await self._send(path, body, root)
         except _ModelNotServed:
             if "model" not in body or not await self._follow_alias():
                 raise
-            return await self._send(path, body | {"model": self.served_model})
+            return await self._send(path, body | {"model": self.served_model}, root)
 
     async def _follow_alias(self) -> bool:
         """Moves served_model to the newest version of the alias self.model names; False when
@@ -301,12 +305,12 @@ class PolicyClient:
         self.served_model = newest
         return True
 
-    async def _send(self, path: str, body: dict) -> aiohttp.ClientResponse:
+    async def _send(self, path: str, body: dict, root: bool = False) -> aiohttp.ClientResponse:
         reason, status = "", None
         for attempt in range(self.retries + 1):
             response = None
             try:
-                response = await self._request("POST", path, json=body)
+                response = await self._request("POST", path, root, json=body)
             except aiohttp.ClientConnectionError as exc:  # refused, reset, dropped, connect timeout
                 reason, status = f"{type(exc).__name__}: {exc}", None
             else:
@@ -331,8 +335,8 @@ class PolicyClient:
         finally:
             response.release()
 
-    async def _post(self, path: str, body: dict) -> dict:
-        return await self._json(await self._open(path, body), path)
+    async def _post(self, path: str, body: dict, root: bool = False) -> dict:
+        return await self._json(await self._open(path, body, root), path)
 
     async def _events(self, path: str, body: dict) -> AsyncIterator[dict]:
         """The JSON events of a server-sent-event stream, up to [DONE]. Leaving early closes the
@@ -417,6 +421,17 @@ class PolicyClient:
             message=message,
             token_ids=choice.get("token_ids"),
         )
+
+    async def render_chat(self, messages: list[dict], *, tools: list[dict] | None = None, chat_template_kwargs: dict | None = None,
+                          continue_final_message: bool = False) -> str:
+        """The prompt text the engine's chat template makes of chat messages (its /tokenize, then
+        /detokenize, on vLLM and the built-in server alike), for a completion that goes on from
+        it: a chat completion comes back split by the engine's parsers, a completion as sampled."""
+        body = {"model": self.served_model, "messages": messages, "tools": tools, "chat_template_kwargs": chat_template_kwargs,
+                "chat_template": self.chat_template, "add_generation_prompt": not continue_final_message,
+                "continue_final_message": continue_final_message}
+        tokens = (await self._post("/tokenize", {key: value for key, value in body.items() if value is not None}, root=True))["tokens"]
+        return (await self._post("/detokenize", {"model": self.served_model, "tokens": tokens}, root=True))["prompt"]
 
     async def stream(
         self,

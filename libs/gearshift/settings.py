@@ -109,6 +109,12 @@ class PolicyClientSettings(BaseModel):
         "functions, which the engine's parsers return as tool_calls and reasoning_content (vLLM with --tool-call-parser and "
         "--reasoning-parser, e.g. Qwen3 or Agents-A1)",
     )
+    chat_template: str | None = Field(
+        None,
+        description='The chat template the native protocol\'s requests carry (vLLM\'s request field `chat_template`, honoured by '
+        'a server started with --trust-request-chat-template): a Jinja file, or "a2fm" (the shipped A^2FM template); none: '
+        "the server's own (vLLM's --chat-template)",
+    )
 
 
 class PolicyServerSettings(BaseModel):

@@ -11,6 +11,7 @@ in native.py: the same episode, routing, planning, tools and wrap-up, other mode
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -262,14 +263,17 @@ class EpisodeRunner:
         state.inject(turn, opener)
         return event(turn.index, plan=executor_pb2.PlanMade(decision=turn.plan_decision, plan=turn.plan))
 
-    async def _decide(self, state: EpisodeState, turn: Turn, transcript: str = "") -> list[SampledSpan]:
+    async def _decide(self, state: EpisodeState, turn: Turn, transcript: str = "", native_messages: list[dict] | None = None) -> list[SampledSpan]:
         """Records the configurator's decision for the turn, and a new plan when it asks for one
-        and the planner writes one; returns what the policy sampled of them in the transcript.
-        Without a transcript, configurator and planner ask the policy with prompts of their own."""
+        and the planner writes one; returns what the policy sampled of them in the agent's
+        message: the text protocol's transcript, or the native protocol's chat messages."""
         belief = planner_pb2.BeliefState(
             query=state.trajectory.query, history=state.trajectory.turns, current_plan=state.plan, plan_progress=state.plan_progress,
             transcript=transcript, conversation=state.trajectory.conversation,
         )
+        if native_messages:
+            belief.native_messages_json = json.dumps(native_messages)
+            belief.native.CopyFrom(state.trajectory.native)
         decision = await self.down.planner.Regulate(planner_pb2.RegulateRequest(state=belief, sampling=state.explore))
         state.account(turn, decision.usage.input_tokens, decision.usage.output_tokens)
         turn.plan_decision = decision.decision

@@ -7,8 +7,9 @@ Routing, the budget, the sandbox calls, scoring and storing are EpisodeRunner's;
 loop differs. Per turn the request is the whole conversation so far, rebuilt from the trajectory
 by the function training renders it with:
 - instant: thinking off, no tools; reasoning: thinking on, no tools; one generation, the answer;
-- agentic: tools on; per turn the configurator (and planner) in their prompt form, a new plan
-  given as an assistant message before the generation, then the generation; its tool calls run
+- agentic: tools on; per turn the configurator (and planner) continue the conversation with the
+  SR2AM block (as in the text protocol's transcript), which is then the assistant message the
+  generation continues (continue_final_message); its tool calls run
   in parallel (malformed ones refused with a result the model reads) and come back as one `tool`
   message per call; an assistant message without tool calls is the answer."""
 
@@ -22,6 +23,7 @@ from collections.abc import AsyncIterator
 from gearshift.api.common.v1.common_pb2 import NativeRequest, PolicyProtocol, ToolResult, Turn
 from gearshift.api.executor.v1 import executor_pb2
 from gearshift.protocol import native
+from gearshift.protocol.sr2am import plan_block_separator
 from gearshift.services.executor.episode import Budget, EpisodeRunner, EpisodeState, event
 
 
@@ -48,8 +50,9 @@ class NativeEpisodeRunner(EpisodeRunner):
                 return
             turn = Turn(index=index)
             started = time.monotonic()
-            if agentic:
-                await self._decide(state, turn)  # prompt form: the native conversation holds no plan blocks
+            if agentic:  # the SR2AM block, as the policy goes on in its own message after "Plan:"
+                opening = {"role": "assistant", "content": plan_block_separator(first_turn=not index)}
+                await self._decide(state, turn, native_messages=[*native.messages(trajectory), opening])
                 yield event(index, plan=executor_pb2.PlanMade(decision=turn.plan_decision, plan=turn.plan))
             calls = []
             async for item in self._chat(state, turn, tools, calls):
@@ -71,21 +74,25 @@ class NativeEpisodeRunner(EpisodeRunner):
         # Steps used up: the trajectory ends without an answer (BUDGET_EXHAUSTED).
 
     async def _chat(self, state: EpisodeState, turn: Turn, tools: list[dict], calls: list) -> AsyncIterator[executor_pb2.SolveEvent]:
-        """One generation on the conversation so far (and the turn's plan message), streaming
-        content and reasoning; the engine's tool calls go to calls."""
+        """One generation on the conversation so far (continuing the turn's opening message, when
+        it has one), streaming content and reasoning; the engine's tool calls go to calls."""
         trajectory = state.trajectory
         remaining = state.turn_tokens(self.config.max_tokens_per_turn)
         if not remaining:  # planning spent the output budget: the turn is cut where it starts
             state.last_finish = "length"
             return
         content, reasoning, finish, usage, token_ids = [], [], None, None, None
+        opened = native.opening_message(turn) is not None
         async for chunk in self.policy.stream_chat(
             native.messages(trajectory, upcoming=turn),
+            continue_final_message=opened,
+            add_generation_prompt=not opened,
             tools=tools or None,
             max_tokens=remaining,
             temperature=state.sampling.temperature,
             top_p=state.sampling.top_p or 1.0,
             chat_template_kwargs=native.served_kwargs(trajectory),
+            **({"chat_template": self.policy.chat_template} if self.policy.chat_template else {}),
         ):
             if chunk.text:
                 content.append(chunk.text)

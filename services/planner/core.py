@@ -3,10 +3,11 @@ does not parse, a rule decides instead, so a weak model never stalls the episode
 
 from __future__ import annotations
 
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from gearshift.api.common.v1.common_pb2 import Conversation, Plan, PlanDecision, SampledSpan, Turn
+from gearshift.api.common.v1.common_pb2 import Conversation, NativeRequest, Plan, PlanDecision, SampledSpan, Turn
 from gearshift.errors import InvalidArgument
 from gearshift.policy_client import PolicyClient, sampling_options
 from gearshift.protocol import prompts
@@ -54,6 +55,29 @@ class Belief:
     progress: int
     transcript: str = ""  # the agent's message so far: plan in its context (BeliefState.transcript)
     conversation: Conversation | None = None  # the client's instructions and earlier turns
+    native_messages: list[dict] = field(default_factory=list)  # the native protocol's form of transcript
+    native: NativeRequest | None = None  # the native episode's tools and chat template arguments
+
+    @property
+    def in_context(self) -> bool:
+        """Whether the policy continues the agent's own message (text or native), not a prompt."""
+        return bool(self.transcript or self.native_messages)
+
+
+@dataclass
+class Continuation:
+    """What the policy wrote after the agent's own message, as sampled."""
+
+    text: str
+    input_tokens: int
+    output_tokens: int
+    token_ids: list[int] | None
+
+    @classmethod
+    def of(cls, reply) -> Continuation:
+        """A chat completion's or a completion's reply."""
+        text = reply.text if hasattr(reply, "text") else reply.content or ""
+        return cls(text, reply.usage.prompt_tokens, reply.usage.completion_tokens, reply.token_ids)
 
 
 @dataclass
@@ -121,15 +145,13 @@ class SimulativePlanner:
 
     async def regulate(self, belief: Belief, sampling: dict | None = None) -> Decision:
         """The configurator's decision; sampling (temperature, top_p) defaults to greedy. With the
-        agent's message (belief.transcript) the decision is how the policy itself goes on after
+        agent's message (belief.in_context) the decision is how the policy itself goes on after
         "Plan:" there: a plan, an empty line (continue) or "None" (act), as its transcripts
         teach it; without, it is asked with a prompt of its own."""
         _check(belief)
-        if belief.transcript:
-            reply = await self.policy.chat(prompts.messages(belief.query, belief.transcript + PLAN_HEAD, belief.conversation),
-                                           max_tokens=self.config.regulate_max_tokens, **(sampling or sampling_options()),
-                                           continue_final_message=True, add_generation_prompt=False)
-            decision = decision_after_plan_head(reply.content or "")
+        if belief.in_context:
+            reply = await self._continue(belief, PLAN_HEAD, max_tokens=self.config.regulate_max_tokens, **(sampling or sampling_options()))
+            decision = decision_after_plan_head(reply.text)
         else:
             prompt = REGULATE_PROMPT.format(
                 query=belief.query,
@@ -137,44 +159,56 @@ class SimulativePlanner:
                 progress=f"{belief.progress} of {len(belief.plan.steps)}",
                 last=last_result(belief.history),
             )
-            reply = await self.policy.chat([{"role": "user", "content": prompt}], max_tokens=self.config.regulate_max_tokens,
-                                           **(sampling or sampling_options()))
-            decision = parse_decision(reply.content or "")
+            reply = Continuation.of(await self.policy.chat([{"role": "user", "content": prompt}],
+                                                           max_tokens=self.config.regulate_max_tokens, **(sampling or sampling_options())))
+            decision = parse_decision(reply.text)
         usable = decision is not None and not (decision == PlanDecision.PLAN_DECISION_CONTINUE and belief.progress >= len(belief.plan.steps))
         sampled = None
         if usable:
             rationale = f"policy chose {PlanDecision.Name(decision)}"
-            if belief.transcript:  # the policy continued its own "Plan:": the block's decision is its sample
+            if belief.in_context:  # the policy continued its own "Plan:": the block's decision is its sample
                 sampled = sampled_span(len(PLAN_HEAD), len(decision_text(decision)), reply.token_ids)
         else:
             decision = rule_decision(belief)
-            rationale = f"policy reply {reply.content!r:.40} was not a usable decision; rule chose {PlanDecision.Name(decision)}"
-        return Decision(decision, rationale, reply.usage.prompt_tokens, reply.usage.completion_tokens, sampled)
+            rationale = f"policy reply {reply.text!r:.40} was not a usable decision; rule chose {PlanDecision.Name(decision)}"
+        return Decision(decision, rationale, reply.input_tokens, reply.output_tokens, sampled)
 
     async def plan(self, belief: Belief, max_horizon: int, sampling: dict | None = None) -> PlanResult:
         """A simulative plan of at most max_horizon steps; sampling defaults to greedy."""
         _check(belief)
         horizon = min(max_horizon or self.config.max_horizon, self.config.max_horizon)
         opener = PLAN_OPENER
-        if belief.transcript:  # continue the agent's own message, as in the transcripts it learns from
-            messages = prompts.messages(belief.query, belief.transcript + opener, belief.conversation)
+        options = {"max_tokens": self.config.max_tokens, "stop": PLAN_STOP, **(sampling or sampling_options())}
+        if belief.in_context:  # continue the agent's own message, as in the transcripts it learns from
+            reply = await self._continue(belief, opener, **options)
         else:
             prompt = PLAN_PROMPT.format(query=belief.query, last=last_result(belief.history), horizon=horizon)
-            messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": opener}]
-        reply = await self.policy.chat(
-            messages,
-            max_tokens=self.config.max_tokens,
-            stop=PLAN_STOP,
-            **(sampling or sampling_options()),
-            continue_final_message=True,
-            add_generation_prompt=False,
-        )
-        text = opener + (reply.content or "")
+            reply = Continuation.of(await self.policy.chat([{"role": "user", "content": prompt}, {"role": "assistant", "content": opener}],
+                                                           **options, continue_final_message=True, add_generation_prompt=False))
+        text = opener + reply.text
         parsed = parse_plan_block(text)
         plan = complete_steps(parsed.plan, horizon) if parsed else Plan()
         # In the agent's message the plan is its own sample, up to the line plan_block ends it with.
-        sampled = sampled_span(len(opener), len(render_plan(plan)) + 1, reply.token_ids) if belief.transcript and plan.steps else None
-        return PlanResult(plan, text, reply.usage.prompt_tokens, reply.usage.completion_tokens, sampled)
+        sampled = sampled_span(len(opener), len(render_plan(plan)) + 1, reply.token_ids) if belief.in_context and plan.steps else None
+        return PlanResult(plan, text, reply.input_tokens, reply.output_tokens, sampled)
+
+    async def _continue(self, belief: Belief, opener: str, **options) -> Continuation:
+        """The policy's continuation of the agent's own message after opener: the text protocol's
+        transcript (a continued assistant message), or the native conversation's last message,
+        rendered by the engine's chat template as the episode's requests are and continued raw
+        (a chat completion would come back split by the engine's parsers)."""
+        if not belief.native_messages:
+            return Continuation.of(await self.policy.chat(prompts.messages(belief.query, belief.transcript + opener, belief.conversation),
+                                                          **options, continue_final_message=True, add_generation_prompt=False))
+        *earlier, last = belief.native_messages
+        native = belief.native or NativeRequest()
+        prompt = await self.policy.render_chat(
+            [*earlier, {**last, "content": (last.get("content") or "") + opener}],
+            tools=json.loads(native.tools_json) if native.tools_json else None,
+            chat_template_kwargs=json.loads(native.chat_template_kwargs_json or "{}") or None,
+            continue_final_message=True,
+        )
+        return Continuation.of(await self.policy.complete(prompt, **options))
 
 
 def decision_text(decision: int) -> str:

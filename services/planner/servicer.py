@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from gearshift.api.common.v1.common_pb2 import TokenUsage
 from gearshift.api.planner.v1 import planner_pb2, planner_pb2_grpc
 from gearshift.errors import InvalidArgument
@@ -25,7 +27,8 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             raise InvalidArgument(f"transcript longer than {self.limits.max_query_chars * 8} characters")
         prompts.check_conversation(state.conversation, self.limits.max_query_chars * 8)
         return Belief(state.query, list(state.history), state.current_plan, state.plan_progress, state.transcript,
-                      state.conversation)
+                      state.conversation, native_messages(state, self.limits.max_query_chars * 8),
+                      state.native if state.HasField("native") else None)
 
     async def Regulate(self, request: planner_pb2.RegulateRequest, context) -> planner_pb2.RegulateResponse:
         decision = await self.planner.regulate(self._belief(request.state), sampling_options(requested_sampling(request)))
@@ -46,3 +49,20 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
             usage=TokenUsage(input_tokens=result.input_tokens, output_tokens=result.output_tokens),
             sampled=result.sampled,
         )
+
+
+def native_messages(state: planner_pb2.BeliefState, max_chars: int) -> list[dict]:
+    """BeliefState.native_messages_json read: chat messages ending with an assistant message."""
+    if not state.native_messages_json:
+        return []
+    if len(state.native_messages_json) > max_chars:
+        raise InvalidArgument(f"native_messages_json longer than {max_chars} characters")
+    try:
+        messages = json.loads(state.native_messages_json)
+    except ValueError as exc:
+        raise InvalidArgument(f"native_messages_json is not JSON: {exc}") from None
+    if not (isinstance(messages, list) and messages and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)):
+        raise InvalidArgument("native_messages_json must be a list of chat messages, each with a role")
+    if messages[-1]["role"] != "assistant" or not isinstance(messages[-1].get("content") or "", str):
+        raise InvalidArgument("native_messages_json must end with the assistant message the plan block opens")
+    return messages

@@ -38,8 +38,6 @@ from gearshift.services.policy_server.schemas import (
 from gearshift.settings import PolicyServerSettings
 
 log = logging.getLogger("gearshift.policy_server")
-A2FM = "a2fm"  # the chat_template setting naming the shipped A^2FM template
-
 
 class FieldRefused(InvalidArgument):
     """A request field this server cannot honour (a 400 whose `param` names it)."""
@@ -181,9 +179,7 @@ class PolicyEngine:
         self.models_dir = models_dir
         self.served_name = settings.served_model_name
         self.a2fm_template = vllm_plugins.CHAT_TEMPLATE.read_text()
-        self.chat_template = None  # the setting's template, read once: kept across hot switches
-        if settings.chat_template:
-            self.chat_template = self.a2fm_template if settings.chat_template == A2FM else Path(settings.chat_template).read_text()
+        self.chat_template = vllm_plugins.chat_template_text(settings.chat_template)  # read once: kept across hot switches
         self._current = loaded
         self.tally = Tally()
         self._switching = asyncio.Lock()

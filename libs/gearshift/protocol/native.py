@@ -6,7 +6,9 @@ declared as JSON-schema functions that the serving engine's parser returns as st
     system     SYSTEM_PROMPT, then the client's instructions (as prompts.messages)
     ...        the conversation's earlier turns
     user       the query
-    per turn:  [assistant: the new SR2AM plan block, when the configurator planned]
+    per turn:  [assistant: the turn's SR2AM opening, in agentic mode: the configurator's block
+                (a new plan, "Plan:" to continue one, "Plan: None" to act) as the text protocol
+                writes it, which the generation continues (continue_final_message)]
                assistant: content + tool_calls (+ reasoning), as the engine returned them
                tool: one message per call, with its call id
     the answer: an assistant message without tool_calls (its content)
@@ -33,7 +35,7 @@ from gearshift.api.common.v1.common_pb2 import (
 )
 from gearshift.protocol.a2fm import MAX_PARALLEL_CALLS
 from gearshift.protocol.prompts import ROLE_NAMES
-from gearshift.protocol.sr2am import render_plan
+from gearshift.protocol.sr2am import plan_block
 
 # Protocol-neutral: no tag format; the engine's chat template and parsers carry the structure.
 SYSTEM_PROMPT = """You are an adaptive agent. Answer the user's question correctly and as briefly as it allows.
@@ -85,12 +87,14 @@ def prompt_messages(query: str, conversation: Conversation | None = None) -> lis
     return [{"role": "system", "content": system}, *earlier, {"role": "user", "content": query}]
 
 
-def plan_message(turn: Turn) -> dict | None:
-    """The assistant message holding the turn's new plan block, given to the policy before its
-    generation (the text protocol's plan block, where it stands there); None without a new plan."""
-    if turn.plan_decision != PlanDecision.PLAN_DECISION_PLAN_NEW or not turn.plan.steps:
+def opening_message(turn: Turn) -> dict | None:
+    """The assistant message a regulated turn's generation continues: the SR2AM block of the
+    configurator's decision and the opener after the first one, character for character as the
+    text protocol's transcript holds them (sr2am.plan_block); None for a turn not regulated."""
+    if turn.plan_decision == PlanDecision.PLAN_DECISION_UNSPECIFIED:
         return None
-    return {"role": "assistant", "content": render_plan(turn.plan)}
+    block, opener = plan_block(turn.plan_decision, turn.plan, first_turn=turn.index == 0)
+    return {"role": "assistant", "content": block + opener}
 
 
 def assistant_message(turn: Turn) -> dict:
@@ -113,19 +117,19 @@ def tool_content(result: ToolResult) -> str:
 
 
 def turn_messages(turn: Turn) -> list[Message]:
-    plan = plan_message(turn)
+    opening = opening_message(turn)
     tools = [Message({"role": "tool", "tool_call_id": result.call_id, "content": tool_content(result)}) for result in turn.tool_results]
-    return ([Message(plan)] if plan else []) + [Message(assistant_message(turn), turn)] + tools
+    return ([Message(opening)] if opening else []) + [Message(assistant_message(turn), turn)] + tools
 
 
 def episode(trajectory: Trajectory, upcoming: Turn | None = None) -> list[Message]:
     """The conversation of a (stored or running) native trajectory; upcoming: the turn about to
-    be generated, whose plan message comes last."""
+    be generated, whose opening message comes last (the request continues it)."""
     messages = [Message(body) for body in prompt_messages(trajectory.query, trajectory.conversation)]
     for turn in trajectory.turns:
         messages += turn_messages(turn)
-    plan = plan_message(upcoming) if upcoming is not None else None
-    return messages + ([Message(plan)] if plan else [])
+    opening = opening_message(upcoming) if upcoming is not None else None
+    return messages + ([Message(opening)] if opening else [])
 
 
 def messages(trajectory: Trajectory, upcoming: Turn | None = None) -> list[dict]:

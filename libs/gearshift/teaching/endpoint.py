@@ -32,6 +32,20 @@ def _stand_in_ids(written: str, text: str, stop: list[str]) -> list[int]:
     return [ord(c) for c in text + ended_by]
 
 
+def stand_in_render(body: dict) -> str:
+    """What /tokenize renders of chat messages on a "model" without a chat template: ChatML,
+    tool calls as JSON lines after the content, the last message left open when the request
+    continues it (else, with add_generation_prompt, an assistant turn opened)."""
+    messages = body.get("messages") or []
+    continued = bool(body.get("continue_final_message"))
+    text = ""
+    for index, message in enumerate(messages):
+        calls = "".join(f"\n{json.dumps(call.get('function', call))}" for call in message.get("tool_calls") or [])
+        text += f"<|im_start|>{message['role']}\n{message.get('content') or ''}{calls}"
+        text += "" if continued and index == len(messages) - 1 else "<|im_end|>\n"
+    return text + ("<|im_start|>assistant\n" if body.get("add_generation_prompt", True) and not continued else "")
+
+
 def _usage(body: dict, text: str) -> dict:
     prompt = body.get("prompt") or json.dumps(body.get("messages", []))
     usage = {"prompt_tokens": max(1, len(str(prompt)) // 4), "completion_tokens": max(1, len(text) // 4)}
@@ -109,6 +123,11 @@ async def reply(respond: Responder, model: str, path: str, body: dict, stand_in_
         return "application/json", json.dumps({"object": "list", "data": [{"id": model, "object": "model"}]}).encode()
     if path.endswith("/health"):
         return "application/json", b'{"status": "ok"}'
+    if path.endswith("/tokenize"):  # stand-in ids: one per character, as _stand_in_ids
+        tokens = [ord(c) for c in (body["prompt"] if "prompt" in body else stand_in_render(body))]
+        return "application/json", json.dumps({"tokens": tokens, "count": len(tokens)}).encode()
+    if path.endswith("/detokenize"):
+        return "application/json", json.dumps({"prompt": "".join(map(chr, body.get("tokens") or []))}).encode()
     chat = path.endswith("/chat/completions")
     stop = body.get("stop") or []
     written = respond(body)

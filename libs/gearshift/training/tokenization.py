@@ -24,7 +24,7 @@ A native trajectory (Trajectory.protocol NATIVE, gearshift.protocol.native) is a
 conversation instead: the chat template is applied to exactly the messages and tools it was
 served, with the same chat_template_kwargs, and each assistant generation (from the template's
 generation prompt to its end-of-message marker) is learned with the token ids sampled for it;
-the prompt, plan messages, tool messages and the template's text between messages are masked.
+the prompt, the SR2AM opening messages, tool messages and the template's text between messages are masked.
 Its routing head is not in that conversation (the router asks its own prompt), so it is not learned.
 """
 
@@ -193,25 +193,42 @@ def _ids(tokenizer, text: str) -> list[int]:
 def native_segments(tokenizer, trajectory: Trajectory) -> list[Segment]:
     """The chat template's whole rendering of a native trajectory's conversation, prompt
     included, in pieces: each assistant generation learned, with the ids sampled for it, from
-    the template's generation prompt to its end-of-message marker (whitespace after it masked);
+    the template's generation prompt (or the end of the opening it continued) to its
+    end-of-message marker, or its end where the turn goes on (whitespace after it masked);
     everything else masked. ValueError for a template that renders a conversation's earlier
     messages differently once later ones follow (the generations could not be told apart)."""
     chat = native.episode(trajectory)
     bodies = native.template_messages([message.body for message in chat])
     tools, kwargs = native.served_tools(trajectory), native.served_kwargs(trajectory)
 
-    def render(count: int, opened: bool) -> str:
-        return tokenizer.apply_chat_template(bodies[:count], tools=tools, tokenize=False, add_generation_prompt=opened, **kwargs)
+    def render(count: int, opened: bool = False, continued: bool = False) -> str:
+        return tokenizer.apply_chat_template(bodies[:count], tools=tools, tokenize=False, add_generation_prompt=opened,
+                                             continue_final_message=continued, **kwargs)
 
-    whole = render(len(bodies), False)
+    def prompt_of(index: int, through: str) -> str:
+        """Where message index starts in the rendering: after the generation prompt, or, for a
+        template that renders it as one message with the opening before it (the turn's SR2AM
+        block, which the request continued: the A^2FM template), right after that opening."""
+        opened = render(index, opened=True)
+        if through.startswith(opened) or bodies[index - 1]["role"] != "assistant":
+            return opened
+        return render(index, continued=True)
+
+    whole = render(len(bodies))
     pieces, at = [], 0
     for index, message in enumerate(chat):
         if message.generated_by is None:
             continue
-        before, through = render(index, True), render(index + 1, False)
-        if not (through.startswith(before) and whole.startswith(through)):
+        through = render(index + 1)
+        before = prompt_of(index, through)
+        # Where the message ends: its end-of-message marker, or, where the turn goes on after it
+        # (a tool result in the same turn, as the A^2FM template renders it), just before it.
+        ended = through.rstrip()
+        if not whole.startswith(ended) and tokenizer.eos_token and ended.endswith(tokenizer.eos_token):
+            ended = ended.removesuffix(tokenizer.eos_token)
+        if not (through.startswith(before) and whole.startswith(ended) and len(ended) > len(before)):
             raise ValueError(f"trajectory {trajectory.id}: the chat template renders message {index} apart from the rest")
-        end = len(through.rstrip())
+        end = len(ended)
         pieces += [Segment(whole[at:len(before)], False), Segment(whole[len(before):end], True, tuple(message.generated_by.token_ids) or None)]
         at = end
     pieces.append(Segment(whole[at:], False))

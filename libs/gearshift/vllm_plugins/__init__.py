@@ -13,6 +13,14 @@ PARSERS = Path(__file__).with_name("a2fm_parsers.py")
 FORMAT = Path(__file__).parent.parent / "protocol" / "native_format.py"
 CHAT_TEMPLATE = FORMAT.with_name("a2fm_chat_template.jinja")
 PARSER_NAME = "a2fm"
+A2FM_TEMPLATE_SETTING = "a2fm"  # a chat_template setting naming CHAT_TEMPLATE
+
+
+def chat_template_text(setting: str | None) -> str | None:
+    """The text of a chat_template setting: "a2fm" the shipped A^2FM template, else a file."""
+    if not setting:
+        return None
+    return CHAT_TEMPLATE.read_text() if setting == A2FM_TEMPLATE_SETTING else Path(setting).read_text()
 
 
 def vllm_args(directory: Path | None = None, chat_template: bool = True) -> list[str]:

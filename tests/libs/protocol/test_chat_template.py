@@ -5,13 +5,30 @@ results as the executor's transcript writes them, and the modes enable_thinking 
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
 import pytest
 from gearshift import weights
-from gearshift.api.common.v1.common_pb2 import ChatMessage, ChatRole, Conversation, Mode
-from gearshift.protocol import a2fm, native_format, prompts
+from gearshift.api.common.v1.common_pb2 import (
+    ChatMessage,
+    ChatRole,
+    Conversation,
+    Mode,
+    NativeRequest,
+    Plan,
+    PlanDecision,
+    PlanStep,
+    PolicyProtocol,
+    ToolCall,
+    ToolResult,
+    Trajectory,
+    Turn,
+)
+from gearshift.protocol import a2fm, native, native_format, prompts
+from gearshift.protocol.sr2am import plan_block, render_plan
+from gearshift.training import tokenization
 from gearshift.settings import Settings
 
 TEMPLATE = Path(native_format.__file__).with_name("a2fm_chat_template.jinja")
@@ -133,6 +150,60 @@ def test_the_request_tells_the_state_the_rendered_prompt_leaves(tokenizer, chat,
     from_request = native_format.generation_state(chat, add_generation_prompt=flags.get("add_generation_prompt", False),
                                                   continue_final_message=flags.get("continue_final_message", False), template_kwargs=kwargs)
     assert from_request == rendered
+
+
+def native_agentic(*turns: Turn) -> Trajectory:
+    return Trajectory(query="What is 48213 * 7719?", mode=Mode.MODE_AGENTIC, protocol=PolicyProtocol.POLICY_PROTOCOL_NATIVE,
+                      turns=turns, native=NativeRequest(tools_json=json.dumps(native_format.DEFAULT_TOOLS),
+                                                        chat_template_kwargs_json=json.dumps(native.CHAT_TEMPLATE_KWARGS[Mode.MODE_AGENTIC])))
+
+
+PLANNED = Plan(steps=[PlanStep(state="need the product", action="run python", expected_outcome="it is printed")])
+CALLED = Turn(index=0, plan_decision=PlanDecision.PLAN_DECISION_PLAN_NEW, plan=PLANNED, reasoning_content="Goal: the product.</plan>",
+              tool_calls=[ToolCall(id="call_1", name="python", arguments_json=json.dumps({"code": CODE}))],
+              tool_results=[ToolResult(call_id="call_1", name="python", output="372156147\n")])
+ANSWERED = Turn(index=1, plan_decision=PlanDecision.PLAN_DECISION_CONTINUE, output="372156147", reasoning_content="The tool printed it.")
+
+
+@pytest.mark.parametrize("turns", [(), (CALLED,)], ids=["first turn", "after a tool"])
+@pytest.mark.parametrize("decision", [PlanDecision.PLAN_DECISION_PLAN_NEW, PlanDecision.PLAN_DECISION_ACT])
+def test_a_native_agentic_request_renders_as_the_text_protocols_transcript(tokenizer, turns, decision):
+    """The native protocol's request for an agentic turn (its SR2AM opening continued) is the
+    text protocol's prompt for the same episode, character for character: the A^2FM prompt in
+    place of the native one, the routing head, the turn so far and the same SR2AM block."""
+    upcoming = Turn(index=len(turns), plan_decision=decision, plan=PLANNED if decision == PlanDecision.PLAN_DECISION_PLAN_NEW else Plan())
+    trajectory = native_agentic(*turns)
+    served = a2fm_render(tokenizer, native.template_messages(native.messages(trajectory, upcoming)), tools=native.served_tools(trajectory),
+                         continue_final_message=True, **native.served_kwargs(trajectory))
+    block, opener = plan_block(decision, upcoming.plan, first_turn=not turns)
+    transcript = a2fm.forced_prefix(Mode.MODE_AGENTIC)
+    if turns:  # the text protocol's transcript of the turn before: its block, its generation, the tool's response
+        transcript += (render_plan(PLANNED) + "\n<plan>" + "Goal: the product.</plan>\n<tool_call>\n"
+                       f"{{'id': 1, 'name': 'python', 'arguments': {{'code': '{CODE}'}}}}\n</tool_call>" + a2fm.tool_response([("1", "372156147")]))
+    text = tokenizer.apply_chat_template(prompts.messages(trajectory.query, transcript + block + opener), tokenize=False,
+                                         continue_final_message=True)
+    assert served == text
+
+
+def test_the_native_prompt_gives_way_to_the_a2fm_one_keeping_the_clients_instructions(tokenizer):
+    chat = native.prompt_messages("q", Conversation(instructions="Answer in French."))
+    assert chat[0]["content"].startswith(native.SYSTEM_PROMPT)
+    text = a2fm_render(tokenizer, chat, add_generation_prompt=True)
+    assert text.startswith(f"<|im_start|>system\n{prompts.SYSTEM_PROMPT}\n\nAnswer in French.<|im_end|>\n")
+
+
+def test_training_learns_each_native_generation_apart_from_its_sr2am_opening(tokenizer):
+    """Under the A^2FM template the opening and the generation that continued it are one
+    message, as served: the generation is learned from where the opening ends, the opening not."""
+    trajectory = native_agentic(CALLED, ANSWERED)
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.chat_template = TEMPLATE.read_text()
+    pieces = tokenization.native_segments(tokenizer, trajectory)
+    learned = [piece.text for piece in pieces if piece.target]
+    assert learned == ["Goal: the product.</plan>\n<tool_call>\n{'id': 1, 'name': 'python', 'arguments': {'code': '" + CODE + "'}}\n</tool_call>",
+                       "The tool printed it.\n<answer>372156147</answer><|im_end|>"]
+    masked = "".join(piece.text for piece in pieces if not piece.target)
+    assert render_plan(PLANNED) + "\n<plan>" in masked and "\nPlan:\n\n" in masked
 
 
 def test_the_template_ships_as_package_data():

@@ -21,6 +21,7 @@ from gearshift.policy_client import ToolCall as EngineCall
 from gearshift.protocol import native
 from gearshift.rewards.formats import check_trajectory_format
 from gearshift.rewards.scoring import structure_of
+from gearshift.protocol.sr2am import render_plan
 
 KNOWN = frozenset({"python", "web_search"})
 
@@ -73,10 +74,15 @@ ANSWER = Turn(index=1, output="391", plan_decision=PlanDecision.PLAN_DECISION_CO
 def test_the_conversation_puts_each_plan_before_its_turns_generation():
     trajectory = agentic(calling(ToolResult(call_id="c1", name="python", output="391\n")), ANSWER)
     chat = native.messages(trajectory)
-    assert [m["role"] for m in chat] == ["system", "user", "assistant", "assistant", "tool", "assistant"]
-    assert chat[2]["content"].startswith("Plan:\n- Current State: need 17*23") and "tool_calls" in chat[3]
+    assert [m["role"] for m in chat] == ["system", "user", "assistant", "assistant", "tool", "assistant", "assistant"]
+    # Each regulated turn opens with its SR2AM block as the text protocol's transcript holds it.
+    assert chat[2]["content"] == render_plan(PLAN) + "\n<plan>" and "tool_calls" in chat[3]
     assert chat[4] == {"role": "tool", "tool_call_id": "c1", "content": "391"}
-    assert [m.generated_by is not None for m in native.episode(trajectory)] == [False, False, False, True, False, True]
+    assert chat[5]["content"] == "\nPlan:\n\n"  # continue the plan
+    assert [m.generated_by is not None for m in native.episode(trajectory)] == [False, False, False, True, False, False, True]
+    acting = Turn(index=0, plan_decision=PlanDecision.PLAN_DECISION_ACT)
+    assert native.opening_message(acting)["content"] == "Plan: None\n<plan>"
+    assert native.opening_message(Turn(index=0)) is None  # instant and reasoning turns are not regulated
     upcoming = Turn(index=0, plan_decision=PlanDecision.PLAN_DECISION_PLAN_NEW, plan=PLAN)
     assert native.messages(agentic(), upcoming)[-1]["content"] == chat[2]["content"]
     assert native.template_messages(chat)[3]["tool_calls"][0]["function"]["arguments"] == {}

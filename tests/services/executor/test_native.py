@@ -14,6 +14,7 @@ from gearshift.embedded import embedded
 from gearshift.pricing import CostTable
 from gearshift.protocol import native
 from gearshift.protocol.sr2am import PLAN_OPENER, render_plan
+from gearshift.teaching.endpoint import stand_in_render
 from gearshift.testing.scripted_policy import serve_scripted
 from gearshift.training import tokenization
 from gearshift.training.tiny import tiny_checkpoint
@@ -33,23 +34,24 @@ CUT_QUERY = "Write a long essay."
 
 
 class NativeModel:
-    """Routes to tools, plans once (the configurator and planner in their prompt form), calls
-    python twice in parallel (or makes bad calls, for BAD_QUERY), then answers from the results;
-    instant and reasoning mode answer at once. Keeps every request body."""
+    """Routes to tools, plans once (the configurator and planner continuing its own message:
+    completions of the conversation as /tokenize rendered it), calls python twice in parallel
+    (or makes bad calls, for BAD_QUERY), then answers from the results; instant and reasoning
+    mode answer at once. Keeps every request body."""
 
     def __init__(self):
         self.bodies: list[dict] = []
 
     def __call__(self, body: dict) -> str | dict:
         self.bodies.append(body)
+        if "prompt" in body:  # the SR2AM block: a new plan on the first turn, then "continue"
+            if body["prompt"].endswith(PLAN_OPENER):
+                return PLAN
+            return "\n" if "<|im_start|>tool" in body["prompt"] else "\n- Current State:"
         messages = body["messages"]
-        first, last = messages[0]["content"], messages[-1]
+        first = messages[0]["content"]
         if "</classification>" in (body.get("stop") or []):
             return "Arithmetic is safer with a tool.\n<classification>\ntoolcalling_agent\n</classification>"
-        if first.startswith("You regulate"):
-            return "PLAN_NEW" if "Current plan: none" in first else "CONTINUE"
-        if last == {"role": "assistant", "content": PLAN_OPENER}:
-            return PLAN
         assert first.startswith(native.SYSTEM_PROMPT), first
         if not body.get("tools"):
             if messages[1]["content"] == CUT_QUERY:
@@ -57,7 +59,7 @@ class NativeModel:
             if body["chat_template_kwargs"]["enable_thinking"]:
                 return {"reasoning_content": "17*23 = 391.", "content": "391"}
             return {"content": "42"}
-        if last["role"] == "tool":
+        if "<|im_start|>tool" in stand_in_render(body):
             return {"reasoning_content": "The tool says 391.", "content": "391"}
         return {"reasoning_content": "I will compute it.", "tool_calls": BAD if messages[1]["content"] == BAD_QUERY else PARALLEL}
 
@@ -77,7 +79,7 @@ def native_settings(settings, policy_url: str, database_url: str):
 
 
 def generations(model: NativeModel) -> list[dict]:
-    return [body for body in model.bodies if body["messages"][0]["content"].startswith(native.SYSTEM_PROMPT)]
+    return [body for body in model.bodies if "messages" in body and body["messages"][0]["content"].startswith(native.SYSTEM_PROMPT)]
 
 
 async def test_agentic_episode_plans_calls_tools_in_parallel_and_answers(stack):
@@ -113,16 +115,23 @@ async def test_agentic_episode_plans_calls_tools_in_parallel_and_answers(stack):
     assert await stored(settings, trajectory.id) == trajectory
 
 
-async def test_each_request_is_the_conversation_so_far_with_the_plan_before_the_generation(stack):
+async def test_each_request_is_the_conversation_so_far_continuing_the_turns_sr2am_block(stack):
     settings, model = stack
     trajectory = (await solve(settings, query="What is 17*23?"))[-1].final.trajectory
     first, second = generations(model)
-    plan = {"role": "assistant", "content": render_plan(trajectory.turns[0].plan)}
+    plan = {"role": "assistant", "content": render_plan(trajectory.turns[0].plan) + "\n<plan>"}  # as the text protocol's transcript
     assert plan["content"].startswith("Plan:\n- Current State: need 17*23")
-    assert first["messages"][1:] == [{"role": "user", "content": "What is 17*23?"}, plan]  # the plan, then the turn's generation
+    assert first["messages"][1:] == [{"role": "user", "content": "What is 17*23?"}, plan]  # the plan, continued by the generation
+    assert first["continue_final_message"] and not first["add_generation_prompt"]
     assert first["tools"] == second["tools"] == json.loads(trajectory.native.tools_json)
     assert first["chat_template_kwargs"] == {"enable_thinking": True} and first["return_token_ids"]
-    assistant, *tools = second["messages"][3:]
+    # The configurator and the planner continued the same conversation after "Plan:" (rendered by the engine).
+    decided = [body["prompt"] for body in model.bodies if "prompt" in body]
+    opening = [*first["messages"][:2], {"role": "assistant", "content": "Plan:"}]
+    assert decided[0] == stand_in_render({"messages": opening, "continue_final_message": True})
+    assert decided[1].endswith("<|im_start|>assistant\n" + PLAN_OPENER) and decided[2].endswith("<|im_start|>tool\n40<|im_end|>\n<|im_start|>assistant\n\nPlan:")
+    assistant, *tools, continuing = second["messages"][3:]
+    assert continuing == {"role": "assistant", "content": "\nPlan:\n\n"}  # the second turn continues the plan
     assert assistant == {
         "role": "assistant", "content": "", "reasoning": "I will compute it.", "reasoning_content": "I will compute it.",
         "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "python", "arguments": '{"code": "print(17*23)"}'}},
@@ -144,7 +153,7 @@ async def test_bad_calls_become_error_results_the_model_reads(stack):
     assert ok.output.strip() == "391" and not ok.is_error
     assert unknown.is_error and unknown.name == "" and "Unknown tool 'no_such_tool'" in unknown.error
     assert bad_json.is_error and bad_json.name == "" and "not a JSON object: {'code': 'print(1)'" in bad_json.error
-    told = generations(model)[-1]["messages"][-3:]
+    told = generations(model)[-1]["messages"][-4:-1]  # then the next turn's SR2AM block
     assert [m["tool_call_id"] for m in told] == ["call_1", "call_2", "call_3"]
     assert told[1]["content"].startswith("Error: Unknown tool 'no_such_tool'; available: crawl_page, python, web_search")
     assert trajectory.answer == "391" and trajectory.reward.correct

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from gearshift.api.common.v1 import common_pb2 as gearshift_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"gearshift/planner/v1/planner.proto\x12\x14gearshift.planner.v1\x1a gearshift/common/v1/common.proto\"\xdd\x01\n\x0b\x42\x65liefState\x12\r\n\x05query\x18\x01 \x01(\t\x12*\n\x07history\x18\x02 \x03(\x0b\x32\x19.gearshift.common.v1.Turn\x12/\n\x0c\x63urrent_plan\x18\x03 \x01(\x0b\x32\x19.gearshift.common.v1.Plan\x12\x15\n\rplan_progress\x18\x04 \x01(\x05\x12\x12\n\ntranscript\x18\x05 \x01(\t\x12\x37\n\x0c\x63onversation\x18\x06 \x01(\x0b\x32!.gearshift.common.v1.Conversation\"t\n\x0fRegulateRequest\x12\x30\n\x05state\x18\x01 \x01(\x0b\x32!.gearshift.planner.v1.BeliefState\x12/\n\x08sampling\x18\x02 \x01(\x0b\x32\x1d.gearshift.common.v1.Sampling\"\xbd\x01\n\x10RegulateResponse\x12\x33\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0e\x32!.gearshift.common.v1.PlanDecision\x12\x11\n\trationale\x18\x02 \x01(\t\x12.\n\x05usage\x18\x03 \x01(\x0b\x32\x1f.gearshift.common.v1.TokenUsage\x12\x31\n\x07sampled\x18\x04 \x01(\x0b\x32 .gearshift.common.v1.SampledSpan\"\x85\x01\n\x0bPlanRequest\x12\x30\n\x05state\x18\x01 \x01(\x0b\x32!.gearshift.planner.v1.BeliefState\x12\x13\n\x0bmax_horizon\x18\x02 \x01(\x05\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.gearshift.common.v1.Sampling\"\xa8\x01\n\x0cPlanResponse\x12\'\n\x04plan\x18\x01 \x01(\x0b\x32\x19.gearshift.common.v1.Plan\x12\x0c\n\x04text\x18\x02 \x01(\t\x12.\n\x05usage\x18\x03 \x01(\x0b\x32\x1f.gearshift.common.v1.TokenUsage\x12\x31\n\x07sampled\x18\x04 \x01(\x0b\x32 .gearshift.common.v1.SampledSpan2\xb3\x01\n\x07Planner\x12Y\n\x08Regulate\x12%.gearshift.planner.v1.RegulateRequest\x1a&.gearshift.planner.v1.RegulateResponse\x12M\n\x04Plan\x12!.gearshift.planner.v1.PlanRequest\x1a\".gearshift.planner.v1.PlanResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"gearshift/planner/v1/planner.proto\x12\x14gearshift.planner.v1\x1a gearshift/common/v1/common.proto\"\xaf\x02\n\x0b\x42\x65liefState\x12\r\n\x05query\x18\x01 \x01(\t\x12*\n\x07history\x18\x02 \x03(\x0b\x32\x19.gearshift.common.v1.Turn\x12/\n\x0c\x63urrent_plan\x18\x03 \x01(\x0b\x32\x19.gearshift.common.v1.Plan\x12\x15\n\rplan_progress\x18\x04 \x01(\x05\x12\x12\n\ntranscript\x18\x05 \x01(\t\x12\x37\n\x0c\x63onversation\x18\x06 \x01(\x0b\x32!.gearshift.common.v1.Conversation\x12\x1c\n\x14native_messages_json\x18\x07 \x01(\t\x12\x32\n\x06native\x18\x08 \x01(\x0b\x32\".gearshift.common.v1.NativeRequest\"t\n\x0fRegulateRequest\x12\x30\n\x05state\x18\x01 \x01(\x0b\x32!.gearshift.planner.v1.BeliefState\x12/\n\x08sampling\x18\x02 \x01(\x0b\x32\x1d.gearshift.common.v1.Sampling\"\xbd\x01\n\x10RegulateResponse\x12\x33\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0e\x32!.gearshift.common.v1.PlanDecision\x12\x11\n\trationale\x18\x02 \x01(\t\x12.\n\x05usage\x18\x03 \x01(\x0b\x32\x1f.gearshift.common.v1.TokenUsage\x12\x31\n\x07sampled\x18\x04 \x01(\x0b\x32 .gearshift.common.v1.SampledSpan\"\x85\x01\n\x0bPlanRequest\x12\x30\n\x05state\x18\x01 \x01(\x0b\x32!.gearshift.planner.v1.BeliefState\x12\x13\n\x0bmax_horizon\x18\x02 \x01(\x05\x12/\n\x08sampling\x18\x03 \x01(\x0b\x32\x1d.gearshift.common.v1.Sampling\"\xa8\x01\n\x0cPlanResponse\x12\'\n\x04plan\x18\x01 \x01(\x0b\x32\x19.gearshift.common.v1.Plan\x12\x0c\n\x04text\x18\x02 \x01(\t\x12.\n\x05usage\x18\x03 \x01(\x0b\x32\x1f.gearshift.common.v1.TokenUsage\x12\x31\n\x07sampled\x18\x04 \x01(\x0b\x32 .gearshift.common.v1.SampledSpan2\xb3\x01\n\x07Planner\x12Y\n\x08Regulate\x12%.gearshift.planner.v1.RegulateRequest\x1a&.gearshift.planner.v1.RegulateResponse\x12M\n\x04Plan\x12!.gearshift.planner.v1.PlanRequest\x1a\".gearshift.planner.v1.PlanResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,15 +33,15 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gearshift.api.planner.v1.pl
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_BELIEFSTATE']._serialized_start=95
-  _globals['_BELIEFSTATE']._serialized_end=316
-  _globals['_REGULATEREQUEST']._serialized_start=318
-  _globals['_REGULATEREQUEST']._serialized_end=434
-  _globals['_REGULATERESPONSE']._serialized_start=437
-  _globals['_REGULATERESPONSE']._serialized_end=626
-  _globals['_PLANREQUEST']._serialized_start=629
-  _globals['_PLANREQUEST']._serialized_end=762
-  _globals['_PLANRESPONSE']._serialized_start=765
-  _globals['_PLANRESPONSE']._serialized_end=933
-  _globals['_PLANNER']._serialized_start=936
-  _globals['_PLANNER']._serialized_end=1115
+  _globals['_BELIEFSTATE']._serialized_end=398
+  _globals['_REGULATEREQUEST']._serialized_start=400
+  _globals['_REGULATEREQUEST']._serialized_end=516
+  _globals['_REGULATERESPONSE']._serialized_start=519
+  _globals['_REGULATERESPONSE']._serialized_end=708
+  _globals['_PLANREQUEST']._serialized_start=711
+  _globals['_PLANREQUEST']._serialized_end=844
+  _globals['_PLANRESPONSE']._serialized_start=847
+  _globals['_PLANRESPONSE']._serialized_end=1015
+  _globals['_PLANNER']._serialized_start=1018
+  _globals['_PLANNER']._serialized_end=1197
 # @@protoc_insertion_point(module_scope)

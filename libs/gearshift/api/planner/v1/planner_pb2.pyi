@@ -8,20 +8,24 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class BeliefState(_message.Message):
-    __slots__ = ("query", "history", "current_plan", "plan_progress", "transcript", "conversation")
+    __slots__ = ("query", "history", "current_plan", "plan_progress", "transcript", "conversation", "native_messages_json", "native")
     QUERY_FIELD_NUMBER: _ClassVar[int]
     HISTORY_FIELD_NUMBER: _ClassVar[int]
     CURRENT_PLAN_FIELD_NUMBER: _ClassVar[int]
     PLAN_PROGRESS_FIELD_NUMBER: _ClassVar[int]
     TRANSCRIPT_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_MESSAGES_JSON_FIELD_NUMBER: _ClassVar[int]
+    NATIVE_FIELD_NUMBER: _ClassVar[int]
     query: str
     history: _containers.RepeatedCompositeFieldContainer[_common_pb2.Turn]
     current_plan: _common_pb2.Plan
     plan_progress: int
     transcript: str
     conversation: _common_pb2.Conversation
-    def __init__(self, query: _Optional[str] = ..., history: _Optional[_Iterable[_Union[_common_pb2.Turn, _Mapping]]] = ..., current_plan: _Optional[_Union[_common_pb2.Plan, _Mapping]] = ..., plan_progress: _Optional[int] = ..., transcript: _Optional[str] = ..., conversation: _Optional[_Union[_common_pb2.Conversation, _Mapping]] = ...) -> None: ...
+    native_messages_json: str
+    native: _common_pb2.NativeRequest
+    def __init__(self, query: _Optional[str] = ..., history: _Optional[_Iterable[_Union[_common_pb2.Turn, _Mapping]]] = ..., current_plan: _Optional[_Union[_common_pb2.Plan, _Mapping]] = ..., plan_progress: _Optional[int] = ..., transcript: _Optional[str] = ..., conversation: _Optional[_Union[_common_pb2.Conversation, _Mapping]] = ..., native_messages_json: _Optional[str] = ..., native: _Optional[_Union[_common_pb2.NativeRequest, _Mapping]] = ...) -> None: ...
 
 class RegulateRequest(_message.Message):
     __slots__ = ("state", "sampling")
