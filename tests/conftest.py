@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator
 
@@ -12,7 +13,6 @@ from gearshift.testing.postgres import scratch_database
 # tests/images runs the built images as containers: only `make test-images` collects it (it needs
 # a container engine and minutes of building), never the plain pytest run of `make test`.
 collect_ignore = [] if os.environ.get("GEARSHIFT_IMAGE_TESTS") == "1" else ["images"]
-
 
 
 @pytest.fixture
@@ -29,4 +29,25 @@ def postgres_url() -> Iterator[str]:
 
 # Two real vLLM CPU servers with run-time weight loading, shared by every test that asks (once per
 # session: registered here, not in each directory's conftest, or each would start its own pair).
-from tests.vllm_servers import vllm_servers  # noqa: E402, F401
+from tests.vllm_servers import last_user, stop_vllm_servers, vllm_servers  # noqa: E402, F401
+
+_LAST_VLLM_USER: list[str | None] = [None]
+
+
+def pytest_collection_finish(session) -> None:
+    _LAST_VLLM_USER[0] = last_user(session.items)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    try:
+        return (yield)
+    finally:
+        # The pair stops after the last test that uses it (and its fixtures) is torn down, not at
+        # the end of the session: the tests after it get its ~8 GiB back.
+        if item.nodeid == _LAST_VLLM_USER[0]:
+            stop_vllm_servers()
+        # A real model's weights held in a reference cycle (a closed server's event loop, a
+        # client) go now, not at a full collection that may come only after the next model loads.
+        if item.get_closest_marker("model"):
+            gc.collect()

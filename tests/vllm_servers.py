@@ -111,12 +111,28 @@ def _wait_healthy(servers: list) -> None:
         time.sleep(1)
 
 
+_running = contextlib.ExitStack()  # the session's pair while it runs
+
+
 @pytest.fixture(scope="session")
 def vllm_servers(tmp_path_factory) -> Iterator[list[str]]:
     """Two vLLM CPU servers of SmolLM2 with run-time weight loading on; their base URLs."""
     model = weights.cache_smollm2(Settings().models_dir)
     try:
-        with running_vllm_servers(SERVERS, model, tmp_path_factory.mktemp("vllm")) as urls:
-            yield urls
+        urls = _running.enter_context(running_vllm_servers(SERVERS, model, tmp_path_factory.mktemp("vllm")))
     except RuntimeError as exc:
         pytest.fail(str(exc))
+    yield urls
+    stop_vllm_servers()
+
+
+def stop_vllm_servers() -> None:
+    """Stops the pair (if it runs). The pair holds about 8 GiB: tests/conftest.py stops it after
+    the last test that uses it, so the tests after it do not share the machine with it."""
+    _running.close()
+
+
+def last_user(items: list[pytest.Item]) -> str | None:
+    """The node id of the last of the session's tests that uses the pair (None: none does)."""
+    users = [item.nodeid for item in items if "vllm_servers" in getattr(item, "fixturenames", ())]
+    return users[-1] if users else None

@@ -180,10 +180,9 @@ class PolicyEngine:
         self.served_name = settings.served_model_name
         self.a2fm_template = vllm_plugins.CHAT_TEMPLATE.read_text()
         self.chat_template = vllm_plugins.chat_template_text(settings.chat_template)  # read once: kept across hot switches
-        self._current = loaded
         self.tally = Tally()
         self._switching = asyncio.Lock()
-        self.scheduler = Scheduler(settings, lambda: self._current)
+        self.scheduler = Scheduler(settings, loaded)  # holds the current model: no closure back to the engine, no cycle
 
     @classmethod
     async def start(cls, settings: PolicyServerSettings, models_dir: Path) -> PolicyEngine:
@@ -200,7 +199,7 @@ class PolicyEngine:
 
     @property
     def current(self) -> weights.LoadedModel:
-        return self._current
+        return self.scheduler.current
 
     @property
     def in_flight(self) -> int:
@@ -266,7 +265,7 @@ class PolicyEngine:
         if not prompts or any(not prompt.strip() for prompt in prompts):
             raise InvalidArgument("prompt is empty")
         choices = self._params(request)
-        loaded = self._current
+        loaded = self.current
         return [job for prompt in prompts for job in self._jobs(loaded, prompt, choices, special=True)]
 
     def template_of(self, loaded: weights.LoadedModel, native: bool) -> str | None:
@@ -312,7 +311,7 @@ class PolicyEngine:
         """The n jobs of a /v1/chat/completions request, and how to read their text back."""
         self.check_model(request.model)
         choices = self._params(request)
-        loaded = self._current
+        loaded = self.current
         prompt = self.chat_prompt(loaded, request)
         for params in choices:
             params.stop += [word for word in prompt.stop if word not in params.stop]
@@ -325,7 +324,7 @@ class PolicyEngine:
     def tokenize(self, request: TokenizeRequest) -> list[int]:
         """vLLM's /tokenize: the token ids of a prompt, or of chat messages as rendered for a chat request."""
         self.check_model(request.model)
-        loaded = self._current
+        loaded = self.current
         if request.messages is None:
             special = True if request.add_special_tokens is None else request.add_special_tokens
             return self._prompt_ids(loaded, request.prompt or "", special, 0)
@@ -333,7 +332,7 @@ class PolicyEngine:
 
     def detokenize(self, request: DetokenizeRequest) -> str:
         self.check_model(request.model)
-        tokenizer = self._current.tokenizer
+        tokenizer = self.current.tokenizer
         if any(not 0 <= token < len(tokenizer) for token in request.tokens):
             raise FieldRefused("tokens", f"token ids must be between 0 and {len(tokenizer) - 1}")
         return tokenizer.decode(request.tokens)
@@ -365,7 +364,7 @@ class PolicyEngine:
         """The served module's weights were changed in place (a trainer's update between its
         rollouts): the KV of prompts cached with the old weights must not be reused. The cache is
         keyed by the loaded model, so a new record of the same module leaves it behind."""
-        self._current = dataclasses.replace(self._current)
+        self.scheduler.current = dataclasses.replace(self.current)
 
     # Hot switch
 
@@ -376,8 +375,8 @@ class PolicyEngine:
             loaded = await asyncio.to_thread(weights.load, source, self.models_dir, self.settings.dtype)
             self.scheduler.prepare(loaded)
             swap_started = time.perf_counter()
-            in_flight = self.scheduler.in_flight(self._current)
-            self._current = loaded
+            in_flight = self.scheduler.in_flight(self.current)
+            self.scheduler.current = loaded
             self.tally.switches += 1
             if served_name:
                 self.served_name = served_name

@@ -148,9 +148,9 @@ class SchedulerStats:
 class Scheduler:
     """The waiting queue, the running batches and the thread that steps them."""
 
-    def __init__(self, settings: PolicyServerSettings, current: Callable[[], LoadedModel]):
+    def __init__(self, settings: PolicyServerSettings, current: LoadedModel):
         self.settings = settings
-        self._current = current
+        self.current = current  # the model new generations start on (the engine swaps it on a hot switch)
         self.prefix_cache = PrefixCache(settings.prefix_cache_mib * MIB)
         self.stats = SchedulerStats()
         self.tuner = ThreadTuner(settings.threads, every=settings.thread_trial_every)
@@ -303,7 +303,7 @@ class Scheduler:
         self._admitting = []
 
     def _forget_old_prefixes(self) -> None:
-        current = self._current()
+        current = self.current
         if current is not self._cache_owner:
             self.prefix_cache.keep_only(current)
             self._cache_owner = current

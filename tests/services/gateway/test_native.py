@@ -21,17 +21,16 @@ SEARCH = [{"name": "web_search", "arguments": {"query": "2 + 2"}}]
 
 def native_model(body: dict) -> str | dict:
     """Instant answers at once, reasoning thinks first, agentic searches once and then answers."""
+    if "prompt" in body:  # the configurator continuing the policy's own "Plan:": act, no plan
+        return " None"
     messages = body["messages"]
-    first, last = messages[0]["content"], messages[-1]
     if "</classification>" in (body.get("stop") or []):
         return "A sum.\n<classification>\ndefault_agent\n</classification>"
-    if first.startswith("You regulate"):
-        return "ACT"
     if not body.get("tools"):
         if body["chat_template_kwargs"]["enable_thinking"]:
             return {"reasoning_content": "Two and two make four.", "content": " 4 "}
         return {"content": "4"}
-    if last["role"] == "tool":
+    if any(message["role"] == "tool" for message in messages):  # the turn opens with its plan block: look past it
         return {"reasoning_content": "The search agrees.", "content": "4"}
     return {"reasoning_content": "I will look it up.", "tool_calls": SEARCH}
 
