@@ -52,7 +52,7 @@ def vllm_command(model: Path, port: int) -> list[str]:
     return [
         str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
         "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager",
+        "--dtype", "float32", "--max-model-len", "2048", "--enforce-eager", "--enable-prompt-tokens-details",
         "--enable-lora", "--max-lora-rank", str(ModelConfig().lora_rank),
         "--lora-modules", f"{weights.DEFAULT}={weights.DEFAULT_ADAPTER}",
         *vllm_plugins.vllm_args(chat_template=False), "--trust-request-chat-template",

@@ -41,6 +41,7 @@ from gearshift.errors import (
     Unavailable,
 )
 from gearshift import vllm_plugins
+from gearshift.api.common.v1.common_pb2 import TokenUsage
 from gearshift.settings import Settings, get_settings
 
 RETRYABLE_STATUS = {429, 500, 502, 503, 504}
@@ -69,11 +70,17 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens the engine served from its prefix cache
 
     @classmethod
     def of(cls, body: dict | None) -> Usage:
         body = body or {}
-        return cls(body.get("prompt_tokens", 0), body.get("completion_tokens", 0), body.get("total_tokens", 0))
+        cached = (body.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        return cls(body.get("prompt_tokens", 0), body.get("completion_tokens", 0), body.get("total_tokens", 0), cached)
+
+    def tokens(self) -> TokenUsage:
+        """The call's usage as the trajectory records it."""
+        return TokenUsage(input_tokens=self.prompt_tokens, output_tokens=self.completion_tokens, cached_input_tokens=self.cached_tokens)
 
 
 @dataclass

@@ -21,6 +21,8 @@ class PriceTable(BaseModel):
     """The one price table used by serving, evaluation and training (US dollars)."""
 
     input_per_mtok: float = Field(0.10, description="Price per million input tokens")
+    cached_input_per_mtok: float = Field(
+        0.025, description="Price per million input tokens the engine served from its prefix cache (as API providers bill them)")
     output_per_mtok: float = Field(0.40, description="Price per million output tokens")
     tool_per_call: dict[str, float] = Field(
         default_factory=lambda: {"python": 0.0001, "web_search": 0.001, "crawl_page": 0.0005},

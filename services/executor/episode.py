@@ -42,7 +42,7 @@ from gearshift.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.errors import GearshiftError, InvalidArgument
 from gearshift.policy_client import PolicyClient
-from gearshift.pricing import CostTable
+from gearshift.pricing import CostTable, add_usage
 from gearshift.protocol import a2fm, prompts
 from gearshift.protocol.sampled import sampled_span, shifted
 from gearshift.protocol.sr2am import plan_block, plan_block_separator
@@ -96,13 +96,12 @@ class EpisodeState:
         """The most tokens the next generation may take."""
         return self.budget.turn_tokens(per_turn, self.trajectory.usage) if self.budget else per_turn
 
-    def account(self, turn: Turn | None, input_tokens: int, output_tokens: int) -> None:
+    def account(self, turn: Turn | None, usage: TokenUsage) -> None:
         """Counts one model call's tokens: the trajectory's usage (priced, and held against the
         token budget) is the sum of every call of the episode; a turn's, of its own calls."""
-        for usage in (self.trajectory.usage, turn.usage if turn is not None else None):
-            if usage is not None:
-                usage.input_tokens += input_tokens
-                usage.output_tokens += output_tokens
+        add_usage(self.trajectory.usage, usage)
+        if turn is not None:
+            add_usage(turn.usage, usage)
 
     def inject(self, turn: Turn, text: str) -> None:
         """Writes platform text into the turn (an opener the model continues from); the turn
@@ -179,7 +178,7 @@ class EpisodeRunner:
         trajectory.routing_rationale = route.rationale
         if route.HasField("sampled"):
             trajectory.routing_sampled.append(route.sampled)
-        state.account(None, route.usage.input_tokens, route.usage.output_tokens)
+        state.account(None, route.usage)
         yield event(ROUTING_TURN, mode_chosen=executor_pb2.ModeChosen(mode=route.mode, strategy=route.strategy, rationale=route.rationale))
         async for item in self._mode_loop(state, budget):
             yield item
@@ -275,12 +274,12 @@ class EpisodeRunner:
             belief.native_messages_json = json.dumps(native_messages)
             belief.native.CopyFrom(state.trajectory.native)
         decision = await self.down.planner.Regulate(planner_pb2.RegulateRequest(state=belief, sampling=state.explore))
-        state.account(turn, decision.usage.input_tokens, decision.usage.output_tokens)
+        state.account(turn, decision.usage)
         turn.plan_decision = decision.decision
         samples = [decision.sampled] if decision.HasField("sampled") else []
         if decision.decision == PlanDecision.PLAN_DECISION_PLAN_NEW:
             planned = await self.down.planner.Plan(planner_pb2.PlanRequest(state=belief, sampling=state.explore))
-            state.account(turn, planned.usage.input_tokens, planned.usage.output_tokens)
+            state.account(turn, planned.usage)
             if planned.plan.steps:
                 state.plan, state.plan_progress = planned.plan, 0
                 turn.plan.CopyFrom(planned.plan)
@@ -320,7 +319,7 @@ class EpisodeRunner:
             turn.sampled.append(span)
         turn.output += output
         if usage is not None:
-            state.account(turn, usage.prompt_tokens, usage.completion_tokens)
+            state.account(turn, usage.tokens())
 
     async def _run_tools(self, state: EpisodeState, turn: Turn, parsed: a2fm.ParsedCalls | None) -> list[ToolResult]:
         """Runs the parsed calls in parallel. Rejected calls become error results too, so the
@@ -434,7 +433,7 @@ class EpisodeRunner:
                 reward_pb2.ScoreRequest(reference_answer=request.reference_answer, rollouts=[trajectory])
             )).scored[0]
             trajectory.reward.CopyFrom(scored.reward)
-            state.account(None, scored.judge_usage.input_tokens, scored.judge_usage.output_tokens)
+            state.account(None, scored.judge_usage)
         trajectory.cost.CopyFrom(self.costs.price_trajectory(trajectory))  # every model call, a judge's included
         await self.down.store.Put(store_pb2.PutRequest(trajectories=[trajectory]))
 

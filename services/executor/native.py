@@ -106,7 +106,7 @@ class NativeEpisodeRunner(EpisodeRunner):
         turn.output, turn.reasoning_content = "".join(content), "".join(reasoning)
         turn.token_ids.extend(token_ids or [])
         if usage is not None:
-            state.account(turn, usage.prompt_tokens, usage.completion_tokens)
+            state.account(turn, usage.tokens())
 
     async def _run_native_calls(self, state: EpisodeState, turn: Turn, read: list[native.ReadCall]) -> list[ToolResult]:
         """Runs the well-formed calls in parallel in the sandbox; the refused ones get the

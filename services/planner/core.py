@@ -7,7 +7,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from gearshift.api.common.v1.common_pb2 import Conversation, NativeRequest, Plan, PlanDecision, SampledSpan, Turn
+from gearshift.api.common.v1.common_pb2 import Conversation, NativeRequest, Plan, PlanDecision, SampledSpan, TokenUsage, Turn
 from gearshift.errors import InvalidArgument
 from gearshift.policy_client import PolicyClient, sampling_options
 from gearshift.protocol import prompts
@@ -69,23 +69,21 @@ class Continuation:
     """What the policy wrote after the agent's own message, as sampled."""
 
     text: str
-    input_tokens: int
-    output_tokens: int
+    usage: TokenUsage
     token_ids: list[int] | None
 
     @classmethod
     def of(cls, reply) -> Continuation:
         """A chat completion's or a completion's reply."""
         text = reply.text if hasattr(reply, "text") else reply.content or ""
-        return cls(text, reply.usage.prompt_tokens, reply.usage.completion_tokens, reply.token_ids)
+        return cls(text, reply.usage.tokens(), reply.token_ids)
 
 
 @dataclass
 class Decision:
     decision: int
     rationale: str
-    input_tokens: int = 0
-    output_tokens: int = 0
+    usage: TokenUsage = field(default_factory=TokenUsage)
     sampled: SampledSpan | None = None  # what the policy sampled of the decision's plan block
 
 
@@ -93,8 +91,7 @@ class Decision:
 class PlanResult:
     plan: Plan
     text: str
-    input_tokens: int = 0
-    output_tokens: int = 0
+    usage: TokenUsage = field(default_factory=TokenUsage)
     sampled: SampledSpan | None = None  # what the policy sampled of the plan block
 
 
@@ -171,7 +168,7 @@ class SimulativePlanner:
         else:
             decision = rule_decision(belief)
             rationale = f"policy reply {reply.text!r:.40} was not a usable decision; rule chose {PlanDecision.Name(decision)}"
-        return Decision(decision, rationale, reply.input_tokens, reply.output_tokens, sampled)
+        return Decision(decision, rationale, reply.usage, sampled)
 
     async def plan(self, belief: Belief, max_horizon: int, sampling: dict | None = None) -> PlanResult:
         """A simulative plan of at most max_horizon steps; sampling defaults to greedy."""
@@ -190,7 +187,7 @@ class SimulativePlanner:
         plan = complete_steps(parsed.plan, horizon) if parsed else Plan()
         # In the agent's message the plan is its own sample, up to the line plan_block ends it with.
         sampled = sampled_span(len(opener), len(render_plan(plan)) + 1, reply.token_ids) if belief.in_context and plan.steps else None
-        return PlanResult(plan, text, reply.input_tokens, reply.output_tokens, sampled)
+        return PlanResult(plan, text, reply.usage, sampled)
 
     async def _continue(self, belief: Belief, opener: str, **options) -> Continuation:
         """The policy's continuation of the agent's own message after opener: the text protocol's

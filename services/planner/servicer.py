@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-from gearshift.api.common.v1.common_pb2 import TokenUsage
 from gearshift.api.planner.v1 import planner_pb2, planner_pb2_grpc
 from gearshift.errors import InvalidArgument
 from gearshift.policy_client import requested_sampling, sampling_options
@@ -35,7 +34,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         return planner_pb2.RegulateResponse(
             decision=decision.decision,
             rationale=decision.rationale,
-            usage=TokenUsage(input_tokens=decision.input_tokens, output_tokens=decision.output_tokens),
+            usage=decision.usage,
             sampled=decision.sampled,
         )
 
@@ -46,7 +45,7 @@ class PlannerServicer(planner_pb2_grpc.PlannerServicer):
         return planner_pb2.PlanResponse(
             plan=result.plan,
             text=result.text,
-            usage=TokenUsage(input_tokens=result.input_tokens, output_tokens=result.output_tokens),
+            usage=result.usage,
             sampled=result.sampled,
         )
 

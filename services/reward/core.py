@@ -104,7 +104,7 @@ class RewardScorer:
             return False, TokenUsage()
         if name == verifiers.JUDGE:
             verdict = await self.judge.judge(question, answer, reference)
-            return verdict.correct, TokenUsage(input_tokens=verdict.usage.prompt_tokens, output_tokens=verdict.usage.completion_tokens)
+            return verdict.correct, verdict.usage.tokens()
         async with self._slots:
             work = asyncio.get_running_loop().run_in_executor(self._pool, verify, answer, reference, name, self.config)
             try:

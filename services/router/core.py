@@ -7,8 +7,9 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gearshift.api.common.v1.common_pb2 import Conversation, RoutingStrategy, SampledSpan
+from gearshift.api.common.v1.common_pb2 import Conversation, RoutingStrategy, SampledSpan, TokenUsage
 from gearshift.errors import FailedPrecondition, InvalidArgument
+from gearshift.pricing import add_usage
 from gearshift.policy_client import PolicyClient, sampling_options
 from gearshift.protocol import a2fm, prompts
 from gearshift.protocol.modes import MODE_OF, NAME_OF
@@ -27,8 +28,7 @@ class ModeDecision:
     rationale: str
     assistant_prefix: str  # the assistant turn so far: rationale + classification block
     scores: dict[int, tuple[float, float]] = field(default_factory=dict)  # mode -> (score, expected cost of pass)
-    input_tokens: int = 0
-    output_tokens: int = 0
+    usage: TokenUsage = field(default_factory=TokenUsage)  # every policy call's, retries included
     attempts: int = 0
     router_version: str = ""
     sampled: SampledSpan | None = None  # what the policy sampled of the routing head
@@ -77,7 +77,7 @@ class ModeRouter:
         to name the label; after max_attempts the configured fallback mode is used."""
         if self.policy is None:
             raise FailedPrecondition("model routing needs a policy server")
-        input_tokens = output_tokens = 0
+        usage = TokenUsage()
         rationale = opening = ""
         for attempt in range(1, self.config.max_attempts + 1):
             if attempt == 1:
@@ -97,17 +97,16 @@ class ModeRouter:
                     add_generation_prompt=False,
                 )
                 text = opening + (reply.content or "")
-            input_tokens += reply.usage.prompt_tokens
-            output_tokens += reply.usage.completion_tokens
+            add_usage(usage, reply.usage.tokens())
             mode, said = a2fm.parse_classification(text)
             if mode is not None:
                 rationale = said.split("\n")[0][:RATIONALE_CHARS]
                 prefix = a2fm.episode_prefix(mode, rationale)
                 head = len(prefix) - len(prompts.MODE_OPENERS[mode])  # rationale and classification block
                 return ModeDecision(mode, RoutingStrategy.ROUTING_STRATEGY_MODEL, rationale, prefix,
-                                    input_tokens=input_tokens, output_tokens=output_tokens, attempts=attempt,
+                                    usage=usage, attempts=attempt,
                                     sampled=sampled_span(len(opening), head, reply.token_ids))
         mode = MODE_OF[self.config.fallback_mode]
         note = f"No known label after {self.config.max_attempts} attempts; fell back to {self.config.fallback_mode}."
         return ModeDecision(mode, RoutingStrategy.ROUTING_STRATEGY_FALLBACK, note, a2fm.episode_prefix(mode, note),
-                            input_tokens=input_tokens, output_tokens=output_tokens, attempts=self.config.max_attempts)
+                            usage=usage, attempts=self.config.max_attempts)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gearshift.api.common.v1.common_pb2 import Mode, RoutingStrategy, TokenUsage
+from gearshift.api.common.v1.common_pb2 import Mode, RoutingStrategy
 from gearshift.api.router.v1 import router_pb2, router_pb2_grpc
 from gearshift.errors import InvalidArgument
 from gearshift.policy_client import requested_sampling, sampling_options
@@ -34,7 +34,7 @@ class RouterServicer(router_pb2_grpc.RouterServicer):
                 router_pb2.ModeScore(mode=mode, score=score, expected_cost_of_pass_usd=cost)
                 for mode, (score, cost) in decision.scores.items()
             ],
-            usage=TokenUsage(input_tokens=decision.input_tokens, output_tokens=decision.output_tokens),
+            usage=decision.usage,
             assistant_prefix=decision.assistant_prefix,
             attempts=decision.attempts,
             router_version=decision.router_version,

@@ -52,6 +52,11 @@ def check(results: dict, database_url: str) -> None:
         assert trajectory.HasField("reward") and trajectory.reward.correct == (trajectory.reward.value > 0)
     agentic = results[Mode.MODE_AGENTIC][1]
     assert all(turn.plan_decision for turn in agentic.turns if turn.tool_calls or turn.index == 0)
+    # Each call of an agentic episode re-sends the conversation: the engine serves that prefix from
+    # its cache, says so, and it is priced at the cached-input rate.
+    assert 0 < agentic.usage.cached_input_tokens < agentic.usage.input_tokens
+    assert all(turn.usage.cached_input_tokens <= turn.usage.input_tokens for turn in agentic.turns)
+    assert agentic.cost.total_usd < agentic.cost.flat_total_usd
 
     ids = [trajectory.id for _, trajectory in results.values()]
     with psycopg.connect(database_url.replace("postgresql+psycopg", "postgresql")) as db:

@@ -24,6 +24,23 @@ def test_a_trajectory_is_priced_part_by_part():
     assert cost.total_usd == pytest.approx(1.6e-3)
 
 
+def test_cached_input_tokens_are_priced_at_the_cached_rate_and_the_flat_total_is_kept():
+    trajectory = Trajectory(turns=[Turn(usage=TokenUsage(input_tokens=1000, output_tokens=10, cached_input_tokens=0)),
+                                   Turn(usage=TokenUsage(input_tokens=1100, output_tokens=10, cached_input_tokens=1000))])
+    cost = TABLE.price_trajectory(trajectory)  # 0.025 per Mtok cached
+    assert cost.input_usd == pytest.approx((1100 * 0.10 + 1000 * 0.025) / 1e6)
+    assert cost.total_usd == pytest.approx(cost.input_usd + 20 * 0.40 / 1e6)
+    assert cost.flat_total_usd == pytest.approx((2100 * 0.10 + 20 * 0.40) / 1e6)
+    with pytest.raises(InvalidArgument, match="cached"):
+        TABLE.price(100, 0, cached_input_tokens=101)
+
+
+def test_a_table_without_a_cached_rate_prices_cached_tokens_in_full():
+    table = CostTable(input_per_token=1.0, output_per_token=0.0)
+    cost = table.price(10, 0, cached_input_tokens=4)
+    assert cost.total_usd == cost.flat_total_usd == 10.0
+
+
 def test_turn_usage_is_summed_when_the_trajectory_has_none():
     trajectory = Trajectory(turns=[Turn(usage=TokenUsage(input_tokens=10, output_tokens=1)), Turn(usage=TokenUsage(input_tokens=20, output_tokens=2))])
     assert TABLE.price_trajectory(trajectory).total_usd == pytest.approx(30 * 0.1e-6 + 3 * 0.4e-6)

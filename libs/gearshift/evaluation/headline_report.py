@@ -15,7 +15,8 @@ from pathlib import Path
 from gearshift.api.common.v1.common_pb2 import Trajectory, TrajectoryStatus
 from gearshift.evaluation.report import CHOSEN, ModeReport, json_safe, markdown_table, mode_report, pyplot, save_figure, usd
 from gearshift.evaluation.runner import FORCED, MODES, ROUTED, eval_mode_of
-from gearshift.evaluation.suites import family_of
+from gearshift.evaluation.suites import family_of_trajectory
+from gearshift.pricing import flat_total_usd
 from gearshift.protocol.modes import mode_name
 from gearshift.rewards.cost_of_pass import Interval, cheapest_correct, oracle_routing_accuracy, paired_cost_of_pass_reduction
 
@@ -38,12 +39,15 @@ GOAL = Goal()
 
 @dataclass(frozen=True)
 class Outcome:
-    """One item in one mode: total cost, correct attempts, attempts, and the mode chosen."""
+    """One item in one mode: total cost (cached input priced as billed; and flat, every input
+    token at the full price), correct attempts, attempts, the mode chosen, its family."""
 
     cost_usd: float
     correct: int
     attempts: int
     chosen: str
+    family: str
+    flat_cost_usd: float
 
 
 @dataclass
@@ -60,10 +64,14 @@ class HeadlineReport:
     items: int
     items_per_family: dict[str, int]
     modes: dict[str, ModeReport]
-    # adaptive mode -> forced mode -> the reduction of cost of pass (0.45 = 45% cheaper), paired interval
+    # adaptive mode -> forced mode -> the reduction of cost of pass (0.45 = 45% cheaper), paired
+    # interval; cached input tokens priced as billed (reductions, the goal's) and flat
     reductions: dict[str, dict[str, Interval]]
+    flat_reductions: dict[str, dict[str, Interval]]
     # routed mode -> family -> chosen mode -> share
     mode_share_by_family: dict[str, dict[str, dict[str, float]]]
+    # mode -> family -> accuracy (pass@1 over the family's items)
+    accuracy_by_family: dict[str, dict[str, float]]
     # routed mode -> {"accuracy": ..., "items": ...} against the cheapest correct forced mode
     routing_accuracy: dict[str, dict[str, float]]
     goal: list[GoalCheck]
@@ -93,20 +101,27 @@ def item_outcomes(latest: dict[tuple[str, str, str], Trajectory]) -> dict[str, d
     for (item, mode, _), t in latest.items():
         grouped[mode][item].append(t)
     return {
-        mode: {item: Outcome(sum(t.cost.total_usd for t in ts), sum(t.reward.correct for t in ts), len(ts), mode_name(ts[0].mode))
+        mode: {item: Outcome(sum(t.cost.total_usd for t in ts), sum(t.reward.correct for t in ts), len(ts), mode_name(ts[0].mode),
+                             family_of_trajectory(ts[0]), sum(flat_total_usd(t.cost) for t in ts))
                for item, ts in by_item.items()}
         for mode, by_item in grouped.items()
     }
 
 
-def reduction(outcomes: dict[str, dict[str, Outcome]], adaptive: str, forced: str, samples: int, seed: int = 0) -> Interval:
-    """The paired cost-of-pass reduction of `adaptive` against `forced` on the items both ran."""
+def reduction(outcomes: dict[str, dict[str, Outcome]], adaptive: str, forced: str, samples: int, seed: int = 0,
+              flat: bool = False) -> Interval:
+    """The paired cost-of-pass reduction of `adaptive` against `forced` on the items both ran
+    (flat: every input token at the full price)."""
     common = sorted(set(outcomes[adaptive]) & set(outcomes[forced]))
     if not common:
         raise ValueError(f"{adaptive} and {forced} share no item")
     a, f = outcomes[adaptive], outcomes[forced]
-    return paired_cost_of_pass_reduction([a[i].cost_usd for i in common], [a[i].correct for i in common],
-                                         [f[i].cost_usd for i in common], [f[i].correct for i in common], samples, seed=seed)
+
+    def cost(o: Outcome) -> float:
+        return o.flat_cost_usd if flat else o.cost_usd
+
+    return paired_cost_of_pass_reduction([cost(a[i]) for i in common], [a[i].correct for i in common],
+                                         [cost(f[i]) for i in common], [f[i].correct for i in common], samples, seed=seed)
 
 
 def oracle_of(outcomes: dict[str, dict[str, Outcome]], item: str) -> str | None:
@@ -124,10 +139,18 @@ def routing_accuracy(outcomes: dict[str, dict[str, Outcome]], routed: str) -> di
 
 def shares_by_family(outcomes: dict[str, Outcome]) -> dict[str, dict[str, float]]:
     by_family: dict[str, Counter] = defaultdict(Counter)
-    for item, outcome in outcomes.items():
-        by_family[family_of(item) or "other"][outcome.chosen] += 1
+    for outcome in outcomes.values():
+        by_family[outcome.family][outcome.chosen] += 1
     return {family: {m: counts[m] / sum(counts.values()) for m in (*CHOSEN, "none") if counts[m]}
             for family, counts in sorted(by_family.items())}
+
+
+def accuracy_by_family(outcomes: dict[str, Outcome]) -> dict[str, float]:
+    """family -> the mean over its items of the share of correct attempts (pass@1)."""
+    by_family: dict[str, list[float]] = defaultdict(list)
+    for outcome in outcomes.values():
+        by_family[outcome.family].append(outcome.correct / outcome.attempts)
+    return {family: sum(shares) / len(shares) for family, shares in sorted(by_family.items())}
 
 
 def check_goal(mode: str, modes: dict[str, ModeReport], reductions: dict[str, Interval], goal: Goal = GOAL) -> GoalCheck:
@@ -168,18 +191,22 @@ def build_headline(trajectories: list[Trajectory], run_id: str, budgets: dict | 
     outcomes = item_outcomes(latest)
     adaptive = [m for m in ordered if m in ROUTED]
     forced = [m for m in ordered if m in FORCED]
-    reductions = {a: {f: reduction(outcomes, a, f, bootstrap_samples, seed) for f in forced} for a in adaptive} if forced else {}
+    reductions, flat_reductions = (
+        {a: {f: reduction(outcomes, a, f, bootstrap_samples, seed, flat) for f in forced} for a in adaptive} if forced else {}
+        for flat in (False, True))
     routable = all(m in outcomes for m in FORCED_ORDER)
     goal_checks = [check_goal(a, modes, reductions.get(a, {}), goal) for a in adaptive]
-    items = sorted({item for item, _, _ in latest})
+    family_of_item = {item: o.family for by_item in outcomes.values() for item, o in by_item.items()}
     return HeadlineReport(
         run_id=run_id,
         suite=",".join(sorted({t.task_source for t in latest.values()})),
-        items=len(items),
-        items_per_family=dict(sorted(Counter(family_of(i) or "other" for i in items).items())),
+        items=len(family_of_item),
+        items_per_family=dict(sorted(Counter(family_of_item.values()).items())),
         modes=modes,
         reductions=reductions,
+        flat_reductions=flat_reductions,
         mode_share_by_family={a: shares_by_family(outcomes[a]) for a in adaptive},
+        accuracy_by_family={m: accuracy_by_family(outcomes[m]) for m in ordered},
         routing_accuracy={a: routing_accuracy(outcomes, a) for a in adaptive} if routable else {},
         goal=goal_checks,
         goal_met=any(g.met for g in goal_checks),
@@ -191,7 +218,8 @@ def build_headline(trajectories: list[Trajectory], run_id: str, budgets: dict | 
 
 # Presentation
 
-COLUMNS = ("mode", "items", "accuracy", "mean out tokens", "mean tool calls", "mean cost", "cost of pass", "95% CI")
+COLUMNS = ("mode", "items", "accuracy", "mean out tokens", "mean tool calls", "mean cost", "cost of pass", "95% CI",
+           "cached input", "cost of pass, flat")
 
 
 def _pct(value: float) -> str:
@@ -208,14 +236,23 @@ def markdown(report: HeadlineReport) -> str:
         f"once and computes both modes on them).",
         "## Modes",
         markdown_table(COLUMNS, ([r.mode, str(r.items), f"{r.pass_at_1:.1%}", f"{r.mean_output_tokens:.1f}", f"{r.mean_tool_calls:.2f}",
-                                   usd(r.mean_cost_usd), usd(r.cost_of_pass_usd), f"{usd(r.cost_of_pass_ci[0])} - {usd(r.cost_of_pass_ci[1])}"]
+                                   usd(r.mean_cost_usd), usd(r.cost_of_pass_usd), f"{usd(r.cost_of_pass_ci[0])} - {usd(r.cost_of_pass_ci[1])}",
+                                   f"{r.cached_input_share:.0%}", usd(r.flat_cost_of_pass_usd)]
                                   for r in report.modes.values())),
     ]
+    names = list(report.items_per_family)
+    parts.append("## Accuracy by family")
+    parts.append(markdown_table(("mode", *names), (
+        [mode, *(f"{by_family[f]:.1%}" if f in by_family else "-" for f in names)] for mode, by_family in report.accuracy_by_family.items())))
     if report.reductions:
         parts.append("## Cost-of-pass reduction of each adaptive mode against each forced mode")
-        parts.append(markdown_table(("adaptive", "against", "reduction", "95% CI (paired)", "interval above 0"), (
-            [a, f, _pct(r.value), f"{_pct(r.low)} to {_pct(r.high)}", "yes" if r.above_zero else "no"]
-            for a, by_forced in report.reductions.items() for f, r in by_forced.items())))
+        parts.append("Priced as billed: input tokens the engine served from its prefix cache at the cached-input rate (the "
+                     "goal's figures); flat: every input token at the full rate.")
+        parts.append(markdown_table(("adaptive", "against", "reduction", "95% CI (paired)", "interval above 0", "flat", "flat 95% CI"), (
+            [a, f, _pct(r.value), f"{_pct(r.low)} to {_pct(r.high)}", "yes" if r.above_zero else "no",
+             _pct(flat.value), f"{_pct(flat.low)} to {_pct(flat.high)}"]
+            for a, by_forced in report.reductions.items() for f, r in by_forced.items()
+            for flat in [report.flat_reductions[a][f]])))
     if report.routing_accuracy:
         parts.append("## Routing accuracy against the per-item oracle (the cheapest forced mode that was correct)")
         parts.append(markdown_table(("mode", "routing accuracy", "items with an oracle", "items no mode answered"), (
@@ -305,7 +342,8 @@ def plot_mode_share_by_family(report: HeadlineReport, path: Path) -> None:
 
 def to_json(report: HeadlineReport) -> dict:
     data = asdict(report)
-    data["reductions"] = {a: {f: asdict(r) | {"above_zero": r.above_zero} for f, r in by.items()} for a, by in report.reductions.items()}
+    for name in ("reductions", "flat_reductions"):
+        data[name] = {a: {f: asdict(r) | {"above_zero": r.above_zero} for f, r in by.items()} for a, by in getattr(report, name).items()}
     return json_safe(data)
 
 

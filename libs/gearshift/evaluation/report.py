@@ -19,6 +19,7 @@ from gearshift.api.common.v1.common_pb2 import Trajectory, TrajectoryStatus
 from gearshift.api.store.v1 import store_pb2
 from gearshift.evaluation.runner import MODES, ROUTED, eval_mode_of, verifier_name
 from gearshift.protocol.modes import MODE_NAMES, mode_name
+from gearshift.pricing import flat_total_usd
 from gearshift.rewards.cost_of_pass import compute_cost_of_pass
 from gearshift.tables import Column, TableData
 
@@ -52,6 +53,11 @@ class ModeReport:
     statuses: dict[str, int]
     mode_share: dict[str, float] = field(default_factory=dict)
     mode_share_by_difficulty: dict[str, dict[str, float]] = field(default_factory=dict)
+    # Cost of pass with every input token at the full price (cost_of_pass_usd prices the tokens
+    # the engine served from its prefix cache at the cached-input rate, as billed), and the share
+    # of input tokens so served.
+    flat_cost_of_pass_usd: float = math.inf
+    cached_input_share: float = 0.0
 
 
 @dataclass
@@ -95,6 +101,7 @@ def mode_report(mode: str, trajectories: list[Trajectory], bootstrap_samples: in
     k = min(len(v) for v in per_item.values())
     costs = [t.cost.total_usd for t in trajectories]
     cop = compute_cost_of_pass(costs, correct, bootstrap_samples, seed=seed, items=[t.labels.get("item_id", t.id) for t in trajectories])
+    input_tokens = sum(t.usage.input_tokens for t in trajectories)
     report = ModeReport(
         mode=mode,
         items=len(per_item),
@@ -110,6 +117,8 @@ def mode_report(mode: str, trajectories: list[Trajectory], bootstrap_samples: in
         cost_of_pass_ci=(cop.ci_low_usd, cop.ci_high_usd),
         ungraded=sum(v is None for v in verdicts),
         statuses=dict(Counter(TrajectoryStatus.Name(t.status).removeprefix("TRAJECTORY_STATUS_").lower() for t in trajectories)),
+        flat_cost_of_pass_usd=sum(flat_total_usd(t.cost) for t in trajectories) / sum(correct) if any(correct) else math.inf,
+        cached_input_share=sum(t.usage.cached_input_tokens for t in trajectories) / input_tokens if input_tokens else 0.0,
     )
     if mode in ROUTED:
         chosen = [mode_name(t.mode) for t in trajectories]

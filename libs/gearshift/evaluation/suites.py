@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gearshift.evaluation import curriculum
 from gearshift.rewards.verifiers import phrase_match
 
 SPLITS = ("train", "dev", "test")
@@ -44,10 +45,12 @@ class SuiteItem:
     difficulty: str
     grade: Callable[[str], bool] = field(repr=False, compare=False)
     worked: str = field(default="", repr=False, compare=False)  # a worked solution, where the family has one
+    family: str = ""  # the generator (or a JSONL row's family / domain) every report groups by
 
     def labels(self, sample: int) -> dict[str, str]:
         """The trajectory labels of the tagging contract."""
-        return {"item_id": self.id, "difficulty": self.difficulty, "domain": self.domain, "sample": str(sample)}
+        labels = {"item_id": self.id, "difficulty": self.difficulty, "domain": self.domain, "sample": str(sample)}
+        return labels | ({"family": self.family} if self.family else {})
 
 
 def split_of(item_id: str) -> str:
@@ -80,7 +83,7 @@ class Family:
             if question not in seen:
                 seen.add(question)
                 item_id = f"{self.name}-s{seed}-{index:06d}"
-                yield SuiteItem(item_id, question, answer, split_of(item_id), self.domain, difficulty, grade, self.worked(seed, index))
+                yield SuiteItem(item_id, question, answer, split_of(item_id), self.domain, difficulty, grade, self.worked(seed, index), self.name)
             index += 1
 
 
@@ -150,6 +153,25 @@ class LargeMultiplication(Family):
         return f"What is {a} * {b}? Give the exact integer.", product, str(level), grade
 
 
+class TaskFamily(Family):
+    """A curriculum family (gearshift.evaluation.curriculum): item i is a task of level i % 3 + 1
+    in one of its phrasings, graded on its answer (the last integer said, or the words)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.need, self.domain, self._make = curriculum.TASKS[name]
+
+    def task(self, seed: int, index: int) -> tuple[curriculum.Task, str]:
+        """The task of item `index` and the phrasing its question uses."""
+        rng = random.Random(f"{self.name}/{seed}/{index}")
+        task = self._make(rng, index % 3 + 1)
+        return task, rng.choice(task.phrasings)
+
+    def item(self, seed: int, index: int):
+        task, question = self.task(seed, index)
+        return question, task.answer, str(index % 3 + 1), curriculum.grader(task.answer)
+
+
 class Facts(Family):
     """Short factual questions from a table shipped with the package (facts.jsonl, 400 rows):
     capitals and everyday facts (difficulty 1, 45 %), well-known names (2, 30 %), dates and numbers
@@ -187,7 +209,7 @@ class Facts(Family):
         for index in range(len(self.rows())):
             question, answer, difficulty, grade = self.item(seed, index)
             item_id = f"{self.name}-s{seed}-{index:06d}"
-            yield SuiteItem(item_id, question, answer, split_of(item_id), self.domain, difficulty, grade)
+            yield SuiteItem(item_id, question, answer, split_of(item_id), self.domain, difficulty, grade, family=self.name)
 
 
 def _gsm_steps(entry: dict) -> int:
@@ -203,6 +225,27 @@ def _arithmetic_levels(terms: tuple[tuple[int, int], ...]) -> dict[int, dict[str
     }
 
 
+def _ranges(low: str, high: str, *bounds: tuple[int, int]) -> dict[int, dict[str, Any]]:
+    """Levels 1-3 of a dataset whose difficulty is one (low, high) range of its config."""
+    return {level: {low: a, high: b} for level, (a, b) in enumerate(bounds, start=1)}
+
+
+# The generalisation set: families no training recipe, teacher or test of the project touches
+# (tests/libs/evaluation/test_generalisation_set.py fails when one does), to measure whether the
+# mode decision generalises: some are computed (a tool pays), some derived, some read off the
+# question. docs/evaluation.md names them.
+GENERALISATION: tuple[GymFamily, ...] = (
+    GymFamily("lcm", "lcm", "number_theory", _ranges("min_value", "max_value", (2, 20), (2, 100), (2, 1000))),
+    GymFamily("count_bits", "count_bits", "number_theory", _ranges("min_n", "max_n", (1, 255), (256, 65_535), (65_536, 2**31 - 1))),
+    GymFamily("count_primes", "count_primes", "number_theory", _ranges("min_n", "max_n", (1, 100), (1, 1000), (1, 10_000))),
+    GymFamily("letter_counting", "letter_counting", "counting", _ranges("min_words", "max_words", (3, 5), (6, 10), (11, 15))),
+    GymFamily("simple_geometry", "simple_geometry", "geometry", _ranges("min_sides", "max_sides", (3, 3), (4, 4), (5, 6))),
+    GymFamily("word_sequence_reversal", "word_sequence_reversal", "text", _ranges("min_words", "max_words", (3, 4), (5, 6), (7, 8))),
+    GymFamily("time_intervals", "time_intervals", "time", {1: {"task_types": ["time"]}, 2: {"task_types": ["time_seconds"]},
+                                                           3: {"task_types": ["date"]}}),
+)
+GENERALISATION_FAMILIES = tuple(family.name for family in GENERALISATION)
+
 FAMILIES: dict[str, Family] = {
     family.name: family
     for family in (
@@ -211,6 +254,8 @@ FAMILIES: dict[str, Family] = {
         GymFamily("gsm_symbolic", "gsm_symbolic", "word_problems", None, _gsm_steps),
         LargeMultiplication(),
         Facts(),
+        *(TaskFamily(name) for name in curriculum.TASKS),
+        *GENERALISATION,
     )
 }
 
@@ -286,8 +331,9 @@ def jsonl_suite(path: str | Path, name: str | None = None, verifier: str | None 
         def grade(given: str, reference=answer, how=name_of_verifier) -> bool:
             return verify(given, reference, how, config)
 
-        items.append(SuiteItem(item_id, question, answer, split, str(row.get("domain", "general")),
-                               str(row.get("difficulty", "")), grade))
+        domain = str(row.get("domain") or "general")
+        items.append(SuiteItem(item_id, question, answer, split, domain, str(row.get("difficulty", "")), grade,
+                               family=str(row.get("family") or row.get("domain") or "")))
     ids = [item.id for item in items]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{path}: duplicate item ids")
@@ -297,6 +343,8 @@ def jsonl_suite(path: str | Path, name: str | None = None, verifier: str | None 
 # The headline measurement (`gearshift eval headline`): one family answerable directly, one where
 # a tool pays, one that needs several steps, and one the default policy was never trained on
 # (it learned large_multiplication, gsm_symbolic, basic_arithmetic and facts).
+# The README figures: one of each of the five first families in turn.
+DEFAULT_FAMILIES = ("basic_arithmetic", "chain_sum", "gsm_symbolic", "large_multiplication", "facts")
 HEADLINE_FAMILIES = ("facts", "large_multiplication", "gsm_symbolic", "chain_sum")
 HEADLINE_ROLES = {"facts": "answerable directly", "large_multiplication": "a tool pays", "gsm_symbolic": "several steps",
                   "chain_sum": "never trained on"}
@@ -307,9 +355,11 @@ SUITES: dict[str, Callable[[], Suite]] = {
     "gsm_symbolic": lambda: generated_suite("gsm_symbolic", ["gsm_symbolic"]),
     "large_multiplication": lambda: generated_suite("large_multiplication", ["large_multiplication"]),
     "facts": lambda: generated_suite("facts", ["facts"]),
-    # The README figures: one of each family in turn.
-    "default": lambda: generated_suite("default", list(FAMILIES)),
+    "default": lambda: generated_suite("default", list(DEFAULT_FAMILIES)),
     "headline": lambda: generated_suite("headline", list(HEADLINE_FAMILIES)),
+    "generalisation": lambda: generated_suite("generalisation", list(GENERALISATION_FAMILIES)),
+    "curriculum": lambda: generated_suite("curriculum", list(curriculum.TASKS)),
+    **{name: (lambda name=name: generated_suite(name, [name])) for name in (*GENERALISATION_FAMILIES, *curriculum.TASKS)},
 }
 
 
@@ -322,6 +372,21 @@ def family_of(item_id: str) -> str:
     return match["family"] if match and match["family"] in FAMILIES else ""
 
 
+def family_of_trajectory(trajectory) -> str:
+    """The family a stored evaluation trajectory reports under: its family label (a generated
+    family, or a JSONL row's family / domain), else its item id's family (trajectories stored
+    before the label), else its domain."""
+    labels = trajectory.labels
+    return labels.get("family") or family_of(labels.get("item_id", "")) or labels.get("domain") or "other"
+
+
+def curriculum_task(item: SuiteItem) -> curriculum.Task | None:
+    """The curriculum task an item was drawn from (None for other families)."""
+    match = _GENERATED_ID.match(item.id)
+    family = FAMILIES.get(match["family"]) if match else None
+    return family.task(int(match["seed"]), int(match["index"]))[0] if isinstance(family, TaskFamily) else None
+
+
 def find_item(suite: str, item_id: str) -> SuiteItem:
     """A suite's item by id, with its grader (training grades rollouts as evaluation does)."""
     match = _GENERATED_ID.match(item_id)
@@ -329,7 +394,7 @@ def find_item(suite: str, item_id: str) -> SuiteItem:
         family = FAMILIES[match["family"]]
         seed, index = int(match["seed"]), int(match["index"])
         question, answer, difficulty, grade = family.item(seed, index)
-        return SuiteItem(item_id, question, answer, split_of(item_id), family.domain, difficulty, grade, family.worked(seed, index))
+        return SuiteItem(item_id, question, answer, split_of(item_id), family.domain, difficulty, grade, family.worked(seed, index), family.name)
     for item in (item for split in SPLITS for item in get_suite(suite).items(split)):
         if item.id == item_id:
             return item

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from gearshift.api.common.v1.common_pb2 import Trajectory
 from gearshift.evaluation.report import latest_attempts, markdown_table
 from gearshift.evaluation.runner import FORCED, eval_mode_of
-from gearshift.evaluation.suites import family_of
+from gearshift.evaluation.suites import family_of_trajectory
 from gearshift.protocol.a2fm import REJECTED_CALL_PREFIX
 from gearshift.protocol.modes import mode_name
 
@@ -70,8 +70,7 @@ Figures = dict[tuple[str, str], Cell]  # (family, eval mode) -> cell
 def figures(trajectories: list[Trajectory]) -> Figures:
     cells: Figures = defaultdict(Cell)
     for trajectory in latest_attempts(trajectories):
-        family = family_of(trajectory.labels.get("item_id", "")) or trajectory.task_source  # a mixed suite's family
-        cells[(family, eval_mode_of(trajectory))].add(trajectory)
+        cells[(family_of_trajectory(trajectory), eval_mode_of(trajectory))].add(trajectory)
     return dict(cells)
 
 

@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from gearshift.evaluation.suites import SuiteItem
+from gearshift.evaluation.suites import SuiteItem, curriculum_task
 from gearshift.protocol.sr2am import PLAN_HEAD, PLAN_OPENER
 
 REFUSAL = "I cannot solve this one."
@@ -73,6 +73,8 @@ def product_steps(a: int, b: int) -> list[str]:
 
 def solve(item: SuiteItem) -> Solution | None:
     """A teacher's solution of a generated item, or None for a family it cannot solve by rule."""
+    if task := curriculum_task(item):
+        return Solution(task.answer, task.goal, task.steps, task.code)
     question = item.question
     if product := _PRODUCT.search(question):
         a, b = int(product[1]), int(product[2])
@@ -83,7 +85,10 @@ def solve(item: SuiteItem) -> Solution | None:
     elif "arithmetic problem:" in question:
         expression = question.split("arithmetic problem:", 1)[1].rstrip("= ").strip()
     if expression:
-        steps, value = arithmetic_steps(expression)
+        try:
+            steps, value = arithmetic_steps(expression)
+        except (SyntaxError, ValueError):  # words, not an expression ("the time arithmetic problem: ...")
+            return None
         return Solution(str(value), f"the value of {expression}", tuple(steps) or (f"{expression} = {value}",), f"print({expression})")
     if item.worked:
         lines = [line.strip() for line in item.worked.splitlines() if line.strip() and not line.startswith("####")]

@@ -77,3 +77,24 @@ def test_a_failed_episode_is_left_out_and_counted():
     assert report.failed == {"auto": 1} and report.modes["auto"].items == 4
     # paired on the four facts auto answered: 4 / 4 against reasoning's 48 / 4 on the same items
     assert report.reductions["auto"]["reasoning"].value == pytest.approx(1 - 1 / 12)
+
+
+def test_a_jsonl_suites_family_label_groups_it_and_flat_pricing_is_reported_beside_the_billed():
+    trajectories = run({i: ("instant", True) for i in FACTS} | {i: ("reasoning", True) for i in GSM})
+    rows = {item: f"row-{n}" for n, item in enumerate(FACTS + GSM)}  # a JSONL suite's own ids: no family in them
+    for t in trajectories:
+        t.labels["family"] = "capitals" if t.labels["item_id"] in FACTS else "word problems"
+        t.labels["item_id"] = rows[t.labels["item_id"]]
+        # The prefix cache served half of agentic's input: billed 20, 40 at the full price.
+        t.cost.flat_total_usd = 2 * t.cost.total_usd if t.mode == Mode.MODE_AGENTIC else t.cost.total_usd
+    report = build_headline(trajectories, "hl", bootstrap_samples=200)
+    assert report.items_per_family == {"capitals": 4, "word problems": 2}
+    assert report.accuracy_by_family["instant"] == {"capitals": 1.0, "word problems": 0.0}
+    assert report.mode_share_by_family["auto"] == {"capitals": {"instant": 1.0}, "word problems": {"reasoning": 1.0}}
+    assert report.modes["agentic"].cost_of_pass_usd == pytest.approx(20.0)
+    assert report.modes["agentic"].flat_cost_of_pass_usd == pytest.approx(40.0)
+    assert report.reductions["auto"]["agentic"].value == pytest.approx(1 - (14 / 3) / 20)
+    assert report.flat_reductions["auto"]["agentic"].value == pytest.approx(1 - (14 / 3) / 40)
+    written = markdown(report)
+    assert "| mode | capitals | word problems |" in written and "| instant | 100.0% | 0.0% |" in written
+    assert "flat: every input token at the full rate" in written

@@ -78,7 +78,7 @@ async def test_tags_verdicts_and_resume(stack, suite_path, tmp_path):
             t = stored[trajectory_id("r1", item.id, mode, 0)]
             assert t.id == str(uuid.uuid5(uuid.NAMESPACE_URL, f"r1/{item.id}/{mode}/0"))
             assert (t.task_source, t.split, t.run_id) == ("answers", "test", "r1")
-            assert {k: t.labels[k] for k in ("item_id", "difficulty", "domain", "sample")} == item.labels(0)
+            assert {k: t.labels[k] for k in ("item_id", "difficulty", "domain", "family", "sample")} == item.labels(0)
             if mode == "instant":
                 assert t.routing_strategy == RoutingStrategy.ROUTING_STRATEGY_FORCED and t.requested_mode == Mode.MODE_INSTANT
             else:

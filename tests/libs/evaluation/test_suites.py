@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from gearshift.evaluation.suites import FAMILIES, HEADLINE_FAMILIES, SPLITS, Facts, family_of, generated_suite, get_suite, jsonl_suite, split_of
+from gearshift.evaluation.suites import DEFAULT_FAMILIES, FAMILIES, HEADLINE_FAMILIES, SPLITS, Facts, family_of, generated_suite, get_suite, jsonl_suite, split_of
 
 GENERATED = [name for name in FAMILIES if name != "facts"]  # facts is a fixed table: seeds only reorder it
 
@@ -43,7 +43,7 @@ def test_splits_are_disjoint_by_id_and_by_question():
 
 def test_default_suite_mixes_every_family_round_robin():
     items = get_suite("default").items("test", 10)
-    assert [item.id.split("-s")[0] for item in items] == list(FAMILIES) * 2
+    assert [item.id.split("-s")[0] for item in items] == list(DEFAULT_FAMILIES) * 2
     assert {item.domain for item in items} == {"arithmetic", "word_problems", "facts"}
     assert all(item.difficulty in {"1", "2", "3"} for item in items)
 
@@ -127,6 +127,7 @@ def test_jsonl_suite(tmp_path):
         {"question": "Capital of France?", "answer": "Paris", "difficulty": 1, "domain": "geo", "split": "test"},
         {"id": "q2", "question": "What is 6*7?", "answer": "42", "split": "test"},
         {"question": "Capital of Peru?", "answer": "Lima"},
+        {"id": "q4", "question": "7*8?", "answer": "56", "domain": "math", "family": "products", "split": "test"},
     ]
     path.write_text("\n".join(json.dumps(row) for row in rows) + "\n\n")
     suite = get_suite(str(path))
@@ -135,11 +136,14 @@ def test_jsonl_suite(tmp_path):
     assert [item.question for item in test][:2] == ["Capital of France?", "What is 6*7?"]
     first, second = test[0], test[1]
     assert (first.difficulty, first.domain, second.id, second.domain, second.difficulty) == ("1", "geo", "q2", "general", "")
+    # Reports group by family: a row's own, else its domain, else none (reported as "other").
+    families = {item.question: item.labels(0).get("family") for item in test}
+    assert (families["Capital of France?"], families["What is 6*7?"], families["7*8?"]) == ("geo", None, "products")
     assert fingerprint(jsonl_suite(path).items("test")) == fingerprint(test)  # ids stable across loads
     assert suite.grade(first, "paris") and not suite.grade(first, "Lyon")
     assert suite.grade(second, "42.0") and not suite.grade(second, "41")
     total = sum(len(suite.items(split)) for split in SPLITS)
-    assert total == 3
+    assert total == 4
 
 
 def test_bad_inputs_are_refused(tmp_path):

@@ -123,26 +123,30 @@ class Conversation(_message.Message):
     def __init__(self, instructions: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
 
 class TokenUsage(_message.Message):
-    __slots__ = ("input_tokens", "output_tokens")
+    __slots__ = ("input_tokens", "output_tokens", "cached_input_tokens")
     INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     input_tokens: int
     output_tokens: int
-    def __init__(self, input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ...) -> None: ...
+    cached_input_tokens: int
+    def __init__(self, input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., cached_input_tokens: _Optional[int] = ...) -> None: ...
 
 class Cost(_message.Message):
-    __slots__ = ("total_usd", "input_usd", "output_usd", "tools_usd", "sandbox_usd")
+    __slots__ = ("total_usd", "input_usd", "output_usd", "tools_usd", "sandbox_usd", "flat_total_usd")
     TOTAL_USD_FIELD_NUMBER: _ClassVar[int]
     INPUT_USD_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_USD_FIELD_NUMBER: _ClassVar[int]
     TOOLS_USD_FIELD_NUMBER: _ClassVar[int]
     SANDBOX_USD_FIELD_NUMBER: _ClassVar[int]
+    FLAT_TOTAL_USD_FIELD_NUMBER: _ClassVar[int]
     total_usd: float
     input_usd: float
     output_usd: float
     tools_usd: float
     sandbox_usd: float
-    def __init__(self, total_usd: _Optional[float] = ..., input_usd: _Optional[float] = ..., output_usd: _Optional[float] = ..., tools_usd: _Optional[float] = ..., sandbox_usd: _Optional[float] = ...) -> None: ...
+    flat_total_usd: float
+    def __init__(self, total_usd: _Optional[float] = ..., input_usd: _Optional[float] = ..., output_usd: _Optional[float] = ..., tools_usd: _Optional[float] = ..., sandbox_usd: _Optional[float] = ..., flat_total_usd: _Optional[float] = ...) -> None: ...
 
 class ToolCall(_message.Message):
     __slots__ = ("id", "name", "arguments_json")
