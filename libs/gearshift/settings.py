@@ -288,6 +288,8 @@ class OrchestrationSettings(BaseModel):
     )
     accuracy_margin: float = Field(0.0, ge=0, description="Largest accuracy drop (absolute, 0..1) the lower end of the 95% interval of the difference may show vs the published checkpoint")
     cost_of_pass_margin: float = Field(0.05, ge=0, description="Largest relative cost-of-pass rise the upper end of the 95% interval may show vs the published checkpoint")
+    gate_requires_improvement: bool = Field(
+        False, description="Promote an improvement only: the lower end of the accuracy difference's 95% interval above 0 in every gated mode (a round meant to move a family), not merely no worse")
     publish_target: Literal["builtin", "vllm_lora", "deployment"] = Field(
         "builtin", description="How to publish: POST /v1/load on the built-in server, vLLM runtime LoRA loading, or a rolling restart of the policy Deployment"
     )

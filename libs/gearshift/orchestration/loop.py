@@ -55,6 +55,7 @@ class LoopConfig(BaseModel):
     eval_items: int = Field(10, ge=1, description="Held-out (test split) items each checkpoint is evaluated on")
     eval_modes: list[str] = Field(["instant", "reasoning"], description="Evaluation modes reported besides the gate's; forced-instant success gives APO's p")
     gate_modes: list[str] = Field(["auto"], description="Modes the promotion gate decides on (learned is added where a router is published)")
+    gate_requires_improvement: bool = Field(False, description="The gate promotes an improvement only (accuracy interval above 0), not merely no loss")
     max_tokens_per_turn: int = Field(48, ge=8, description="Tokens per policy turn (serving, rollouts and evaluation alike)")
     max_steps: int = Field(1, ge=1, description="Policy turns per episode in every mode")
     sft_steps: int = Field(16, ge=0, description="SFT optimizer steps; 0 skips SFT, so APO starts from the base (one APO round on the model's own routing)")
@@ -87,7 +88,7 @@ def loop_settings(settings: Settings, config: LoopConfig) -> Settings:
     })
     orchestration = settings.orchestration.model_copy(update={
         "eval_suite": config.suite, "eval_split": HELD_OUT, "eval_items": config.eval_items, "gate_modes": config.gate_modes,
-        "eval_concurrency": config.concurrency,
+        "eval_concurrency": config.concurrency, "gate_requires_improvement": config.gate_requires_improvement,
     })
     planner = settings.planner.model_copy(update={"max_tokens": max(16, config.max_tokens_per_turn)})
     policy = settings.policy_server.model_copy(update={"port": 0, "threads": config.threads})

@@ -3,7 +3,9 @@ gated mode (the model's own routing, and the learned router where one is publish
 interval of its difference to the published checkpoint says it is not worse beyond the margins:
 
 - accuracy: the lower end of the 95 % interval of (candidate - published) is at least -margin;
-- cost of pass: the upper end of the interval of (candidate / published - 1) is at most +margin.
+- cost of pass: the upper end of the interval of (candidate / published - 1) is at most +margin;
+- with require_improvement (a round meant to move a family), the accuracy interval's lower end
+  is above 0 instead: an improvement, not merely no loss.
 
 The intervals come from a paired item-level bootstrap over the items both were evaluated on.
 A candidate that answers nothing correctly is refused, published checkpoint or not.
@@ -78,6 +80,7 @@ class Margins:
 
     accuracy: float = 0.0  # absolute drop, 0..1
     cost_of_pass: float = 0.05  # relative rise
+    require_improvement: bool = False  # the accuracy interval must lie above 0
 
 
 @dataclass(frozen=True)
@@ -136,11 +139,13 @@ def decide(candidate: dict[str, EvalResult], baseline: dict[str, EvalResult] | N
             reasons.append(f"{mode}: accuracy {result.accuracy:.3f}, no published checkpoint to compare with")
             continue
         accuracy, cost = paired_intervals(result, baseline[mode])
-        ok = accuracy.low >= -margins.accuracy and cost.high <= margins.cost_of_pass
+        accurate = accuracy.low > 0 if margins.require_improvement else accuracy.low >= -margins.accuracy
+        ok = accurate and cost.high <= margins.cost_of_pass
         promote &= ok
+        needed = "must lie above 0" if margins.require_improvement else f"margin -{margins.accuracy:.3f}"
         reasons.append(
             f"{mode}: accuracy {result.accuracy:.3f} vs {baseline[mode].accuracy:.3f} (difference 95% CI "
-            f"{accuracy.low:+.3f} .. {accuracy.high:+.3f}, margin -{margins.accuracy:.3f}); cost of pass "
+            f"{accuracy.low:+.3f} .. {accuracy.high:+.3f}, {needed}); cost of pass "
             f"{result.cost_of_pass:.6g} vs {baseline[mode].cost_of_pass:.6g} (change CI {cost.low:+.1%} .. {cost.high:+.1%}, "
             f"margin +{margins.cost_of_pass:.0%}){'' if ok else ': worse beyond the margin'}"
         )

@@ -235,7 +235,7 @@ async def gate(settings: Settings, checkpoint_id: str, evaluator: Evaluator) -> 
     if baseline is not None and baseline.id != candidate.id:
         baseline_result = await asyncio.to_thread(evaluator.evaluate, baseline)
         await update_checkpoint(settings, baseline.id, 0, metrics(baseline_result, suite, o.eval_split))
-    decision = decide(result, baseline_result, Margins(o.accuracy_margin, o.cost_of_pass_margin))
+    decision = decide(result, baseline_result, Margins(o.accuracy_margin, o.cost_of_pass_margin, o.gate_requires_improvement))
     return GateOutcome(decision, candidate, baseline if baseline_result else None)
 
 

@@ -40,6 +40,16 @@ def test_decide_promotes_only_what_the_interval_clears():
     assert not decide({"auto": result(noisy)}, {"auto": base}, MARGINS).promote
 
 
+def test_a_round_meant_to_move_a_family_promotes_an_improvement_only():
+    base, improving = Margins(require_improvement=True), result([1, 0] * 20)
+    assert not decide({"auto": improving}, {"auto": result([1, 0] * 20)}, base).promote  # no loss is not enough
+    better = decide({"auto": result([1, 1] * 20)}, {"auto": result([1, 0] * 20)}, base)
+    assert better.promote and "must lie above 0" in better.reasons[0]
+    slightly = [1, 0] * 20
+    slightly[1] = 1  # one item better of 40: the interval reaches 0
+    assert not decide({"auto": result(slightly)}, {"auto": result([1, 0] * 20)}, base).promote
+
+
 def test_a_candidate_that_solves_nothing_is_refused_whatever_the_baseline():
     nothing = result([0] * 10)
     assert not decide({"auto": nothing}, None, MARGINS).promote
