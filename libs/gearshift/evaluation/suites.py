@@ -340,26 +340,21 @@ def jsonl_suite(path: str | Path, name: str | None = None, verifier: str | None 
     return Suite(name or path.stem, (lambda: iter(items),))
 
 
+# The README figures: one of each of the five first families in turn.
+DEFAULT_FAMILIES = ("basic_arithmetic", "chain_sum", "gsm_symbolic", "large_multiplication", "facts")
 # The headline measurement (`gearshift eval headline`): one family answerable directly, one where
 # a tool pays, one that needs several steps, and one the default policy was never trained on
 # (it learned large_multiplication, gsm_symbolic, basic_arithmetic and facts).
-# The README figures: one of each of the five first families in turn.
-DEFAULT_FAMILIES = ("basic_arithmetic", "chain_sum", "gsm_symbolic", "large_multiplication", "facts")
 HEADLINE_FAMILIES = ("facts", "large_multiplication", "gsm_symbolic", "chain_sum")
 HEADLINE_ROLES = {"facts": "answerable directly", "large_multiplication": "a tool pays", "gsm_symbolic": "several steps",
                   "chain_sum": "never trained on"}
 
 SUITES: dict[str, Callable[[], Suite]] = {
-    "basic_arithmetic": lambda: generated_suite("basic_arithmetic", ["basic_arithmetic"]),
-    "chain_sum": lambda: generated_suite("chain_sum", ["chain_sum"]),
-    "gsm_symbolic": lambda: generated_suite("gsm_symbolic", ["gsm_symbolic"]),
-    "large_multiplication": lambda: generated_suite("large_multiplication", ["large_multiplication"]),
-    "facts": lambda: generated_suite("facts", ["facts"]),
+    **{name: (lambda name=name: generated_suite(name, [name])) for name in FAMILIES},  # each family alone
     "default": lambda: generated_suite("default", list(DEFAULT_FAMILIES)),
     "headline": lambda: generated_suite("headline", list(HEADLINE_FAMILIES)),
     "generalisation": lambda: generated_suite("generalisation", list(GENERALISATION_FAMILIES)),
     "curriculum": lambda: generated_suite("curriculum", list(curriculum.TASKS)),
-    **{name: (lambda name=name: generated_suite(name, [name])) for name in (*GENERALISATION_FAMILIES, *curriculum.TASKS)},
 }
 
 
