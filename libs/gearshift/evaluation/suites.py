@@ -137,7 +137,6 @@ class LargeMultiplication(Family):
     answer (thousands separators allowed) must equal the product."""
 
     name, domain = "large_multiplication", "arithmetic"
-    _INTEGER = re.compile(r"-?\d[\d,_]*")
 
     def item(self, seed: int, index: int):
         rng = random.Random(f"{self.name}/{seed}/{index}")
@@ -146,11 +145,7 @@ class LargeMultiplication(Family):
         a, b = (rng.randrange(10 ** (digits - 1), 10**digits) for _ in range(2))
         product = str(a * b)
 
-        def grade(answer: str) -> bool:
-            found = self._INTEGER.findall(answer)
-            return bool(found) and found[-1].replace(",", "").replace("_", "") == product
-
-        return f"What is {a} * {b}? Give the exact integer.", product, str(level), grade
+        return f"What is {a} * {b}? Give the exact integer.", product, str(level), lambda answer: curriculum.last_integer_is(answer, product)
 
 
 class TaskFamily(Family):
