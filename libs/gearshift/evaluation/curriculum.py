@@ -216,6 +216,41 @@ def change(rng: random.Random, level: int) -> Task:
                 f"print({paid} - ({' + '.join(map(str, prices))}))")
 
 
+
+NAMES = ("Ana", "Ben", "Chen", "Dara", "Eli", "Fay", "Gus", "Hana", "Ivo", "Jules", "Kemal", "Lena")
+THINGS = ("apples", "marbles", "pencils", "cards", "coins", "shells", "books", "stamps")
+
+
+def word_problem(rng: random.Random, level: int) -> Task:
+    """One operation in words: a story with one step to take."""
+    name, thing = rng.choice(NAMES), rng.choice(THINGS)
+    a, b = rng.randint(5, 20 * level), rng.randint(2, 5 + 3 * level)
+    operation = rng.choice(("lose", "gain", "groups", "share"))
+    if operation == "lose":
+        a += b
+        value, step = a - b, f"{a} - {b} = {a - b}"
+        phrasings = (f"{name} has {a} {thing} and loses {b} of them. How many {thing} are left?",
+                     f"There were {a} {thing} in a box; {name} took out {b}. How many are still in the box?",
+                     f"{name} started with {a} {thing} and gave away {b}. How many does {name} keep?")
+    elif operation == "gain":
+        value, step = a + b, f"{a} + {b} = {a + b}"
+        phrasings = (f"{name} has {a} {thing} and finds {b} more. How many {thing} now?",
+                     f"A jar holds {a} {thing}. {name} adds {b}. How many {thing} are in the jar?",
+                     f"{name} collected {a} {thing} on Monday and {b} on Tuesday. How many in all?")
+    elif operation == "groups":
+        value, step = a * b, f"{a} * {b} = {a * b}"
+        phrasings = (f"{name} fills {b} bags with {a} {thing} each. How many {thing} is that?",
+                     f"Each of {b} shelves holds {a} {thing}. How many {thing} are there in total?",
+                     f"{name} buys {b} packs of {thing}, {a} in every pack. How many {thing} does {name} buy?")
+    else:
+        a *= b
+        value, step = a // b, f"{a} / {b} = {a // b}"
+        phrasings = (f"{name} shares {a} {thing} equally among {b} friends. How many does each friend get?",
+                     f"{a} {thing} are split evenly into {b} piles. How many {thing} are in each pile?",
+                     f"If {b} children divide {a} {thing} equally, how many {thing} does each child get?")
+    code = f"print({step.split(' = ')[0].replace('/', '//')})"
+    return Task(phrasings, str(value), f"the {thing} after one step", (step,), code)
+
 # Known: read off the question or common knowledge.
 
 ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen "
@@ -287,6 +322,7 @@ TASKS: dict[str, tuple[Need, str, Callable[[random.Random, int], Task]]] = {  # 
     "unit_conversion": ("derived", "measurement", unit_conversion),
     "sequence_next": ("derived", "sequences", sequence_next),
     "change": ("derived", "word_problems", change),
+    "word_problem": ("derived", "word_problems", word_problem),
     "number_words": ("known", "language", number_words),
     "weekday_after": ("known", "calendar", weekday_after),
     "month_number": ("known", "calendar", month_number),
