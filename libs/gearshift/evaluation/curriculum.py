@@ -222,34 +222,36 @@ THINGS = ("apples", "marbles", "pencils", "cards", "coins", "shells", "books", "
 
 
 def word_problem(rng: random.Random, level: int) -> Task:
-    """One operation in words: a story with one step to take."""
+    """One operation in words: a story with one step to take. The worked step names the operation
+    before doing it, so what is learned is reading the story, not a list of phrasings."""
     name, thing = rng.choice(NAMES), rng.choice(THINGS)
     a, b = rng.randint(5, 20 * level), rng.randint(2, 5 + 3 * level)
     operation = rng.choice(("lose", "gain", "groups", "share"))
     if operation == "lose":
         a += b
-        value, step = a - b, f"{a} - {b} = {a - b}"
+        value, why, expression = a - b, f"{a} at first, {b} gone, so subtract", f"{a} - {b}"
         phrasings = (f"{name} has {a} {thing} and loses {b} of them. How many {thing} are left?",
                      f"There were {a} {thing} in a box; {name} took out {b}. How many are still in the box?",
                      f"{name} started with {a} {thing} and gave away {b}. How many does {name} keep?")
     elif operation == "gain":
-        value, step = a + b, f"{a} + {b} = {a + b}"
+        value, why, expression = a + b, f"{a} at first, {b} more, so add", f"{a} + {b}"
         phrasings = (f"{name} has {a} {thing} and finds {b} more. How many {thing} now?",
                      f"A jar holds {a} {thing}. {name} adds {b}. How many {thing} are in the jar?",
                      f"{name} collected {a} {thing} on Monday and {b} on Tuesday. How many in all?")
     elif operation == "groups":
-        value, step = a * b, f"{a} * {b} = {a * b}"
+        value, why, expression = a * b, f"{b} groups of {a}, so multiply", f"{a} * {b}"
         phrasings = (f"{name} fills {b} bags with {a} {thing} each. How many {thing} is that?",
                      f"Each of {b} shelves holds {a} {thing}. How many {thing} are there in total?",
                      f"{name} buys {b} packs of {thing}, {a} in every pack. How many {thing} does {name} buy?")
     else:
         a *= b
-        value, step = a // b, f"{a} / {b} = {a // b}"
+        value, why, expression = a // b, f"{a} shared equally by {b}, so divide", f"{a} / {b}"
         phrasings = (f"{name} shares {a} {thing} equally among {b} friends. How many does each friend get?",
                      f"{a} {thing} are split evenly into {b} piles. How many {thing} are in each pile?",
                      f"If {b} children divide {a} {thing} equally, how many {thing} does each child get?")
-    code = f"print({step.split(' = ')[0].replace('/', '//')})"
-    return Task(phrasings, str(value), f"the {thing} after one step", (step,), code)
+    return Task(phrasings, str(value), f"the {thing} after one step", (f"{why}: {expression} = {value}",),
+                f"print({expression.replace('/', '//')})")
+
 
 # Known: read off the question or common knowledge.
 

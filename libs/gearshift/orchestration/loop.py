@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gearshift import weights
-from gearshift.api.common.v1.common_pb2 import Checkpoint, CheckpointStatus, Purpose, TrajectoryStatus
+from gearshift.api.common.v1.common_pb2 import Checkpoint, CheckpointStatus, Purpose, Sampling, TrajectoryStatus
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
 from gearshift.embedded import embedded
@@ -52,6 +52,8 @@ class LoopConfig(BaseModel):
     suite: str = Field("facts", description="Evaluation suite (or .jsonl file) whose train split seeds and whose test split is held out (facts: the base model answers some, so SFT has correct seeds)")
     seed_items: int = Field(16, ge=1, description="Train items solved to seed the round")
     seed_modes: list[str] = Field(["instant", "reasoning"], description="Forced modes each seed item is solved in")
+    seed_samples: int = Field(1, ge=1, description="Episodes per seed item and mode (rejection sampling: SFT keeps the correct ones)")
+    seed_temperature: float = Field(0.0, ge=0, description="Sampling temperature of the seed episodes (0: greedy; use above 0 with seed_samples > 1)")
     eval_items: int = Field(10, ge=1, description="Held-out (test split) items each checkpoint is evaluated on")
     eval_modes: list[str] = Field(["instant", "reasoning"], description="Evaluation modes reported besides the gate's; forced-instant success gives APO's p")
     gate_modes: list[str] = Field(["auto"], description="Modes the promotion gate decides on (learned is added where a router is published)")
@@ -249,9 +251,11 @@ async def seed_stages(stack: Settings, config: LoopConfig, suite, base: Checkpoi
     """Seed and score: the suite's train items solved in the forced seed modes, scored with the
     APO reward. Returns SFT's data section (the correct seed trajectories)."""
     with report.stage("seed", f"{suite.name} train split, {config.seed_items} items x {', '.join(config.seed_modes)} (forced)") as fig:
-        seed_run = f"loop-seed-{steps.digest(suite.name, config.seed_items, config.seed_modes, config.max_tokens_per_turn, config.max_steps, base.id)}"
-        seeded = await evaluate(stack, config.suite, config.seed_modes, config.seed_items, split="train", run_id=seed_run,
-                                concurrency=config.concurrency, out_dir=stack.data_dir / "eval" / seed_run, purpose=Purpose.PURPOSE_TRAINING)
+        seed_run = f"loop-seed-{steps.digest(suite.name, config.seed_items, config.seed_modes, config.seed_samples, config.seed_temperature, config.max_tokens_per_turn, config.max_steps, base.id)}"
+        seeded = await evaluate(stack, config.suite, config.seed_modes, config.seed_items, samples=config.seed_samples, split="train",
+                                run_id=seed_run, concurrency=config.concurrency, out_dir=stack.data_dir / "eval" / seed_run,
+                                purpose=Purpose.PURPOSE_TRAINING,
+                                sampling=Sampling(temperature=config.seed_temperature, top_p=1.0) if config.seed_temperature else None)
         fig |= {"run_id": seed_run, "episodes": seeded.summary.planned, "solved_now": seeded.summary.solved,
                 "reused": seeded.summary.skipped, "correct": sum(r.correct for r in seeded.report.modes.values())}
 

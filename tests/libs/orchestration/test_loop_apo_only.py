@@ -25,12 +25,14 @@ async def test_apo_only_round_starts_from_the_base(tmp_path):
     suite.write_text("".join(json.dumps({"id": i, "question": q, "answer": a, "split": s}) + "\n" for i, q, a, s in ITEMS))
     settings = Settings(data_dir=tmp_path, metrics_port=0, log_level="WARNING")
     config = QUICK_CONFIG.model_copy(update={"suite": str(suite), "base_model": str(tiny_checkpoint(tmp_path / "tiny")),
-                                             "seed_items": 1, "sft_steps": 0, "max_tokens_per_turn": 8})
+                                             "seed_items": 1, "seed_samples": 2, "seed_temperature": 1.0,
+                                             "sft_steps": 0, "max_tokens_per_turn": 8})
 
     summary = await run_round(settings, config, out=tmp_path / "summary.json")
 
     stages = summary["stages"]
     assert list(stages) == ["seed", "score", "sft", "apo", "evaluate", "gate", "publish"]
+    assert stages["seed"]["episodes"] == 2  # one item, one mode, two samples (rejection sampling)
     assert "checkpoint" not in stages["sft"] and stages["apo"]["parent"] == summary["base"]
     assert stages["apo"]["steps"] == config.apo_steps
     async with embedded(settings, ("store",)) as platform, channel(platform.settings.store_addr, platform.settings) as ch:
