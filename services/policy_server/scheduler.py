@@ -43,6 +43,7 @@ from gearshift.weights import LoadedModel
 log = logging.getLogger("gearshift.policy_server.scheduler")
 MIB = 1024 * 1024
 PREFILL_TOKENS = 2048  # padded prompt tokens one prefill forward takes: its activations stay small
+CLOSE_WAIT_SECONDS = 60.0  # a step or a repacking of weights takes seconds at most
 
 
 class QueueFull(ResourceExhausted):
@@ -211,9 +212,13 @@ class Scheduler:
         return sum(1 for s in sequences if loaded is None or s.loaded is loaded)
 
     def close(self) -> None:
+        """Stops the thread after its current step and waits for it: a daemon thread still inside a
+        torch kernel when the interpreter exits aborts the process (as the repacking of weights
+        just switched to did, at the end of a `gearshift loop` that published its candidate)."""
         with self._wake:
             self._closed = True
             self._wake.notify()
+        self._thread.join(timeout=CLOSE_WAIT_SECONDS)
 
     # The scheduler thread
 

@@ -4,6 +4,8 @@ safetensors cache exists under the data dir, ~25 s the first time)."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 
 import pytest
 from gearshift import weights
@@ -59,3 +61,27 @@ async def test_smollm2_gives_the_same_greedy_tokens_with_drafts():
     assert results[1].token_ids == results[0].token_ids
     assert "330 metres" in results[0].text
     assert steps[1] < steps[0] * 0.7  # most tokens came from drafts the model agreed with
+
+
+SWITCH_THEN_EXIT = """
+import asyncio
+from gearshift.policy_client import PolicyClient
+from gearshift.services.policy_server.server import running
+from gearshift.settings import PolicyServerSettings, Settings
+
+async def main():
+    settings = Settings(log_level="WARNING", policy_server=PolicyServerSettings(model="smollm2", port=0, threads=2))
+    async with running(settings) as server, PolicyClient(server.base_url, "smollm2", timeout=300) as client:
+        await client.complete("The capital of France is", max_tokens=4, temperature=0)
+        await client.load("smollm2")
+
+asyncio.run(main())
+"""
+
+
+def test_a_process_that_switches_weights_and_stops_at_once_exits_cleanly():
+    """A hot switch leaves the scheduler thread repacking the new weights; a process that stops
+    right after (a `gearshift loop` that published its candidate) aborted in that kernel
+    ("terminate called without an active exception", exit 134) until closing waited for it."""
+    done = subprocess.run([sys.executable, "-c", SWITCH_THEN_EXIT], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
