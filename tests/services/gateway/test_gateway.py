@@ -420,14 +420,14 @@ async def refused_within(base: str, seconds: float) -> bool:
     """Whether new connections are refused within the time (the listener closed).
 
     A connection the kernel accepted into the backlog just before the listener
-    closed is dropped unanswered: that is a refusal too, not a request served.
+    closed is dropped unanswered or reset: that is a refusal too, not a request served.
     """
     deadline = time.monotonic() + seconds
     async with httpx.AsyncClient(base_url=base, timeout=1.0) as fresh:
         while time.monotonic() < deadline:
             try:
                 await fresh.get("/health", headers={"connection": "close"})
-            except (httpx.ConnectError, httpx.RemoteProtocolError):
+            except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
                 return True
             await asyncio.sleep(0.05)
     return False
