@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from pathlib import Path
 
 import click
@@ -137,15 +138,14 @@ def eval_headline(suite, n_per_family, train_n, modes, run_id, concurrency, out_
     out.print(f"run [bold]{plan.run_id}[/] (resume with --run-id {plan.run_id})")
 
     async def go():
-        async with contextlib.AsyncExitStack() as stack:
-            target = settings
-            if inprocess:
-                policy = settings.policy_server.model
-                if model:
-                    async with embedded(settings, ("store",)) as probe:
-                        policy = await resolve_model(probe.settings, model)
-                target = (await stack.enter_async_context(embedded(settings, policy_model=policy))).settings
-            return await run_headline(target, plan, folder, out)
+        if not inprocess:
+            return await run_headline(settings, plan, folder, out)
+        policy = settings.policy_server.model
+        if model:
+            async with embedded(settings, ("store",)) as probe:
+                policy = await resolve_model(probe.settings, model)
+        async with embedded(settings, policy_model=policy) as platform:
+            return await run_headline(platform.settings, dataclasses.replace(plan, policy_weights=policy), folder, out)
 
     result = run_or_fail(go())
     for error in result.errors[:5]:

@@ -54,6 +54,7 @@ class HeadlinePlan:
     router_embedding: str = "static"
     bootstrap_samples: int = 2000
     router_wait_seconds: float = 60.0
+    policy_weights: str = ""  # what the in-process server loaded; empty: whatever the running stack serves
 
     def __post_init__(self) -> None:
         if self.n_per_family < 1 or self.train_n < 1:
@@ -154,12 +155,14 @@ async def resolve_model(settings: Settings, model: str) -> str:
     return checkpoint.uri
 
 
-def budgets(settings: Settings) -> dict:
-    """The episode budgets and decoding every mode ran under (the executor's settings here)."""
+def budgets(settings: Settings, policy_weights: str = "") -> dict:
+    """The episode budgets and decoding every mode ran under (the executor's settings here), and
+    the weights behind the served name: every checkpoint is served as the same name."""
     e = settings.executor
     return {"max_tokens_per_turn": e.max_tokens_per_turn, "max_steps_instant_reasoning": e.max_steps_other,
             "max_steps_agentic": e.max_steps_agentic, "max_tokens": e.max_tokens, "max_wall_seconds": e.max_wall_seconds,
-            "temperature": e.temperature, "top_p": e.top_p, "policy_served_as": settings.policy_client.model}
+            "temperature": e.temperature, "top_p": e.top_p, "policy_served_as": settings.policy_client.model,
+            "policy_weights": policy_weights or "as the running stack serves them"}
 
 
 async def run_headline(settings: Settings, plan: HeadlinePlan, out_dir: Path, console: Console | None = None,
@@ -193,6 +196,6 @@ async def run_headline(settings: Settings, plan: HeadlinePlan, out_dir: Path, co
         stored = await fetch_run(store_pb2_grpc.TrajectoryStoreStub(ch), plan.run_id)
     planned = {item.id for item in test_items}  # a run resumed with a larger n holds more: report the plan's items
     trajectories = [t for t in stored if t.labels.get("item_id") in planned]
-    report = build_headline(trajectories, plan.run_id, budgets(settings), plan.bootstrap_samples)
+    report = build_headline(trajectories, plan.run_id, budgets(settings, plan.policy_weights), plan.bootstrap_samples)
     report.router = router if plan.learned else {}
     return Headline(report, write_headline(report, out_dir), errors)

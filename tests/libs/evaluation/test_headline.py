@@ -72,7 +72,8 @@ async def stored(settings, run_id):
 
 
 async def test_headline_end_to_end(fast_router, tmp_path):
-    plan = HeadlinePlan("hl", n_per_family=N, train_n=TRAIN_N, concurrency=4, router_embedding="none", bootstrap_samples=300)
+    plan = HeadlinePlan("hl", n_per_family=N, train_n=TRAIN_N, concurrency=4, router_embedding="none", bootstrap_samples=300,
+                        policy_weights="the scripted policy")
     async with serve_scripted(scripted(ROUTE)) as url, embedded(fast_router.with_policy(url)) as platform:
         stack = platform.settings
         result = await run_headline(stack, plan, tmp_path / "out")
@@ -92,6 +93,7 @@ async def test_headline_end_to_end(fast_router, tmp_path):
 
     data = json.loads((tmp_path / "out" / "report.json").read_text())
     assert data["items_per_family"] == {family: N for family in sorted(HEADLINE_FAMILIES)}
+    assert data["budgets"]["policy_weights"] == "the scripted policy"  # every checkpoint is served under one name
     assert list(data["modes"]) == ["instant", "reasoning", "agentic", "auto", "learned"]
     assert set(data["reductions"]) == {"auto", "learned"}
     assert all(set(by) == {"instant", "reasoning", "agentic"} for by in data["reductions"].values())
@@ -189,6 +191,7 @@ async def test_the_commands_against_a_running_stack(settings, tmp_path, monkeypa
     assert "goal not met" in first.output and "no forced reasoning run" in first.output
     data = json.loads((tmp_path / "headline" / "cli" / "report.json").read_text())
     assert data["items_per_family"] == {family: 2 for family in sorted(HEADLINE_FAMILIES)} and list(data["modes"]) == ["instant", "auto"]
+    assert data["budgets"]["policy_weights"] == "as the running stack serves them"
     assert compared.exit_code == 0, compared.output
     assert "+0.0 points (95% CI +0.0 points to +0.0 points)" in compared.output  # a run against itself changes nothing
     assert (tmp_path / "headline" / "cli" / "before_after.md").exists()
