@@ -58,6 +58,8 @@ class ModeReport:
     # of input tokens so served.
     flat_cost_of_pass_usd: float = math.inf
     cached_input_share: float = 0.0
+    # Episodes whose transcript passed its mode's format check (the reward service's verdict).
+    protocol_valid: float = 0.0
 
 
 @dataclass
@@ -119,6 +121,7 @@ def mode_report(mode: str, trajectories: list[Trajectory], bootstrap_samples: in
         statuses=dict(Counter(TrajectoryStatus.Name(t.status).removeprefix("TRAJECTORY_STATUS_").lower() for t in trajectories)),
         flat_cost_of_pass_usd=sum(flat_total_usd(t.cost) for t in trajectories) / sum(correct) if any(correct) else math.inf,
         cached_input_share=sum(t.usage.cached_input_tokens for t in trajectories) / input_tokens if input_tokens else 0.0,
+        protocol_valid=sum(t.reward.format_valid for t in trajectories) / len(trajectories),
     )
     if mode in ROUTED:
         chosen = [mode_name(t.mode) for t in trajectories]
@@ -189,15 +192,15 @@ def _share_text(shares: dict[str, float]) -> str:
 # In a terminal too narrow for all of them, the highest priorities are left out first.
 SUMMARY_COLUMNS = (
     Column("mode"), Column("items", 4, justify="right"), Column("n", 1, justify="right"), Column("pass@1", justify="right"),
-    Column("pass@k", 3, justify="right"), Column("out tok", 3, justify="right"), Column("tool calls", 3, justify="right"),
-    Column("mean cost", 2, justify="right"), Column("cost of pass", justify="right"), Column("95% CI", 4, justify="right"),
+    Column("pass@k", 3, justify="right"), Column("valid", 3, justify="right"), Column("out tok", 3, justify="right"),
+    Column("tool calls", 3, justify="right"), Column("mean cost", 2, justify="right"), Column("cost of pass", justify="right"), Column("95% CI", 4, justify="right"),
     Column("modes chosen", 1, wraps=True),
 )
 
 
 def _row(r: ModeReport) -> list[str]:
     return [
-        r.mode, str(r.items), str(r.trajectories), f"{r.pass_at_1:.3f}", f"{r.pass_at_k:.3f} (k={r.k})",
+        r.mode, str(r.items), str(r.trajectories), f"{r.pass_at_1:.3f}", f"{r.pass_at_k:.3f} (k={r.k})", f"{r.protocol_valid:.0%}",
         f"{r.mean_output_tokens:.1f}", f"{r.mean_tool_calls:.2f}", usd(r.mean_cost_usd), usd(r.cost_of_pass_usd),
         f"{usd(r.cost_of_pass_ci[0])} - {usd(r.cost_of_pass_ci[1])}", _share_text(r.mode_share),
     ]

@@ -106,6 +106,7 @@ async def test_headline_end_to_end(fast_router, tmp_path):
         figures = data["modes"][mode]
         assert figures["pass_at_1"] == pytest.approx(sum(t.reward.correct for t in ts) / len(ts))
         assert figures["mean_cost_usd"] == pytest.approx(sum(t.cost.total_usd for t in ts) / len(ts))
+        assert figures["protocol_valid"] == pytest.approx(sum(t.reward.format_valid for t in ts) / len(ts))
         assert figures["cost_of_pass_usd"] == pytest.approx(sum(t.cost.total_usd for t in ts) / sum(t.reward.correct for t in ts))
     assert data["modes"]["instant"]["pass_at_1"] == pytest.approx(0.5)  # facts and chain_sum
     assert data["modes"]["reasoning"]["pass_at_1"] == pytest.approx(0.75)
