@@ -193,8 +193,8 @@ def _share_text(shares: dict[str, float]) -> str:
 SUMMARY_COLUMNS = (
     Column("mode"), Column("items", 4, justify="right"), Column("n", 1, justify="right"), Column("pass@1", justify="right"),
     Column("pass@k", 3, justify="right"), Column("valid", 3, justify="right"), Column("out tok", 3, justify="right"),
-    Column("tool calls", 3, justify="right"), Column("mean cost", 2, justify="right"), Column("cost of pass", justify="right"), Column("95% CI", 4, justify="right"),
-    Column("modes chosen", 1, wraps=True),
+    Column("tool calls", 3, justify="right"), Column("mean cost", 2, justify="right"), Column("cost of pass", justify="right"),
+    Column("95% CI", 4, justify="right"), Column("modes chosen", 1, wraps=True),
 )
 
 
