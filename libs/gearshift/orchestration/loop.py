@@ -26,14 +26,15 @@ from rich.console import Console
 from rich.table import Table
 
 from gearshift import weights
-from gearshift.api.common.v1.common_pb2 import Checkpoint, CheckpointStatus, Purpose, Sampling, TrajectoryStatus
+from gearshift.api.common.v1.common_pb2 import Checkpoint, CheckpointStatus, Purpose, Sampling, Trajectory, TrajectoryStatus
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
 from gearshift.embedded import embedded
 from gearshift.errors import FailedPrecondition
 from gearshift.evaluation.harness import evaluate
 from gearshift.evaluation.report import fetch_run
-from gearshift.evaluation.suites import get_suite
+from gearshift.evaluation.runner import RETRIED, eval_mode_of
+from gearshift.evaluation.suites import family_of_trajectory, get_suite, suite_name
 from gearshift.orchestration import steps
 from gearshift.orchestration.evaluators import GateEvaluator
 from gearshift.orchestration.publishing import publish_builtin
@@ -58,6 +59,11 @@ class LoopConfig(BaseModel):
     eval_modes: list[str] = Field(["instant", "reasoning"], description="Evaluation modes reported besides the gate's; forced-instant success gives APO's p")
     gate_modes: list[str] = Field(["auto"], description="Modes the promotion gate decides on (learned is added where a router is published)")
     gate_requires_improvement: bool = Field(False, description="The gate promotes an improvement only (accuracy interval above 0), not merely no loss")
+    replay_suite: str = Field("", description="A suite whose train split the round also solves (greedy, in the seed modes) and learns from, so it keeps what the policy does there (e.g. headline)")
+    replay_items: int = Field(0, ge=0, description="Train items of the replay suite (its families in turn)")
+    guard_suite: str = Field("", description="A suite the gate also holds: base and candidate in auto on its test split; the candidate is rejected when one of its families falls by more than guard_max_drop")
+    guard_items: int = Field(0, ge=0, description="Test items of the guard suite (its families in turn)")
+    guard_max_drop: float = Field(0.03, ge=0, le=1, description="The largest fall of a guard family's auto accuracy the gate accepts")
     max_tokens_per_turn: int = Field(48, ge=8, description="Tokens per policy turn (serving, rollouts and evaluation alike)")
     max_steps: int = Field(1, ge=1, description="Policy turns per episode in every mode")
     sft_steps: int = Field(16, ge=0, description="SFT optimizer steps; 0 skips SFT, so APO starts from the base (one APO round on the model's own routing)")
@@ -248,27 +254,47 @@ async def feedback_stage(stack: Settings, config: LoopConfig, report: Reporter) 
 
 
 async def seed_stages(stack: Settings, config: LoopConfig, suite, base: Checkpoint, report: Reporter) -> dict:
-    """Seed and score: the suite's train items solved in the forced seed modes, scored with the
-    APO reward. Returns SFT's data section (the correct seed trajectories)."""
+    """Seed and score: the suite's train items solved in the forced seed modes (and the replay
+    suite's, greedy), scored with the APO reward. Returns SFT's data section (the correct ones)."""
     with report.stage("seed", f"{suite.name} train split, {config.seed_items} items x {', '.join(config.seed_modes)} (forced)") as fig:
         seed_run = f"loop-seed-{steps.digest(suite.name, config.seed_items, config.seed_modes, config.seed_samples, config.seed_temperature, config.max_tokens_per_turn, config.max_steps, base.id)}"
-        seeded = await evaluate(stack, config.suite, config.seed_modes, config.seed_items, samples=config.seed_samples, split="train",
-                                run_id=seed_run, concurrency=config.concurrency, out_dir=stack.data_dir / "eval" / seed_run,
-                                purpose=Purpose.PURPOSE_TRAINING,
-                                sampling=Sampling(temperature=config.seed_temperature, top_p=1.0) if config.seed_temperature else None)
+        sampling = Sampling(temperature=config.seed_temperature, top_p=1.0) if config.seed_temperature else None
+        seeded = await solve_train(stack, config, config.suite, config.seed_items, seed_run, config.seed_samples, sampling)
         fig |= {"run_id": seed_run, "episodes": seeded.summary.planned, "solved_now": seeded.summary.solved,
-                "reused": seeded.summary.skipped, "correct": sum(r.correct for r in seeded.report.modes.values())}
+                "reused": seeded.summary.skipped, "correct": correct_of(seeded)}
+        run_ids = [seed_run]
+        if config.replay_suite:
+            replay_run = f"loop-replay-{steps.digest(config.replay_suite, config.replay_items, config.seed_modes, config.max_tokens_per_turn, config.max_steps, base.id)}"
+            replayed = await solve_train(stack, config, config.replay_suite, config.replay_items, replay_run)
+            fig |= {"replay_run_id": replay_run, "replay_episodes": replayed.summary.planned, "replay_correct": correct_of(replayed)}
+            run_ids.append(replay_run)
 
     with report.stage("score", "APO reward from the reward service, one group per query") as fig:
-        async with channel(stack.store_addr, stack) as ch:
-            trajectories = await fetch_run(store_pb2_grpc.TrajectoryStoreStub(ch), seed_run)
+        trajectories = await fetch_runs(stack, run_ids)
         completed = [t for t in trajectories if t.status == TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED]
         fig["scored"] = await steps.score(stack, completed)
-        async with channel(stack.store_addr, stack) as ch:
-            rescored = await fetch_run(store_pb2_grpc.TrajectoryStoreStub(ch), seed_run)
+        rescored = await fetch_runs(stack, run_ids)
         fig["correct"] = sum(t.reward.correct for t in rescored)
         fig["mean_apo_reward"] = sum(t.reward.value for t in rescored) / max(1, len(rescored))
-    return {"correctness": "correct", "task_source": suite.name, "split": "train", "run_ids": [seed_run]}
+    # With a replay suite the runs alone say which trajectories are the round's.
+    return {"correctness": "correct", "task_source": "" if config.replay_suite else suite.name, "split": "train", "run_ids": run_ids}
+
+
+async def solve_train(stack: Settings, config: LoopConfig, suite: str, items: int, run_id: str, samples: int = 1, sampling: Sampling | None = None):
+    """A suite's first train items solved in the forced seed modes, stored as training data."""
+    return await evaluate(stack, suite, config.seed_modes, items, samples=samples, split="train", run_id=run_id,
+                          concurrency=config.concurrency, out_dir=stack.data_dir / "eval" / run_id,
+                          purpose=Purpose.PURPOSE_TRAINING, sampling=sampling)
+
+
+def correct_of(evaluation) -> int:
+    return sum(r.correct for r in evaluation.report.modes.values())
+
+
+async def fetch_runs(stack: Settings, run_ids: list[str]) -> list:
+    async with channel(stack.store_addr, stack) as ch:
+        store = store_pb2_grpc.TrajectoryStoreStub(ch)
+        return [t for run_id in run_ids for t in await fetch_run(store, run_id)]
 
 
 def suite_prompts(config: LoopConfig, suite) -> list[dict]:
@@ -280,22 +306,25 @@ def suite_prompts(config: LoopConfig, suite) -> list[dict]:
 
 async def judge_stages(stack: Settings, config: LoopConfig, suite, base: Checkpoint, candidate: Checkpoint,
                        evaluator: GateEvaluator, server, report: Reporter) -> None:
-    """Evaluate, gate, publish: base and candidate on the suite's held-out split, the promotion
-    gate, and the switch to the candidate (or its rejection)."""
+    """Evaluate, guard, gate, publish: base and candidate on the suite's held-out split (and the
+    guard suite's), the promotion gate, and the switch to the candidate (or its rejection)."""
     with report.stage("evaluate", f"{suite.name} held-out split, {config.eval_items} items x {', '.join(config.eval_modes)}") as fig:
         fig["base"] = await evaluator.run(base)
         fig["candidate"] = await evaluator.run(candidate)
         gate_mode = config.gate_modes[0]
         fig |= {f"{who}_{name}": fig[who][gate_mode][name] for who in ("base", "candidate") for name in ("accuracy", "apo_reward", "cost_of_pass_usd")}
 
+    held, guard_reasons = await guard_stage(stack, config, base, candidate, report) if config.guard_suite else (True, [])
+
     with report.stage("gate", f"accuracy and cost of pass ({', '.join(config.gate_modes)}) vs the published {base.id}: 95% intervals") as fig:
         outcome = await steps.gate(stack, candidate.id, evaluator)
-        fig |= {"promoted": outcome.decision.promote, "reasons": outcome.decision.reasons,
+        promote = outcome.decision.promote and held
+        fig |= {"promoted": promote, "reasons": outcome.decision.reasons + guard_reasons,
                 "baseline": outcome.baseline.id if outcome.baseline else ""}
-        report.console.print("  " + "; ".join(outcome.decision.reasons))
+        report.console.print("  " + "; ".join(fig["reasons"]))
 
-    with report.stage("publish", "the built-in policy server switches to the candidate" if outcome.decision.promote else "skipped: rejected") as fig:
-        if outcome.decision.promote:
+    with report.stage("publish", "the built-in policy server switches to the candidate" if promote else "skipped: rejected") as fig:
+        if promote:
             published = await publish_builtin(candidate, stack)
             await steps.update_checkpoint(stack, candidate.id, CheckpointStatus.CHECKPOINT_STATUS_PUBLISHED,
                                           {"switch_seconds": published.switch_seconds})
@@ -303,6 +332,36 @@ async def judge_stages(stack: Settings, config: LoopConfig, suite, base: Checkpo
         else:
             await steps.update_checkpoint(stack, candidate.id, CheckpointStatus.CHECKPOINT_STATUS_REJECTED, {})
             fig["serving"] = str(server.engine.current.path)
+
+
+async def guard_stage(stack: Settings, config: LoopConfig, base: Checkpoint, candidate: Checkpoint, report: Reporter) -> tuple[bool, list[str]]:
+    """What the round must not trade away: base and candidate in auto on the guard suite's
+    held-out split, family by family. Returns whether every family held, and why not."""
+    orchestration = stack.orchestration.model_copy(update={
+        "eval_suite": config.guard_suite, "eval_split": HELD_OUT, "eval_items": config.guard_items, "gate_modes": ["auto"]})
+    evaluator = GateEvaluator(stack.model_copy(update={"orchestration": orchestration}))
+    with report.stage("guard", f"{suite_name(config.guard_suite)} held-out split, {config.guard_items} items x auto, by family") as fig:
+        for who, checkpoint in (("base", base), ("candidate", candidate)):
+            fig[f"{who}_run_id"] = (await evaluator.run(checkpoint))["run_id"]
+            fig[who] = family_accuracy(evaluator.trajectories[checkpoint.id], "auto")
+        fig["held"], fig["reasons"] = guard_verdict(fig["base"], fig["candidate"], config.guard_max_drop)
+    return fig["held"], fig["reasons"]
+
+
+def family_accuracy(trajectories: list[Trajectory], mode: str) -> dict[str, float]:
+    """Accuracy (pass@1) of one evaluation mode, per family."""
+    verdicts: dict[str, list[bool]] = {}
+    for t in trajectories:
+        if eval_mode_of(t) == mode and t.status not in RETRIED:
+            verdicts.setdefault(family_of_trajectory(t), []).append(t.reward.correct)
+    return {family: sum(v) / len(v) for family, v in sorted(verdicts.items())}
+
+
+def guard_verdict(before: dict[str, float], after: dict[str, float], max_drop: float) -> tuple[bool, list[str]]:
+    """Whether no family fell by more than max_drop (a family missing after counts as 0)."""
+    fallen = [f"guard: {family} fell {before[family]:.1%} -> {after.get(family, 0.0):.1%}" for family in before
+              if before[family] - after.get(family, 0.0) > max_drop + 1e-9]
+    return not fallen, fallen or [f"guard: no family fell by more than {max_drop:.0%}"]
 
 
 FIGURES = ("accuracy", "apo_reward", "cost_of_pass_usd", "mean_cost_usd", "mean_output_tokens", "format_valid")

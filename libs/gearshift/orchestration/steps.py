@@ -116,22 +116,23 @@ async def count_scored_since(settings: Settings, since_us: int, enough: int) -> 
 # ---------------------------------------------------------------- dataset snapshots
 
 
-def data_filter(data: dict) -> store_pb2.TrajectoryFilter:
-    """The store filter of a job's `data` section (gearshift.training.config.DataConfig)."""
+async def matching_ids(settings: Settings, data: dict) -> list[str]:
+    """The ids of the stored trajectories a job's `data` section (DataConfig) matches now: one
+    Export per filter (one per run id), in order, each id once."""
     from gearshift.training.config import DataConfig
     from gearshift.training.data import trajectory_filters
 
-    filters = trajectory_filters(DataConfig.model_validate(data))
-    if len(filters) != 1:
-        raise FailedPrecondition("a snapshot takes one filter (at most one run id)")
-    return filters[0]
+    ids: dict[str, None] = {}
+    async with channel(settings.store_addr, settings) as ch:
+        store = store_pb2_grpc.TrajectoryStoreStub(ch)
+        for flt in trajectory_filters(DataConfig.model_validate(data)):
+            ids |= {t.id: None async for t in store.Export(store_pb2.ExportRequest(filter=flt))}
+    return list(ids)
 
 
 async def count_matching(settings: Settings, data: dict) -> int:
     """How many stored trajectories a data filter matches now."""
-    request = store_pb2.ExportRequest(filter=data_filter(data))
-    async with channel(settings.store_addr, settings) as ch:
-        return sum([1 async for _ in store_pb2_grpc.TrajectoryStoreStub(ch).Export(request)])
+    return len(await matching_ids(settings, data))
 
 
 async def snapshot(settings: Settings, data: dict) -> dict:
@@ -139,9 +140,7 @@ async def snapshot(settings: Settings, data: dict) -> dict:
     snapshot id), written to data_dir/snapshots/<id>.json."""
     from gearshift.training.data import snapshot_id
 
-    request = store_pb2.ExportRequest(filter=data_filter(data))
-    async with channel(settings.store_addr, settings) as ch:
-        ids = [t.id async for t in store_pb2_grpc.TrajectoryStoreStub(ch).Export(request)]
+    ids = await matching_ids(settings, data)
     if not ids:
         raise FailedPrecondition(f"no trajectories match {data}")
     name = snapshot_id(ids)

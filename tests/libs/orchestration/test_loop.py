@@ -3,7 +3,8 @@ built-in policy server in this process, the SQLite store), the real SmolLM2 and 
 trainers as subprocesses: every stage runs, the candidate is registered with its lineage, the
 gate decides as it must, and the summary carries the before/after figures. The SFT learning
 rate is set to wreck the model, so the gate's answer is known: a candidate that answers nothing
-correctly is refused, and serving stays on the base."""
+correctly is refused, and serving stays on the base. The round also replays a second suite's
+train split (its correct trajectories train with the seed's) and guards that suite's families."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from gearshift.api.common.v1.common_pb2 import CheckpointStatus
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
 from gearshift.embedded import embedded
-from gearshift.orchestration.loop import QUICK_CONFIG, run_round
+from gearshift.evaluation.report import fetch_run
+from gearshift.orchestration.loop import QUICK_CONFIG, guard_verdict, run_round
 from gearshift.settings import Settings
 
 # About 90 s on an idle 2-core machine; the limit leaves room for a shared, loaded one.
@@ -29,6 +31,13 @@ ITEMS = [
     ("capital-germany", "What is the capital of Germany?", "Berlin", "test"),
     ("capital-spain", "What is the capital of Spain?", "Madrid", "test"),
 ]
+# The replayed and guarded suite: two families (a JSONL row's domain), train and test items of each.
+KEPT = [
+    ("capital-peru", "What is the capital of Peru?", "Lima", "train", "capitals"),
+    ("sum-small", "What is 2 + 3?", "5", "train", "sums"),
+    ("capital-egypt", "What is the capital of Egypt?", "Cairo", "test", "capitals"),
+    ("sum-tens", "What is 10 + 20?", "30", "test", "sums"),
+]
 
 
 async def test_quick_round_runs_every_stage_and_registers_the_candidate_with_lineage(tmp_path):
@@ -36,13 +45,17 @@ async def test_quick_round_runs_every_stage_and_registers_the_candidate_with_lin
     suite = tmp_path / "capitals.jsonl"
     suite.write_text("".join(json.dumps({"id": i, "question": q, "answer": a, "split": s, "difficulty": "1"}) + "\n" for i, q, a, s in ITEMS))
     settings = Settings(data_dir=tmp_path, metrics_port=0, log_level="WARNING")
-    config = QUICK_CONFIG.model_copy(update={"suite": str(suite), "sft_learning_rate": 0.05})
+    kept = tmp_path / "kept.jsonl"
+    kept.write_text("".join(json.dumps({"id": i, "question": q, "answer": a, "split": s, "domain": d}) + "\n" for i, q, a, s, d in KEPT))
+    config = QUICK_CONFIG.model_copy(update={"suite": str(suite), "sft_learning_rate": 0.05, "replay_suite": str(kept),
+                                             "replay_items": 2, "guard_suite": str(kept), "guard_items": 2})
 
     summary = await run_round(settings, config, out=tmp_path / "summary.json")
 
     stages = summary["stages"]
-    assert list(stages) == ["seed", "score", "sft", "apo", "evaluate", "gate", "publish"]
-    assert stages["seed"]["episodes"] == 3 and stages["score"]["scored"] >= 1 and stages["sft"]["trajectories"] >= 1
+    assert list(stages) == ["seed", "score", "sft", "apo", "evaluate", "guard", "gate", "publish"]
+    assert stages["seed"]["episodes"] == 3 and stages["seed"]["replay_episodes"] == 2
+    assert stages["score"]["scored"] >= 1 and stages["sft"]["trajectories"] == stages["score"]["correct"] >= 1
     assert stages["sft"]["steps"] == config.sft_steps and stages["apo"]["steps"] == config.apo_steps
     assert stages["apo"]["rollouts"] == 3 * config.apo_rho + config.apo_gamma
     figures = summary["before_after"]["instant"]
@@ -57,6 +70,19 @@ async def test_quick_round_runs_every_stage_and_registers_the_candidate_with_lin
     assert candidate.job == "apo" and sft.job == "sft" and sft.id == stages["sft"]["checkpoint"]
     assert sft.parent_id == summary["base"] and sft.dataset_snapshot == stages["sft"]["snapshot"]
     assert len(sft.trajectory_ids) == stages["sft"]["trajectories"] and candidate.trajectory_ids and candidate.dataset_snapshot
+    # SFT learned from the seed and the replay, the correct trajectories of both runs.
+    async with embedded(settings, ("store",)) as platform, channel(platform.settings.store_addr, platform.settings) as ch:
+        store = store_pb2_grpc.TrajectoryStoreStub(ch)
+        solved = [t for run in (stages["seed"]["run_id"], stages["seed"]["replay_run_id"]) for t in await fetch_run(store, run)]
+    assert {t.labels["item_id"] for t in solved} == {"capital-france", "capital-italy", "capital-japan", "capital-peru", "sum-small"}
+    assert set(sft.trajectory_ids) == {t.id for t in solved if t.reward.correct}
+    # The guard measured both checkpoints family by family; the wrecked candidate answers nothing.
+    guard = stages["guard"]
+    assert guard["base_run_id"] != guard["candidate_run_id"]
+    assert set(guard["base"]) == set(guard["candidate"]) == {"capitals", "sums"}
+    assert guard["candidate"] == {"capitals": 0.0, "sums": 0.0}
+    assert guard["held"] == (max(guard["base"].values()) <= config.guard_max_drop)
+    assert all(reason in stages["gate"]["reasons"] for reason in guard["reasons"])
     # The gate decided on the model's own routing, on the same held-out items for both, and the
     # registry says so.
     evaluated = stages["evaluate"]
@@ -66,3 +92,14 @@ async def test_quick_round_runs_every_stage_and_registers_the_candidate_with_lin
     assert not summary["promoted"] and any("auto: the candidate answers nothing correctly" in r for r in stages["gate"]["reasons"])
     assert candidate.status == CheckpointStatus.CHECKPOINT_STATUS_REJECTED
     assert stages["publish"]["serving"] != candidate.uri
+
+
+def test_the_guard_refuses_a_family_that_fell_by_more_than_the_allowed_drop():
+    # One item in 30 is 3.3 points: more than 3. One in 60 is 1.7: allowed; two are not.
+    held, reasons = guard_verdict({"facts": 10 / 30, "sums": 0.5}, {"facts": 9 / 30, "sums": 0.9}, 0.03)
+    assert not held and reasons == ["guard: facts fell 33.3% -> 30.0%"]
+    assert guard_verdict({"facts": 20 / 60}, {"facts": 19 / 60}, 0.03)[0]
+    assert not guard_verdict({"facts": 20 / 60}, {"facts": 18 / 60}, 0.03)[0]
+    # A family the candidate's run lacks counts as answered by none.
+    assert guard_verdict({"facts": 0.5, "sums": 0.2}, {"facts": 0.5}, 0.03) == (False, ["guard: sums fell 20.0% -> 0.0%"])
+    assert guard_verdict({"facts": 0.5}, {"facts": 0.48}, 0.03) == (True, ["guard: no family fell by more than 3%"])
