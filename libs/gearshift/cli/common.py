@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Iterator
 
 import click
 import grpc
+import pydantic
 
 from gearshift.errors import GearshiftError
 
@@ -19,6 +20,9 @@ def one_line_errors() -> Iterator[None]:
         yield
     except grpc.aio.AioRpcError as exc:
         raise click.ClickException(f"{exc.code().name}: {exc.details()}") from None
+    except pydantic.ValidationError as exc:  # a config file's fields: one clause per field
+        clauses = (f"{'.'.join(map(str, error['loc'])) or exc.title}: {error['msg']}" for error in exc.errors())
+        raise click.ClickException("; ".join(clauses)) from None
     except (GearshiftError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
 

@@ -21,7 +21,7 @@ import json
 import time
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from rich.console import Console
 from rich.table import Table
 
@@ -79,6 +79,13 @@ class LoopConfig(BaseModel):
     from_feedback: bool = Field(
         False, description="Learn from gateway traffic instead of seeding from the suite: SFT on the served trajectories clients judged correct (POST /v1/feedback), APO on up to apo_prompts of their queries in their conversations, the approved answers as references; evaluation and the gate stay on the suite's held-out split"
     )
+
+    @model_validator(mode="after")
+    def _named_suites_have_items(self) -> LoopConfig:
+        for what in ("replay", "guard"):
+            if getattr(self, f"{what}_suite") and not getattr(self, f"{what}_items"):
+                raise ValueError(f"{what}_suite needs {what}_items of at least 1")
+        return self
 
 
 DEFAULT_CONFIG = LoopConfig()

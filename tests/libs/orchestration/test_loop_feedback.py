@@ -105,6 +105,20 @@ def test_the_command_line_flag_sets_the_round_from_feedback(tmp_path, monkeypatc
     assert seen["config"].from_feedback and seen["config"].apo_prompts == 5 and seen["config"].sft_steps == loop.QUICK_CONFIG.sft_steps
 
 
+
+def test_a_bad_round_config_is_one_line_naming_each_field(tmp_path):
+    from click.testing import CliRunner
+    from gearshift.cli import main
+
+    overrides = tmp_path / "loop.json"
+    for fields, message in [
+        ({"seed_items": 0, "concurrency": 0}, "seed_items: Input should be greater than or equal to 1; concurrency: Input should be greater than or equal to 1"),
+        ({"guard_suite": "headline"}, "LoopConfig: Value error, guard_suite needs guard_items of at least 1"),
+    ]:
+        overrides.write_text(json.dumps(fields))
+        result = CliRunner().invoke(main, ["loop", "--config", str(overrides)])
+        assert (result.exit_code, result.output) == (1, f"Error: {message}\n")
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 async def test_a_full_round_from_feedback_on_a_tiny_model(tmp_path):
