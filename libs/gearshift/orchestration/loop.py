@@ -74,6 +74,9 @@ class LoopConfig(BaseModel):
     apo_rho: int = Field(1, ge=0, description="APO forced rollouts per mode per prompt")
     apo_gamma: int = Field(1, ge=0, description="APO free rollouts per prompt (the model routes itself)")
     apo_learning_rate: float = Field(1e-6, gt=0, description="APO learning rate")
+    lora_rank: int = Field(
+        0, ge=0, description="SFT and APO train a LoRA adapter of this rank (alpha twice the rank, every projection, as the default policy) instead of the full weights; 0: full weights"
+    )
     threads: int = Field(2, ge=1, description="torch threads of the trainers and the policy server")
     concurrency: int = Field(4, ge=1, description="Episodes in flight at once in every stage that solves (seed, APO rollouts, evaluation, gate), so the policy server batches their turns")
     from_feedback: bool = Field(
@@ -151,14 +154,20 @@ async def base_checkpoint(settings: Settings, config: LoopConfig) -> Checkpoint:
         return await store_pb2_grpc.TrajectoryStoreStub(ch).RegisterCheckpoint(store_pb2.RegisterCheckpointRequest(checkpoint=checkpoint))
 
 
+def model_config(config: LoopConfig) -> dict:
+    """The trainers' model section: LoRA or full weights (the base comes from the parent checkpoint)."""
+    return {"lora": True, "lora_rank": config.lora_rank, "lora_alpha": 2 * config.lora_rank} if config.lora_rank else {}
+
+
 def sft_config(config: LoopConfig) -> dict:
-    return {"batch_size": config.sft_batch_size, "max_length": 1024,
+    return {"batch_size": config.sft_batch_size, "max_length": 1024, "model": model_config(config),
             "optim": {"max_steps": config.sft_steps, "learning_rate": config.sft_learning_rate, "threads": config.threads},
             "output": {"progress": False}}
 
 
 def apo_config(config: LoopConfig, prompts: list[dict]) -> dict:
     return {"prompts": prompts, "rho": config.apo_rho, "gamma": config.apo_gamma, "max_length": 1024, "task_source": "loop-apo",
+            "model": model_config(config),
             "optim": {"max_steps": config.apo_steps, "learning_rate": config.apo_learning_rate, "threads": config.threads},
             "rollout": {"max_tokens_per_turn": config.max_tokens_per_turn, "max_steps": config.max_steps, "concurrency": config.concurrency},
             "output": {"progress": False}}

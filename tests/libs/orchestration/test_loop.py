@@ -4,11 +4,13 @@ trainers as subprocesses: every stage runs, the candidate is registered with its
 gate decides as it must, and the summary carries the before/after figures. The SFT learning
 rate is set to wreck the model, so the gate's answer is known: a candidate that answers nothing
 correctly is refused, and serving stays on the base. The round also replays a second suite's
-train split (its correct trajectories train with the seed's) and guards that suite's families."""
+train split (its correct trajectories train with the seed's) and guards that suite's families,
+and its trainers adapt LoRA adapters, not the full weights."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from gearshift import weights
@@ -48,7 +50,8 @@ async def test_quick_round_runs_every_stage_and_registers_the_candidate_with_lin
     kept = tmp_path / "kept.jsonl"
     kept.write_text("".join(json.dumps({"id": i, "question": q, "answer": a, "split": s, "domain": d}) + "\n" for i, q, a, s, d in KEPT))
     config = QUICK_CONFIG.model_copy(update={"suite": str(suite), "sft_learning_rate": 0.05, "replay_suite": str(kept),
-                                             "replay_items": 2, "guard_suite": str(kept), "guard_items": 2})
+                                             "replay_items": 2, "guard_suite": str(kept), "guard_items": 2,
+                                             "lora_rank": 4})
 
     summary = await run_round(settings, config, out=tmp_path / "summary.json")
 
@@ -70,6 +73,12 @@ async def test_quick_round_runs_every_stage_and_registers_the_candidate_with_lin
     assert candidate.job == "apo" and sft.job == "sft" and sft.id == stages["sft"]["checkpoint"]
     assert sft.parent_id == summary["base"] and sft.dataset_snapshot == stages["sft"]["snapshot"]
     assert len(sft.trajectory_ids) == stages["sft"]["trajectories"] and candidate.trajectory_ids and candidate.dataset_snapshot
+    # Both trainers adapted rank-4 adapters and saved them beside the merged weights that serve.
+    for checkpoint in (sft, candidate):
+        model = json.loads(checkpoint.config_json)["model"]
+        assert (model["lora"], model["lora_rank"], model["lora_alpha"]) == (True, 4, 8)
+        assert json.loads((Path(checkpoint.uri) / "adapter" / "adapter_config.json").read_text())["r"] == 4
+        assert (Path(checkpoint.uri) / "config.json").exists()
     # SFT learned from the seed and the replay, the correct trajectories of both runs.
     async with embedded(settings, ("store",)) as platform, channel(platform.settings.store_addr, platform.settings) as ch:
         store = store_pb2_grpc.TrajectoryStoreStub(ch)
