@@ -28,7 +28,7 @@ from gearshift.api.common.v1.common_pb2 import Sampling, Trajectory
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.embedded import embedded
 from gearshift.errors import FailedPrecondition
-from gearshift.policy_client import VLLM, PolicyClient
+from gearshift.policy_client import VLLM, PolicyClient, derived_seed
 from gearshift.settings import ExecutorSettings, PolicyServerSettings, Settings
 from gearshift.topology import SERVICE_NAMES
 from gearshift.training import checkpoints, distributed, tokenization
@@ -44,8 +44,10 @@ ADAPTER_PREFIX = "adapter-step-"
 T = TypeVar("T")
 
 
-def sampling(rollout: RolloutConfig) -> Sampling:
-    return Sampling(temperature=rollout.temperature, top_p=rollout.top_p)
+def sampling(rollout: RolloutConfig, seed: int, trajectory_id: str) -> Sampling:
+    """A rollout's sampling, seeded from the run's seed and the rollout's id: a rerun of the run
+    (or a resumed step) samples the same episodes."""
+    return Sampling(temperature=rollout.temperature, top_p=rollout.top_p, seed=derived_seed(seed, trajectory_id))
 
 
 def encode_rollouts(tokenizer, rollouts: list[Trajectory], rollout: RolloutConfig, max_length: int) -> list[tokenization.Encoded]:

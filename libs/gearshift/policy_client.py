@@ -24,6 +24,7 @@ its CPU build 0.32.0: /sleep and /wake_up are no-ops there, and the weight-trans
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import random
 from collections.abc import AsyncIterator
@@ -610,12 +611,20 @@ class PolicyClient:
 
 
 def sampling_options(sampling=None) -> dict:
-    """temperature and top_p of a policy call for a common.v1.Sampling; None: greedy."""
+    """temperature, top_p and seed (when set) of a policy call for a common.v1.Sampling; None: greedy."""
     if sampling is None:
         return {"temperature": 0.0, "top_p": 1.0}
     if not (sampling.temperature >= 0 and 0 <= sampling.top_p <= 1):
         raise InvalidArgument(f"sampling needs temperature >= 0 and top_p in [0, 1], got {sampling.temperature}, {sampling.top_p}")
-    return {"temperature": sampling.temperature, "top_p": sampling.top_p or 1.0}
+    seed = {"seed": sampling.seed} if sampling.HasField("seed") else {}
+    return {"temperature": sampling.temperature, "top_p": sampling.top_p or 1.0, **seed}
+
+
+def derived_seed(*key) -> int:
+    """One episode's seed from its identity (a seed, then item, mode, sample...): the same in every
+    run and process, and unrelated to any other episode's (the executor seeds call k with seed + k,
+    so consecutive seeds would share calls)."""
+    return int.from_bytes(hashlib.sha256("/".join(map(str, key)).encode()).digest()[:8], "big") % 2**63
 
 
 def requested_sampling(request):

@@ -41,7 +41,7 @@ from gearshift.api.router.v1 import router_pb2, router_pb2_grpc
 from gearshift.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.errors import GearshiftError, InvalidArgument
-from gearshift.policy_client import PolicyClient
+from gearshift.policy_client import PolicyClient, sampling_options
 from gearshift.pricing import CostTable, add_usage
 from gearshift.protocol import a2fm, prompts
 from gearshift.protocol.sampled import sampled_span, shifted
@@ -91,10 +91,19 @@ class EpisodeState:
     plan_progress: int = 0
     last_finish: str | None = None  # why the last generation stopped: "stop", "length", ...
     budget: Budget | None = None  # set when the episode starts
+    calls: int = 0  # model calls made so far (a seeded episode's k-th samples with seed + k)
 
     def turn_tokens(self, per_turn: int) -> int:
         """The most tokens the next generation may take."""
         return self.budget.turn_tokens(per_turn, self.trajectory.usage) if self.budget else per_turn
+
+    def next_sampling(self, sampling: Sampling | None) -> Sampling | None:
+        """The sampling of the episode's next model call: with a seed, the k-th call samples with
+        seed + k, so the episode repeats without every call drawing the same random numbers."""
+        if sampling is None or not sampling.HasField("seed"):
+            return sampling
+        self.calls += 1
+        return Sampling(temperature=sampling.temperature, top_p=sampling.top_p, seed=(sampling.seed + self.calls - 1) % 2**63)
 
     def account(self, turn: Turn | None, usage: TokenUsage) -> None:
         """Counts one model call's tokens: the trajectory's usage (priced, and held against the
@@ -166,7 +175,7 @@ class EpisodeRunner:
 
     def _route(self, request: executor_pb2.SolveRequest, state: EpisodeState):
         return self.down.router.Route(router_pb2.RouteRequest(
-            query=request.query, strategy=request.strategy, forced_mode=request.mode, sampling=state.explore,
+            query=request.query, strategy=request.strategy, forced_mode=request.mode, sampling=state.next_sampling(state.explore),
             conversation=request.conversation,
         ))
 
@@ -273,12 +282,12 @@ class EpisodeRunner:
         if native_messages:
             belief.native_messages_json = json.dumps(native_messages)
             belief.native.CopyFrom(state.trajectory.native)
-        decision = await self.down.planner.Regulate(planner_pb2.RegulateRequest(state=belief, sampling=state.explore))
+        decision = await self.down.planner.Regulate(planner_pb2.RegulateRequest(state=belief, sampling=state.next_sampling(state.explore)))
         state.account(turn, decision.usage)
         turn.plan_decision = decision.decision
         samples = [decision.sampled] if decision.HasField("sampled") else []
         if decision.decision == PlanDecision.PLAN_DECISION_PLAN_NEW:
-            planned = await self.down.planner.Plan(planner_pb2.PlanRequest(state=belief, sampling=state.explore))
+            planned = await self.down.planner.Plan(planner_pb2.PlanRequest(state=belief, sampling=state.next_sampling(state.explore)))
             state.account(turn, planned.usage)
             if planned.plan.steps:
                 state.plan, state.plan_progress = planned.plan, 0
@@ -299,8 +308,7 @@ class EpisodeRunner:
         async for chunk in self.policy.stream_chat(
             prompts.messages(state.trajectory.query, state.transcript, state.trajectory.conversation),
             max_tokens=remaining,
-            temperature=state.sampling.temperature,
-            top_p=state.sampling.top_p or 1.0,
+            **sampling_options(state.next_sampling(state.sampling)),
             stop=stop,
             continue_final_message=True,
             add_generation_prompt=False,

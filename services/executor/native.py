@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 
 from gearshift.api.common.v1.common_pb2 import NativeRequest, PolicyProtocol, ToolResult, Turn
 from gearshift.api.executor.v1 import executor_pb2
+from gearshift.policy_client import sampling_options
 from gearshift.protocol import native
 from gearshift.protocol.sr2am import plan_block_separator
 from gearshift.services.executor.episode import Budget, EpisodeRunner, EpisodeState, event
@@ -89,8 +90,7 @@ class NativeEpisodeRunner(EpisodeRunner):
             add_generation_prompt=not opened,
             tools=tools or None,
             max_tokens=remaining,
-            temperature=state.sampling.temperature,
-            top_p=state.sampling.top_p or 1.0,
+            **sampling_options(state.next_sampling(state.sampling)),
             chat_template_kwargs=native.served_kwargs(trajectory),
             **({"chat_template": self.policy.chat_template} if self.policy.chat_template else {}),
         ):

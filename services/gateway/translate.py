@@ -65,9 +65,6 @@ MAX_METADATA = 16  # as OpenAI
 
 # Request fields the gateway cannot honour: refused when set to anything but what it does anyway.
 UNSUPPORTED = (
-    ("seed", lambda v: v is not None,
-     "seed is not supported: an episode's model calls cannot be seeded (leave temperature and top_p unset for greedy, "
-     "repeatable decoding)"),
     ("n", lambda v: v not in (None, 1), "n > 1 is not supported: one request runs one episode"),
     ("logprobs", bool, "logprobs are not supported: an episode's answer is not one generation"),
     ("top_logprobs", lambda v: v is not None, "top_logprobs is not supported: an episode's answer is not one generation"),
@@ -113,8 +110,9 @@ def solve_request(body: schemas.ChatCompletionRequest, trajectory_id: str, max_l
     tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if tokens is not None:  # what the policy generates, as OpenAI counts it; prompts are the platform's
         request.budget.max_output_tokens = tokens
-    if body.temperature is not None or body.top_p is not None:  # unset: the executor's greedy defaults
-        request.sampling.CopyFrom(Sampling(temperature=1.0 if body.temperature is None else body.temperature, top_p=body.top_p or 0.0))
+    if body.temperature is not None or body.top_p is not None or body.seed is not None:  # unset: the executor's greedy defaults
+        request.sampling.CopyFrom(Sampling(temperature=1.0 if body.temperature is None else body.temperature, top_p=body.top_p or 0.0,
+                                           seed=None if body.seed is None else body.seed % 2**63))
     stop_words(body)  # checked before the episode runs
     return request
 

@@ -38,6 +38,10 @@ def test_group_requests_force_each_mode_rho_times_then_gamma_free(tiny_dir):
     assert len({r.trajectory_id for r in requests}) == cfg.group_size == 9
     again = group_requests(APOPrompt(query="q", reference_answer="a"), cfg, "run", step=1, index=0)
     assert [r.trajectory_id for r in again] == [r.trajectory_id for r in requests]  # a resumed step finds them
+    # Each rollout samples with its own seed, the same when the step is run again; another run seed, others.
+    assert len({r.sampling.seed for r in requests}) == 9 and [r.sampling for r in again] == [r.sampling for r in requests]
+    reseeded = group_requests(APOPrompt(query="q", reference_answer="a"), config(tiny_dir, "/tmp/unused", rho=2, gamma=3, optim={"seed": 1}), "run", 1, 0)
+    assert not {r.sampling.seed for r in reseeded} & {r.sampling.seed for r in requests}
 
 
 def test_policy_loss_falls_on_a_fixed_rollout_batch(tiny_dir, tmp_path):

@@ -53,6 +53,7 @@ def group_requests(prompt: APOPrompt, config: APOConfig, run_id: str, step: int,
     slots = [(mode, k) for mode in MODE_OF.values() for k in range(config.rho)]
     slots += [(Mode.MODE_UNSPECIFIED, k) for k in range(config.gamma)]
     budget = executor_pb2.Budget(max_steps=config.rollout.max_steps)
+    ids = [str(uuid.uuid5(uuid.NAMESPACE_URL, f"{run_id}/{step}/{index}/{Mode.Name(mode)}/{k}")) for mode, k in slots]
     return [
         executor_pb2.SolveRequest(
             query=prompt.query,
@@ -64,11 +65,11 @@ def group_requests(prompt: APOPrompt, config: APOConfig, run_id: str, step: int,
             run_id=run_id,
             labels={**prompt.labels, "step": str(step), "sample": str(k)},
             purpose=Purpose.PURPOSE_TRAINING,
-            sampling=sampling(config.rollout),
-            trajectory_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"{run_id}/{step}/{index}/{Mode.Name(mode)}/{k}")),
+            sampling=sampling(config.rollout, config.optim.seed, trajectory_id),
+            trajectory_id=trajectory_id,
             conversation=prompt.conversation.to_proto() if prompt.conversation else None,
         )
-        for mode, k in slots
+        for (mode, k), trajectory_id in zip(slots, ids, strict=True)
     ]
 
 

@@ -79,7 +79,7 @@ async def student_rollouts(stack: Settings, prompts: list[Prompt], config: Disti
             run_id=run_id,
             labels={"domain": prompt.domain, "step": str(step)},
             purpose=Purpose.PURPOSE_TRAINING,
-            sampling=sampling(config.rollout),
+            sampling=sampling(config.rollout, config.optim.seed, f"{run_id}/{step}/{index}"),
             trajectory_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"{run_id}/{step}/{index}")),
             conversation=prompt.conversation.to_proto() if prompt.conversation else None,
         )

@@ -25,6 +25,7 @@ from gearshift.api.common.v1.common_pb2 import Purpose, Reward, RoutingStrategy,
 from gearshift.api.executor.v1 import executor_pb2
 from gearshift.api.store.v1 import store_pb2
 from gearshift.evaluation.suites import Suite, SuiteItem
+from gearshift.policy_client import derived_seed
 from gearshift.protocol.modes import MODE_OF, mode_name
 
 FORCED = MODE_OF  # the forced evaluation modes: name -> Mode
@@ -110,7 +111,7 @@ class EvalRunner:
             run_id=self.run_id,
             labels=item.labels(job.sample) | {EVAL_MODE_LABEL: job.mode},
             purpose=self.purpose,
-            sampling=self.sampling,
+            sampling=self.episode_sampling(job),
         )
         if job.mode in FORCED:
             request.mode = FORCED[job.mode]
@@ -119,6 +120,14 @@ class EvalRunner:
         if self.budget is not None:
             request.budget.CopyFrom(self.budget)
         return request
+
+    def episode_sampling(self, job: Job) -> Sampling | None:
+        """The run's sampling for one episode; a seeded run gives each item x mode x sample its own
+        seed (the same for every checkpoint, so two checkpoints' samples are paired)."""
+        if self.sampling is None or not self.sampling.HasField("seed"):
+            return self.sampling
+        seed = derived_seed(self.sampling.seed, job.item.id, job.mode, job.sample)
+        return Sampling(temperature=self.sampling.temperature, top_p=self.sampling.top_p, seed=seed)
 
     async def stored(self) -> dict[str, Trajectory]:
         """This run's trajectories already in the store, by id."""

@@ -77,6 +77,7 @@ class LoopConfig(BaseModel):
     lora_rank: int = Field(
         0, ge=0, description="SFT and APO train a LoRA adapter of this rank (alpha twice the rank, every projection, as the default policy) instead of the full weights; 0: full weights"
     )
+    seed: int = Field(0, description="Seed of the round's sampling (seed episodes, APO rollouts: each its own, derived from it) and of the trainers' shuffling and initialisation")
     threads: int = Field(2, ge=1, description="torch threads of the trainers and the policy server")
     concurrency: int = Field(4, ge=1, description="Episodes in flight at once in every stage that solves (seed, APO rollouts, evaluation, gate), so the policy server batches their turns")
     from_feedback: bool = Field(
@@ -161,14 +162,14 @@ def model_config(config: LoopConfig) -> dict:
 
 def sft_config(config: LoopConfig) -> dict:
     return {"batch_size": config.sft_batch_size, "max_length": 1024, "model": model_config(config),
-            "optim": {"max_steps": config.sft_steps, "learning_rate": config.sft_learning_rate, "threads": config.threads},
+            "optim": {"max_steps": config.sft_steps, "learning_rate": config.sft_learning_rate, "seed": config.seed, "threads": config.threads},
             "output": {"progress": False}}
 
 
 def apo_config(config: LoopConfig, prompts: list[dict]) -> dict:
     return {"prompts": prompts, "rho": config.apo_rho, "gamma": config.apo_gamma, "max_length": 1024, "task_source": "loop-apo",
             "model": model_config(config),
-            "optim": {"max_steps": config.apo_steps, "learning_rate": config.apo_learning_rate, "threads": config.threads},
+            "optim": {"max_steps": config.apo_steps, "learning_rate": config.apo_learning_rate, "seed": config.seed, "threads": config.threads},
             "rollout": {"max_tokens_per_turn": config.max_tokens_per_turn, "max_steps": config.max_steps, "concurrency": config.concurrency},
             "output": {"progress": False}}
 
@@ -273,8 +274,8 @@ async def seed_stages(stack: Settings, config: LoopConfig, suite, base: Checkpoi
     """Seed and score: the suite's train items solved in the forced seed modes (and the replay
     suite's, greedy), scored with the APO reward. Returns SFT's data section (the correct ones)."""
     with report.stage("seed", f"{suite.name} train split, {config.seed_items} items x {', '.join(config.seed_modes)} (forced)") as fig:
-        seed_run = f"loop-seed-{steps.digest(suite.name, config.seed_items, config.seed_modes, config.seed_samples, config.seed_temperature, config.max_tokens_per_turn, config.max_steps, base.id)}"
-        sampling = Sampling(temperature=config.seed_temperature, top_p=1.0) if config.seed_temperature else None
+        seed_run = f"loop-seed-{steps.digest(suite.name, config.seed_items, config.seed_modes, config.seed_samples, config.seed_temperature, config.seed, config.max_tokens_per_turn, config.max_steps, base.id)}"
+        sampling = Sampling(temperature=config.seed_temperature, top_p=1.0, seed=config.seed) if config.seed_temperature else None
         seeded = await solve_train(stack, config, config.suite, config.seed_items, seed_run, config.seed_samples, sampling)
         fig |= {"run_id": seed_run, "episodes": seeded.summary.planned, "solved_now": seeded.summary.solved,
                 "reused": seeded.summary.skipped, "correct": correct_of(seeded)}

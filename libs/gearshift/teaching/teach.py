@@ -50,6 +50,7 @@ class Teacher(BaseModel):
     modes: list[ModeName] = Field(default_factory=list, description="Modes it teaches (empty: every mode asked for)")
     samples: int = Field(1, ge=1, description="Episodes per item and mode (rejection sampling: SFT keeps the correct ones)")
     temperature: float = Field(0.0, ge=0, description="Sampling temperature of every model call (0: greedy)")
+    seed: int = Field(0, description="Seed of a sampling teacher (each episode's own derived from it): the same episodes every time")
 
     @model_validator(mode="after")
     def _complete(self) -> Teacher:
@@ -116,7 +117,7 @@ async def teach(settings: Settings, suite_name: str, split: str, config: Teacher
     for teacher in config.teachers:
         if teacher.name not in plan:
             continue
-        sampling = Sampling(temperature=teacher.temperature, top_p=1.0) if teacher.temperature else None
+        sampling = Sampling(temperature=teacher.temperature, top_p=1.0, seed=teacher.seed) if teacher.temperature else None
         async with teaching(settings, teacher, items) as served:
             for mode, chosen in plan[teacher.name].items():
                 done.setdefault(teacher.name, {})[mode] = await evaluate(

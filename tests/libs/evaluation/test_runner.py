@@ -8,13 +8,13 @@ import json
 import uuid
 
 import pytest
-from gearshift.api.common.v1.common_pb2 import Mode, RoutingStrategy, Trajectory, TrajectoryStatus
+from gearshift.api.common.v1.common_pb2 import Mode, RoutingStrategy, Sampling, Trajectory, TrajectoryStatus
 from gearshift.api.executor.v1 import executor_pb2_grpc
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
 from gearshift.embedded import embedded
 from gearshift.evaluation.harness import evaluate
-from gearshift.evaluation.runner import parse_modes, trajectory_id
+from gearshift.evaluation.runner import EvalRunner, parse_modes, trajectory_id
 from gearshift.evaluation.suites import get_suite
 from gearshift.testing.scripted_policy import serve_scripted
 
@@ -125,3 +125,18 @@ def test_parse_modes():
     assert parse_modes("instant, auto,instant,learned") == ["instant", "auto", "learned"]
     with pytest.raises(ValueError):
         parse_modes("instant,fast")
+
+
+def test_a_seeded_run_gives_each_episode_its_own_seed_the_same_in_every_run(suite_path):
+    suite = get_suite(suite_path)
+
+    def seeds(run_id: str, sampling: Sampling) -> list:
+        runner = EvalRunner(None, None, suite, run_id, sampling=sampling)
+        jobs = runner.jobs(suite.items("test", 2), ["instant", "auto"], samples=2)
+        return [runner.request(job, attempt=0).sampling for job in jobs]
+
+    sampled = seeds("base", Sampling(temperature=1.0, top_p=1.0, seed=3))
+    assert len({s.seed for s in sampled}) == 8 and {s.temperature for s in sampled} == {1.0}
+    assert seeds("candidate", Sampling(temperature=1.0, top_p=1.0, seed=3)) == sampled  # two checkpoints' samples pair up
+    assert not {s.seed for s in seeds("base", Sampling(temperature=1.0, top_p=1.0, seed=4))} & {s.seed for s in sampled}
+    assert not any(s.HasField("seed") for s in seeds("base", Sampling(temperature=1.0, top_p=1.0)))  # unseeded stays so

@@ -145,3 +145,15 @@ async def test_rollout_sampling_reaches_every_model_call(settings, postgres_url)
             request = executor_pb2.SolveRequest(query="What is 17*23?", sampling=Sampling(temperature=0.7, top_p=0.95))
             [e async for e in executor_pb2_grpc.ExecutorStub(ch).Solve(request)]
     assert {(body["temperature"], body["top_p"]) for body, _ in model.calls} == {(0.7, 0.95)}  # routing and planning too
+    assert not any("seed" in body for body, _ in model.calls)  # unseeded
+
+
+async def test_a_seeded_episode_gives_each_model_call_its_own_seed_in_order(settings, postgres_url):
+    model = Model()
+    async with serve_scripted(model) as url:
+        configured = settings.with_policy(url).model_copy(update={"database_url": postgres_url})
+        async with embedded(configured) as platform, channel(platform.settings.executor_addr, platform.settings) as ch:
+            request = executor_pb2.SolveRequest(query="What is 17*23?", sampling=Sampling(temperature=0.7, top_p=0.95, seed=41))
+            [e async for e in executor_pb2_grpc.ExecutorStub(ch).Solve(request)]
+    # Routing, three regulations, the plan and four turns: the k-th call samples with seed + k.
+    assert [body["seed"] for body, _ in model.calls] == list(range(41, 50))

@@ -209,7 +209,6 @@ async def test_stop_sequences_cut_the_answer(served, client):
 
 
 @pytest.mark.parametrize("fields, param", [
-    ({"seed": 7}, "seed"),
     ({"n": 2}, "n"),
     ({"logprobs": True}, "logprobs"),
     ({"tools": [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]}, "tools"),

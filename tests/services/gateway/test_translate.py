@@ -74,11 +74,14 @@ def test_fields_that_map_onto_the_episode():
     assert solve(max_tokens=99).budget.max_output_tokens == 99
     assert not solve().HasField("sampling")  # unset: the executor's greedy defaults
     assert solve(top_p=0.5).sampling.temperature == 1.0  # OpenAI's default temperature
+    assert not solve(top_p=0.5).sampling.HasField("seed")
+    seeded = solve(seed=7).sampling  # a seed alone samples at OpenAI's defaults, repeatably
+    assert (seeded.temperature, seeded.top_p, seeded.seed) == (1.0, 0.0, 7)
+    assert solve(seed=-1).sampling.seed == 2**63 - 1  # any integer is a seed; the proto's int64 holds it
     assert translate.stop_words(request(stop="END")) == ["END"]
 
 
 @pytest.mark.parametrize("fields, param", [
-    ({"seed": 1}, "seed"),
     ({"n": 2}, "n"),
     ({"logprobs": True}, "logprobs"),
     ({"top_logprobs": 2}, "top_logprobs"),

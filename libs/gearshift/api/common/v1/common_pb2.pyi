@@ -99,12 +99,14 @@ CHECKPOINT_STATUS_PUBLISHED: CheckpointStatus
 CHECKPOINT_STATUS_REJECTED: CheckpointStatus
 
 class Sampling(_message.Message):
-    __slots__ = ("temperature", "top_p")
+    __slots__ = ("temperature", "top_p", "seed")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ...) -> None: ...
+    seed: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")
