@@ -219,6 +219,13 @@ class Scheduler:
             self._closed = True
             self._wake.notify()
         self._thread.join(timeout=CLOSE_WAIT_SECONDS)
+        if not self._thread.is_alive():
+            # FastAPI caches a process's endpoints (closures over the engine, so over this scheduler)
+            # after their app is gone: drop the weights, or every closed server keeps ~1 GiB alive.
+            self.current = self._cache_owner = None
+            self._batches.clear()
+            self._to_prepare.clear()
+            self.prefix_cache = PrefixCache(0)
 
     # The scheduler thread
 
