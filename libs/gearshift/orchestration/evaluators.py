@@ -55,6 +55,9 @@ def outcomes_of(trajectories: list[Trajectory], mode: str) -> dict[str, ItemOutc
     return {item: ItemOutcome(sum(t.cost.total_usd for t in ts), sum(t.reward.correct for t in ts), len(ts)) for item, ts in items.items()}
 
 
+FAILED_RERUNS = 2  # resumes of a gate run whose episodes failed on an infrastructure error
+
+
 class GateEvaluator:
     """Evaluates checkpoints for the gate (the Evaluator protocol) on the settings' gate suite,
     split and size: in the gate modes (and `learned` where a router is published), plus any
@@ -94,9 +97,15 @@ class GateEvaluator:
         if sum(t.status not in RETRIED for t in stored) >= planned:
             return stored  # complete: no need to serve the checkpoint again
         async with self.serving(checkpoint) as platform:
-            await evaluate(platform.settings, o.eval_suite, modes, o.eval_items, split=o.eval_split, run_id=run_id,
-                           concurrency=self.concurrency, out_dir=self.settings.data_dir / "eval" / run_id,
-                           purpose=Purpose.PURPOSE_GATE)
+            # An episode failed on an infrastructure error (a call timed out on a loaded machine) is
+            # left out of the figures, and the runner stops the rest: resume, so that base and
+            # candidate are judged on the same items.
+            for _ in range(1 + FAILED_RERUNS):
+                run = await evaluate(platform.settings, o.eval_suite, modes, o.eval_items, split=o.eval_split, run_id=run_id,
+                                     concurrency=self.concurrency, out_dir=self.settings.data_dir / "eval" / run_id,
+                                     purpose=Purpose.PURPOSE_GATE)
+                if not (run.report.failed or run.summary.aborted):
+                    break
         async with channel(self.settings.store_addr, self.settings) as ch:
             return await fetch_run(store_pb2_grpc.TrajectoryStoreStub(ch), run_id)
 

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 
 import pytest
-from gearshift.api.common.v1.common_pb2 import Checkpoint
+from gearshift.api.common.v1.common_pb2 import Checkpoint, TrajectoryStatus
 from gearshift.embedded import embedded
 from gearshift.orchestration.evaluators import POLICY_CALLERS, GateEvaluator
 from gearshift.orchestration.loop import QUICK_CONFIG, apo_config, loop_settings
@@ -73,3 +73,31 @@ def test_the_default_gate_and_loop_run_episodes_concurrently():
     settings = loop_settings(Settings(metrics_port=0), QUICK_CONFIG)
     assert GateEvaluator(settings).concurrency == QUICK_CONFIG.concurrency > 1
     assert apo_config(QUICK_CONFIG, [])["rollout"]["concurrency"] == QUICK_CONFIG.concurrency
+
+
+class DropsConnections:
+    """A stand-in model that answers its first request, then drops the connection of the next
+    `drops` (a server restarting): more than the client's retries, so the episode meeting them fails."""
+
+    def __init__(self, drops: int):
+        self.answered, self.drops = 0, drops
+
+    async def __call__(self, body: dict) -> str:
+        if self.answered and self.drops:
+            self.drops -= 1
+            raise ConnectionResetError("dropped by the stand-in")
+        self.answered += 1
+        return "4</answer>"
+
+
+async def test_an_episode_failed_on_an_infrastructure_error_runs_again(tmp_path):
+    settings = gate_settings(tmp_path)
+    model = DropsConnections(settings.policy_client.retries + 1)
+    async with serve_scripted(model) as url, embedded(settings, ("store", "sandbox", "reward")) as platform:
+        gate = ScriptedGate(platform.settings, url, concurrency=1)
+        checkpoint = Checkpoint(id="scripted", kind="policy", uri="unused")
+        figures = await gate.run(checkpoint)
+    assert model.drops == 0
+    statuses = [t.status for t in gate.trajectories[checkpoint.id]]
+    assert statuses.count(TrajectoryStatus.TRAJECTORY_STATUS_FAILED) == 1
+    assert figures["instant"]["episodes"] == EPISODES  # the failed one ran again: every item counts
