@@ -620,11 +620,14 @@ def sampling_options(sampling=None) -> dict:
     return {"temperature": sampling.temperature, "top_p": sampling.top_p or 1.0, **seed}
 
 
+SEEDS = 2**63  # Sampling.seed is an int64: seeds are taken modulo this, and configs stay below it
+
+
 def derived_seed(*key) -> int:
     """One episode's seed from its identity (a seed, then item, mode, sample...): the same in every
     run and process, and unrelated to any other episode's (the executor seeds call k with seed + k,
     so consecutive seeds would share calls)."""
-    return int.from_bytes(hashlib.sha256("/".join(map(str, key)).encode()).digest()[:8], "big") % 2**63
+    return int.from_bytes(hashlib.sha256("/".join(map(str, key)).encode()).digest()[:8], "big") % SEEDS
 
 
 def requested_sampling(request):

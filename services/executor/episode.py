@@ -41,7 +41,7 @@ from gearshift.api.router.v1 import router_pb2, router_pb2_grpc
 from gearshift.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.errors import GearshiftError, InvalidArgument
-from gearshift.policy_client import PolicyClient, sampling_options
+from gearshift.policy_client import SEEDS, PolicyClient, sampling_options
 from gearshift.pricing import CostTable, add_usage
 from gearshift.protocol import a2fm, prompts
 from gearshift.protocol.sampled import sampled_span, shifted
@@ -103,7 +103,7 @@ class EpisodeState:
         if sampling is None or not sampling.HasField("seed"):
             return sampling
         self.calls += 1
-        return Sampling(temperature=sampling.temperature, top_p=sampling.top_p, seed=(sampling.seed + self.calls - 1) % 2**63)
+        return Sampling(temperature=sampling.temperature, top_p=sampling.top_p, seed=(sampling.seed + self.calls - 1) % SEEDS)
 
     def account(self, turn: Turn | None, usage: TokenUsage) -> None:
         """Counts one model call's tokens: the trajectory's usage (priced, and held against the

@@ -21,6 +21,7 @@ from gearshift.api.common.v1.common_pb2 import (
     TrajectoryStatus,
 )
 from gearshift.api.executor.v1 import executor_pb2
+from gearshift.policy_client import SEEDS
 from gearshift.protocol.a2fm import render_transcript
 from gearshift.protocol.modes import MODE_OF, mode_name
 from gearshift.protocol.prompts import MODE_OPENERS
@@ -112,7 +113,7 @@ def solve_request(body: schemas.ChatCompletionRequest, trajectory_id: str, max_l
         request.budget.max_output_tokens = tokens
     if body.temperature is not None or body.top_p is not None or body.seed is not None:  # unset: the executor's greedy defaults
         request.sampling.CopyFrom(Sampling(temperature=1.0 if body.temperature is None else body.temperature, top_p=body.top_p or 0.0,
-                                           seed=None if body.seed is None else body.seed % 2**63))
+                                           seed=None if body.seed is None else body.seed % SEEDS))
     stop_words(body)  # checked before the episode runs
     return request
 

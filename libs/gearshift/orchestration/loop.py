@@ -39,6 +39,7 @@ from gearshift.orchestration import steps
 from gearshift.orchestration.evaluators import GateEvaluator
 from gearshift.orchestration.publishing import publish_builtin
 from gearshift.orchestration.runners import LocalRunner
+from gearshift.policy_client import SEEDS
 from gearshift.settings import Settings
 from gearshift.training.results import read_metrics
 
@@ -77,7 +78,7 @@ class LoopConfig(BaseModel):
     lora_rank: int = Field(
         0, ge=0, description="SFT and APO train a LoRA adapter of this rank (alpha twice the rank, every projection, as the default policy) instead of the full weights; 0: full weights"
     )
-    seed: int = Field(0, ge=0, lt=2**63, description="Seed of the round's sampling (seed episodes, APO rollouts: each its own, derived from it) and of the trainers' shuffling and initialisation")
+    seed: int = Field(0, ge=0, lt=SEEDS, description="Seed of the round's sampling (seed episodes, APO rollouts: each its own, derived from it) and of the trainers' shuffling and initialisation")
     threads: int = Field(2, ge=1, description="torch threads of the trainers and the policy server")
     concurrency: int = Field(4, ge=1, description="Episodes in flight at once in every stage that solves (seed, APO rollouts, evaluation, gate), so the policy server batches their turns")
     from_feedback: bool = Field(

@@ -29,6 +29,7 @@ from gearshift.api.common.v1.common_pb2 import Purpose, Sampling
 from gearshift.embedded import embedded
 from gearshift.evaluation.harness import Evaluation, evaluate
 from gearshift.evaluation.suites import SuiteItem, get_suite
+from gearshift.policy_client import SEEDS
 from gearshift.protocol.modes import ModeName
 from gearshift.settings import Settings
 from gearshift.teaching.endpoint import serve_function
@@ -50,7 +51,7 @@ class Teacher(BaseModel):
     modes: list[ModeName] = Field(default_factory=list, description="Modes it teaches (empty: every mode asked for)")
     samples: int = Field(1, ge=1, description="Episodes per item and mode (rejection sampling: SFT keeps the correct ones)")
     temperature: float = Field(0.0, ge=0, description="Sampling temperature of every model call (0: greedy)")
-    seed: int = Field(0, ge=0, lt=2**63, description="Seed of a sampling teacher (each episode's own derived from it): the same episodes every time")
+    seed: int = Field(0, ge=0, lt=SEEDS, description="Seed of a sampling teacher (each episode's own derived from it): the same episodes every time")
 
     @model_validator(mode="after")
     def _complete(self) -> Teacher:
