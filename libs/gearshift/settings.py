@@ -229,7 +229,7 @@ class LearnedRouterSettings(BaseModel):
     """The learned cost-aware router: how it decides, where artefacts live, how it hot-reloads."""
 
     enabled: bool = Field(True, description="Load the newest published router checkpoint from the store and keep polling for newer ones")
-    accuracy_floor: float = Field(0.5, ge=0, le=1, description="Only modes with a predicted success probability at least this compete on cost of pass")
+    accuracy_floor: float = Field(0.5, ge=0, le=1, description="Only modes with a predicted success probability at least this compete on cost of pass (every mode when none reaches it)")
     poll_seconds: float = Field(5.0, gt=0, description="How often the router service asks the store for a newly published router")
     embedding_threads: int = Field(1, ge=0, description="torch threads for the sentence embedding in the router service (0 = torch's default)")
 

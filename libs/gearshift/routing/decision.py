@@ -2,7 +2,9 @@
 
 expected cost of pass(mode) = expected cost of one attempt in that mode / P(correct | query, mode)
 (docs/protocol.md, sections 7 and 8, per query). Only modes whose predicted accuracy reaches the floor
-compete; when none does, the most likely mode wins. Ties go to the cheaper mode.
+compete, so a cheap mode that is seldom right cannot displace a reliable one; when none reaches it,
+every mode competes: paying for a dearer mode that is only a little more likely to be right is
+what cost of pass counts against. Ties go to the cheaper mode.
 """
 
 from __future__ import annotations
@@ -52,11 +54,8 @@ def choose_mode(probabilities: Mapping[int, float], expected_costs: Mapping[int,
     if not modes:
         raise ValueError("no mode has both a probability and an expected cost")
     estimates = tuple(ModeEstimate(m, float(probabilities[m]), float(expected_costs[m])) for m in modes)
-    eligible = [e for e in estimates if e.probability >= accuracy_floor]
-    if eligible:
-        best = min(e.cost_of_pass_usd for e in eligible)
-        tied = [e for e in eligible if _close(e.cost_of_pass_usd, best)]
-        return Choice(min(tied, key=_cheaper_first).mode, estimates, True)
-    best_p = max(e.probability for e in estimates)
-    tied = [e for e in estimates if _close(e.probability, best_p)]
-    return Choice(min(tied, key=_cheaper_first).mode, estimates, False)
+    reliable = [e for e in estimates if e.probability >= accuracy_floor]
+    competing = reliable or estimates
+    best = min(e.cost_of_pass_usd for e in competing)
+    tied = [e for e in competing if _close(e.cost_of_pass_usd, best)]
+    return Choice(min(tied, key=_cheaper_first).mode, estimates, bool(reliable))

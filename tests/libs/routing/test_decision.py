@@ -29,16 +29,19 @@ def test_the_floor_removes_cheap_but_unreliable_modes():
     assert choose_mode(probabilities, COSTS, accuracy_floor=0.5).mode == R  # the floor is inclusive
 
 
-def test_no_mode_above_the_floor_falls_back_to_the_most_likely():
+def test_with_no_mode_above_the_floor_every_mode_competes_on_cost_of_pass():
+    # cost of pass: I 1/0.1 = 10, R 4/0.3 = 13.3, A 10/0.2 = 50: the most likely mode is not worth its price
     choice = choose_mode({I: 0.1, R: 0.3, A: 0.2}, COSTS, accuracy_floor=0.9)
-    assert choice.mode == R and not choice.floor_met
+    assert choice.mode == I and not choice.floor_met
+    # ... unless it is likely enough to pay for itself: R 4/0.45 = 8.9 < I 10
+    assert choose_mode({I: 0.1, R: 0.45, A: 0.2}, COSTS, accuracy_floor=0.9).mode == R
 
 
 def test_ties_go_to_the_cheaper_mode():
     # I: 1/0.25 = 4, R: 4/1.0 = 4 -> equal cost of pass, instant is cheaper per attempt
     assert choose_mode({I: 0.25, R: 1.0, A: 0.1}, COSTS, accuracy_floor=0.0).mode == I
-    # a tie in probability below the floor also goes to the cheaper mode
-    assert choose_mode({I: 0.2, R: 0.2, A: 0.2}, COSTS, accuracy_floor=0.5).mode == I
+    # nothing can be right below the floor either: every cost of pass is infinite, the cheapest wins
+    assert choose_mode({I: 0.0, R: 0.0, A: 0.0}, COSTS, accuracy_floor=0.5).mode == I
     # float noise is a tie too: 0.1 * 3 is not exactly 0.3
     assert choose_mode({R: 0.1 * 3, A: 0.75}, {R: 1.0, A: 2.5}, accuracy_floor=0.0).mode == R
 
