@@ -244,6 +244,9 @@ class ExecutorSettings(BaseModel):
     max_steps_agentic: int = Field(4, ge=1, description="Most policy turns in agentic mode (A^2FM: 60; scaled for the CPU)")
     max_steps_other: int = Field(2, ge=1, description="Most policy turns in instant and reasoning mode (A^2FM: 6)")
     max_tokens_per_turn: int = Field(128, ge=8, description="Tokens the policy may generate per turn")
+    answer_at_step_limit: bool = Field(
+        True, description="When the steps run out without an answer, ask for it in one more turn (the answer opener injected, "
+                          "an open reasoning block closed first: budget forcing); off, the episode ends BUDGET_EXHAUSTED; text protocol")
     max_tokens: int = Field(8192, ge=64, description="Token budget of an episode, input and output together")
     max_wall_seconds: float = Field(300.0, gt=0, description="Wall-clock budget of an episode")
     temperature: float = Field(0.0, ge=0, description="Sampling temperature (0 = greedy; A^2FM uses 1.0 on large models)")

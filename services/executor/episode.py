@@ -204,7 +204,8 @@ class EpisodeRunner:
 
     async def _direct(self, state: EpisodeState, budget: Budget) -> AsyncIterator[executor_pb2.SolveEvent]:
         """Instant and reasoning mode: generate until </answer>, continuing if cut by length."""
-        for index in range(budget.max_steps or self.config.max_steps_other):
+        steps = budget.max_steps or self.config.max_steps_other
+        for index in range(steps):
             if budget.exhausted(state.trajectory.usage):
                 return
             turn = Turn(index=index)
@@ -218,11 +219,14 @@ class EpisodeRunner:
             if state.last_finish != "length":  # the model stopped without closing its answer
                 yield self._answer(state, answer if answer is not None else _untagged(state.transcript))
                 return
+        async for item in self._at_step_limit(state, budget, steps):
+            yield item
 
     async def _agentic(self, state: EpisodeState, budget: Budget) -> AsyncIterator[executor_pb2.SolveEvent]:
         """Agentic mode: per turn regulate (and maybe plan), generate, run the tool calls."""
         tools = await self._known_tools()
-        for index in range(budget.max_steps or self.config.max_steps_agentic):
+        steps = budget.max_steps or self.config.max_steps_agentic
+        for index in range(steps):
             if budget.exhausted(state.trajectory.usage):
                 return
             turn = Turn(index=index)
@@ -245,14 +249,23 @@ class EpisodeRunner:
             state.trajectory.turns.append(turn)
             if step.calls is None and state.last_finish != "length":
                 # Neither a call nor an answer: ask for the answer rather than loop on nothing.
-                async for item in self._force_answer(state, index + 1):
+                async for item in self._force_answer(state, index + 1, a2fm.FORCED_ANSWER_OPENER):
                     yield item
                 return
-        # Steps used up: the trajectory ends without an answer (BUDGET_EXHAUSTED).
+        async for item in self._at_step_limit(state, budget, steps):
+            yield item
 
-    async def _force_answer(self, state: EpisodeState, index: int) -> AsyncIterator[executor_pb2.SolveEvent]:
+    async def _at_step_limit(self, state: EpisodeState, budget: Budget, index: int) -> AsyncIterator[executor_pb2.SolveEvent]:
+        """The steps ran out without an answer: the trajectory ends BUDGET_EXHAUSTED, or with
+        answer_at_step_limit one more turn asks for the answer (budget forcing, as in s1)."""
+        opener = a2fm.forced_answer_opener(state.transcript)
+        if self.config.answer_at_step_limit and opener is not None and not budget.exhausted(state.trajectory.usage):
+            async for item in self._force_answer(state, index, opener):
+                yield item
+
+    async def _force_answer(self, state: EpisodeState, index: int, opener: str) -> AsyncIterator[executor_pb2.SolveEvent]:
         turn = Turn(index=index)
-        state.inject(turn, a2fm.FORCED_ANSWER_OPENER)
+        state.inject(turn, opener)
         async for item in self._generate(state, turn, stop=["</answer>"]):
             yield item
         state.trajectory.turns.append(turn)

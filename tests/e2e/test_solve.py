@@ -10,7 +10,7 @@ from gearshift.api.common.v1.common_pb2 import Mode, RoutingStrategy, Trajectory
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.clients import channel
 from gearshift.embedded import embedded
-from gearshift.protocol.a2fm import episode_prefix, render_transcript
+from gearshift.protocol.a2fm import answer_was_asked, episode_prefix, render_transcript
 from gearshift.protocol.modes import mode_name
 from gearshift.settings import ExecutorSettings, PlannerSettings, RouterSettings
 from gearshift.training.tokenization import sampled_prefix
@@ -41,10 +41,12 @@ def check(results: dict, database_url: str) -> None:
             assert trajectory.mode == mode and trajectory.routing_strategy == RoutingStrategy.ROUTING_STRATEGY_FORCED
         else:
             assert trajectory.routing_strategy == RoutingStrategy.ROUTING_STRATEGY_MODEL and trajectory.mode
-        # The status says how the transcript ended: an answer, or the mode's turn budget used up.
+        # The status says how the transcript ended: an answer (asked for in one more turn when the
+        # mode's turns ran out), or the turns used up inside an answer too long for them.
         steps = SMALL["executor"].max_steps_agentic if trajectory.mode == Mode.MODE_AGENTIC else SMALL["executor"].max_steps_other
         if trajectory.status == TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED:
             assert "<answer>" in render_transcript(trajectory) and trajectory.answer == trajectory.answer.strip()
+            assert len(trajectory.turns) <= steps + answer_was_asked(trajectory.turns)
         else:
             assert trajectory.status == TrajectoryStatus.TRAJECTORY_STATUS_BUDGET_EXHAUSTED, TrajectoryStatus.Name(trajectory.status)
             assert trajectory.answer == "" and len(trajectory.turns) == steps

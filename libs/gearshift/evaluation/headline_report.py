@@ -218,7 +218,7 @@ def build_headline(trajectories: list[Trajectory], run_id: str, budgets: dict | 
 
 # Presentation
 
-COLUMNS = ("mode", "items", "accuracy", "protocol valid", "mean out tokens", "mean tool calls", "mean cost", "cost of pass",
+COLUMNS = ("mode", "items", "accuracy", "protocol valid", "answer asked for", "mean out tokens", "mean tool calls", "mean cost", "cost of pass",
            "95% CI", "cached input", "cost of pass, flat")
 
 
@@ -235,7 +235,7 @@ def markdown(report: HeadlineReport) -> str:
         f"item-level bootstrap ({report.bootstrap_samples} resamples); reductions are paired (each resample draws the items "
         f"once and computes both modes on them).",
         "## Modes",
-        markdown_table(COLUMNS, ([r.mode, str(r.items), f"{r.pass_at_1:.1%}", f"{r.protocol_valid:.0%}", f"{r.mean_output_tokens:.1f}",
+        markdown_table(COLUMNS, ([r.mode, str(r.items), f"{r.pass_at_1:.1%}", f"{r.protocol_valid:.0%}", f"{r.answer_asked:.0%}", f"{r.mean_output_tokens:.1f}",
                                    f"{r.mean_tool_calls:.2f}", usd(r.mean_cost_usd), usd(r.cost_of_pass_usd), f"{usd(r.cost_of_pass_ci[0])} - {usd(r.cost_of_pass_ci[1])}",
                                    f"{r.cached_input_share:.0%}", usd(r.flat_cost_of_pass_usd)]
                                   for r in report.modes.values())),

@@ -18,6 +18,7 @@ from pathlib import Path
 from gearshift.api.common.v1.common_pb2 import Trajectory, TrajectoryStatus
 from gearshift.api.store.v1 import store_pb2
 from gearshift.evaluation.runner import MODES, ROUTED, eval_mode_of, verifier_name
+from gearshift.protocol import a2fm
 from gearshift.protocol.modes import MODE_NAMES, mode_name
 from gearshift.pricing import flat_total_usd
 from gearshift.rewards.cost_of_pass import compute_cost_of_pass
@@ -60,6 +61,9 @@ class ModeReport:
     cached_input_share: float = 0.0
     # Episodes whose transcript passed its mode's format check (the reward service's verdict).
     protocol_valid: float = 0.0
+    # Episodes whose answer the executor asked for (its opener injected): at the step limit, or
+    # after an agentic turn with neither a call nor an answer.
+    answer_asked: float = 0.0
 
 
 @dataclass
@@ -122,6 +126,7 @@ def mode_report(mode: str, trajectories: list[Trajectory], bootstrap_samples: in
         flat_cost_of_pass_usd=sum(flat_total_usd(t.cost) for t in trajectories) / sum(correct) if any(correct) else math.inf,
         cached_input_share=sum(t.usage.cached_input_tokens for t in trajectories) / input_tokens if input_tokens else 0.0,
         protocol_valid=sum(t.reward.format_valid for t in trajectories) / len(trajectories),
+        answer_asked=sum(a2fm.answer_was_asked(t.turns) for t in trajectories) / len(trajectories),
     )
     if mode in ROUTED:
         chosen = [mode_name(t.mode) for t in trajectories]

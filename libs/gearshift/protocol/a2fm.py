@@ -7,9 +7,10 @@ from __future__ import annotations
 import ast
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gearshift.api.common.v1.common_pb2 import Mode, ToolCall
+from gearshift.api.common.v1.common_pb2 import Mode, ToolCall, Turn
 from gearshift.protocol.prompts import MODE_OPENERS
 
 LABELS = {
@@ -21,7 +22,8 @@ LABEL_OF = {mode: label for label, mode in LABELS.items()}
 
 CLASSIFICATION_STOP = "</classification>"
 STOP_WORDS = ("</tool_call>", "</answer>")
-# What the executor writes when an agentic turn ends with neither a call nor an answer.
+# What the executor writes when an agentic turn ends with neither a call nor an answer, or when
+# the steps run out (ExecutorSettings.answer_at_step_limit).
 FORCED_ANSWER_OPENER = "\n<answer>"
 MAX_PARALLEL_CALLS = 10
 REJECTED_CALL_PREFIX = "rejected-"  # the call id of a tool result that tells the model its call did not parse
@@ -53,6 +55,27 @@ def parse_classification(text: str) -> tuple[int | None, str]:
         return None, text.strip()
     label = _LABEL.search(match.group(1).lower())  # tolerant: "default_agent: answer directly" counts
     return (LABELS[label.group(0)] if label else None), text[: match.start()].strip()
+
+
+def forced_answer_opener(transcript: str) -> str | None:
+    """What the executor writes to ask for the answer where a transcript stops: the answer
+    opener, after closing a <reasoning> block the model left open; None when an <answer> is
+    already open (there is nothing to ask for)."""
+    def unclosed(tag: str) -> bool:
+        return transcript.rfind(f"<{tag}>") > transcript.rfind(f"</{tag}>")
+
+    if unclosed("answer"):
+        return None
+    return ("\n</reasoning>" if unclosed("reasoning") else "") + FORCED_ANSWER_OPENER
+
+
+def answer_was_asked(turns: Sequence[Turn]) -> bool:
+    """Whether the executor asked for the trajectory's answer: its last turn opens with the
+    injected answer opener (forced_answer_opener, or FORCED_ANSWER_OPENER after a turn with
+    neither a call nor an answer)."""
+    if not turns or len(turns[-1].injected_spans) < 2 or turns[-1].injected_spans[0] != 0:
+        return False
+    return turns[-1].output[: turns[-1].injected_spans[1]].endswith(FORCED_ANSWER_OPENER)
 
 
 def tag_content(text: str, tag: str) -> str | None:

@@ -44,6 +44,13 @@ def test_tag_content_takes_the_last_block_and_an_unclosed_tail():
     assert a2fm.tag_content("no tags", "answer") is None
 
 
+def test_the_forced_answer_opener_closes_an_open_reasoning_block_and_nothing_else():
+    assert a2fm.forced_answer_opener("<reasoning>\n17*23 is 17*20 plus") == "\n</reasoning>" + a2fm.FORCED_ANSWER_OPENER
+    assert a2fm.forced_answer_opener("<plan>x</plan>\n<tool_call>...</tool_call>\n<tool_response>391</tool_response>") == a2fm.FORCED_ANSWER_OPENER
+    assert a2fm.forced_answer_opener("<reasoning>a</reasoning>\n<reasoning>b") == "\n</reasoning>" + a2fm.FORCED_ANSWER_OPENER
+    assert a2fm.forced_answer_opener("<reasoning>a</reasoning>\n<answer>the answer goes o") is None  # already answering
+
+
 def test_parallel_dict_literal_calls():
     block = """
 {'id': 1, 'name': 'web_search', 'arguments': {'query': 'capital of France'}}
