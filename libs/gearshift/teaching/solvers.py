@@ -13,6 +13,7 @@ evaluation or demo question: anything else gets a refusal that grades wrong.
 from __future__ import annotations
 
 import ast
+import json
 import operator
 import re
 from collections.abc import Iterable
@@ -24,6 +25,16 @@ from gearshift.protocol.sr2am import PLAN_HEAD, PLAN_OPENER
 REFUSAL = "I cannot solve this one."
 _TASK = re.compile(r"^Task: (.*)$", re.M)
 _PRODUCT = re.compile(r"What is (\d+) \* (\d+)\?")
+
+
+def python_call(code: str) -> str:
+    """The teachers' python call, one dict literal. The program is always written as a
+    double-quoted string (JSON's, a Python literal too), so that its own 'strings' never end
+    it: with repr most programs came out single-quoted, and the policy learned to write
+    'print(format(n, 'b'))', which does not parse."""
+    return "{'id': 1, 'name': 'python', 'arguments': {'code': " + json.dumps(code) + "}}"
+
+
 _RESULT = re.compile(r"Results for tool call [^\n]*:\n(.*?)\n(?:Results for tool call|</tool_response>)", re.S)
 _OPERATORS = {ast.Add: ("+", operator.add), ast.Sub: ("-", operator.sub), ast.Mult: ("*", operator.mul), ast.Div: ("/", operator.floordiv)}
 
@@ -147,5 +158,5 @@ class SolverTeacher:
             return f"The tool printed {value}.\n<answer>{value}</answer>"
         if not solution.code:
             return "\n".join(solution.steps) + f"</plan>\n<answer>{solution.answer}</answer>"
-        call = "{'id': 1, 'name': 'python', 'arguments': {'code': " + repr(solution.code) + "}}"
-        return f"Goal: {solution.goal}. Path: compute it with python. Success: an exact integer is printed.</plan>\n<tool_call>\n{call}\n</tool_call>"
+        return (f"Goal: {solution.goal}. Path: compute it with python. Success: an exact integer is printed.</plan>\n"
+                f"<tool_call>\n{python_call(solution.code)}\n</tool_call>")

@@ -4,6 +4,10 @@ graders. They never hold an evaluation or demo question."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+
 import pytest
 
 from gearshift.cli.platform import DEMO_QUESTIONS
@@ -12,8 +16,19 @@ from gearshift.evaluation.report import fetch_run
 from gearshift.evaluation.suites import get_suite
 from gearshift.rewards.formats import check_trajectory_format
 from gearshift.rewards.structure import check_structure
-from gearshift.teaching.solvers import REFUSAL, SolverTeacher, arithmetic_steps, product_steps, solve
+from gearshift.protocol import a2fm
+from gearshift.teaching.solvers import REFUSAL, SolverTeacher, arithmetic_steps, product_steps, python_call, solve
 from gearshift.teaching.teach import TeachersConfig, teach
+
+
+
+def run_python(code: str) -> str:
+    """What the program prints (a teacher's program is trusted: no sandbox needed to check it)."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(code, {})
+    return printed.getvalue().strip()
+
 
 SOLVERS = TeachersConfig.model_validate({"teachers": [{"name": "solvers", "kind": "solvers", "domains": ["arithmetic", "word_problems"]}]})
 
@@ -29,6 +44,17 @@ def test_every_generated_family_is_solved_right(suite):
     for item in get_suite(suite).items("train", 12):
         solution = solve(item)
         assert solution is not None and item.grade(solution.answer), item.question
+
+
+def test_the_python_call_is_double_quoted_so_the_programs_own_quotes_stay_inside():
+    item = get_suite("binary").items("train", 1)[0]  # its program prints format(n, 'b')
+    body = {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": item.question},
+                         {"role": "assistant", "content": "<plan>"}]}
+    written = SolverTeacher([item])(body)
+    (call,) = a2fm.parse_tool_calls(a2fm.tag_content(written, "tool_call"), {"python"}).calls
+    code = json.loads(call.arguments_json)["code"]
+    assert "'b'" in code and item.grade(run_python(code))
+    assert python_call("print(1)").endswith("""{'code': "print(1)"}}""")  # one quoting rule for every program
 
 
 def test_the_solvers_hold_no_test_or_demo_question():
