@@ -231,7 +231,10 @@ async def rollout_services(run: Run, rollout: RolloutConfig, store_addr: str) ->
     model = copy if copied else run.model
     served = weights.LoadedModel(model=model, tokenizer=run.tokenizer, source="training", path=run.output, load_seconds=0.0)
     engine = PolicyEngine(served, server, settings.models_dir)
-    executor = ExecutorSettings(temperature=rollout.temperature, top_p=rollout.top_p, max_tokens_per_turn=rollout.max_tokens_per_turn)
+    # A rollout is the policy's own episode: no answer asked for at the step limit (budget forcing
+    # serves users; in training it would add tokens the policy wrote only because it was asked).
+    executor = ExecutorSettings(temperature=rollout.temperature, top_p=rollout.top_p, max_tokens_per_turn=rollout.max_tokens_per_turn,
+                                answer_at_step_limit=False)
     planner = settings.planner.model_copy(update={"max_tokens": max(16, rollout.max_tokens_per_turn)})  # a plan is a turn too
     local = settings.model_copy(update={"policy_server": server, "executor": executor, "planner": planner, "metrics_port": 0})
     services = SERVICE_NAMES

@@ -59,7 +59,9 @@ class ModeReport:
     # of input tokens so served.
     flat_cost_of_pass_usd: float = math.inf
     cached_input_share: float = 0.0
-    # Episodes whose transcript passed its mode's format check (the reward service's verdict).
+    # Episodes whose transcript passed its mode's format check (the reward service's verdict; an
+    # answer the executor asked for is not the policy's own format, also where stored before
+    # the check said so).
     protocol_valid: float = 0.0
     # Episodes whose answer the executor asked for (its opener injected): at the step limit, or
     # after an agentic turn with neither a call nor an answer.
@@ -125,7 +127,7 @@ def mode_report(mode: str, trajectories: list[Trajectory], bootstrap_samples: in
         statuses=dict(Counter(TrajectoryStatus.Name(t.status).removeprefix("TRAJECTORY_STATUS_").lower() for t in trajectories)),
         flat_cost_of_pass_usd=sum(flat_total_usd(t.cost) for t in trajectories) / sum(correct) if any(correct) else math.inf,
         cached_input_share=sum(t.usage.cached_input_tokens for t in trajectories) / input_tokens if input_tokens else 0.0,
-        protocol_valid=sum(t.reward.format_valid for t in trajectories) / len(trajectories),
+        protocol_valid=sum(t.reward.format_valid and not a2fm.answer_was_asked(t.turns) for t in trajectories) / len(trajectories),
         answer_asked=sum(a2fm.answer_was_asked(t.turns) for t in trajectories) / len(trajectories),
     )
     if mode in ROUTED:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from gearshift.api.common.v1.common_pb2 import Mode, Trajectory
 from gearshift.protocol import native
-from gearshift.protocol.a2fm import LABELS, MAX_PARALLEL_CALLS, render_transcript, tag_content
+from gearshift.protocol.a2fm import LABELS, MAX_PARALLEL_CALLS, answer_was_asked, render_transcript, tag_content
 
 TAGS = ("classification", "answer", "reasoning", "plan", "tool_call", "tool_response", "summary")
 _TAG = re.compile(rf"<(/?)({'|'.join(TAGS)})>")
@@ -127,6 +127,8 @@ def check_trajectory_format(trajectory: Trajectory) -> FormatCheck:
     mode opener the executor injected, every turn's output and the tool responses."""
     if not trajectory.turns:
         return FormatCheck(False, "no turns")
+    if answer_was_asked(trajectory.turns):  # the answer counts; the format was not the policy's own
+        return FormatCheck(False, "the executor asked for the answer")
     if native.is_native(trajectory):
         return check_native_format(trajectory)
     return check_format(trajectory.mode, [render_transcript(trajectory)])
