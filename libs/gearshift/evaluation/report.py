@@ -59,9 +59,7 @@ class ModeReport:
     # of input tokens so served.
     flat_cost_of_pass_usd: float = math.inf
     cached_input_share: float = 0.0
-    # Episodes whose transcript passed its mode's format check (the reward service's verdict; an
-    # answer the executor asked for is not the policy's own format, also where stored before
-    # the check said so).
+    # Episodes that followed their mode's format on their own (followed_protocol).
     protocol_valid: float = 0.0
     # Episodes whose answer the executor asked for (its opener injected): at the step limit, or
     # after an agentic turn with neither a call nor an answer.
@@ -87,6 +85,12 @@ def _is_correct(trajectory: Trajectory) -> bool | None:
     if not trajectory.HasField("reward") or reward.verifier != verifier_name(trajectory.task_source):
         return None
     return reward.correct
+
+
+def followed_protocol(trajectory: Trajectory) -> bool:
+    """The policy gave its answer in its mode's format, on its own: the reward's format verdict,
+    and not an answer the executor asked for (stored before the format check said so itself)."""
+    return trajectory.reward.format_valid and not a2fm.answer_was_asked(trajectory.turns)
 
 
 def _shares(modes: Iterable[str]) -> dict[str, float]:
@@ -127,7 +131,7 @@ def mode_report(mode: str, trajectories: list[Trajectory], bootstrap_samples: in
         statuses=dict(Counter(TrajectoryStatus.Name(t.status).removeprefix("TRAJECTORY_STATUS_").lower() for t in trajectories)),
         flat_cost_of_pass_usd=sum(flat_total_usd(t.cost) for t in trajectories) / sum(correct) if any(correct) else math.inf,
         cached_input_share=sum(t.usage.cached_input_tokens for t in trajectories) / input_tokens if input_tokens else 0.0,
-        protocol_valid=sum(t.reward.format_valid and not a2fm.answer_was_asked(t.turns) for t in trajectories) / len(trajectories),
+        protocol_valid=sum(map(followed_protocol, trajectories)) / len(trajectories),
         answer_asked=sum(a2fm.answer_was_asked(t.turns) for t in trajectories) / len(trajectories),
     )
     if mode in ROUTED:

@@ -12,7 +12,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from gearshift.api.common.v1.common_pb2 import Trajectory
-from gearshift.evaluation.report import latest_attempts, markdown_table
+from gearshift.evaluation.report import followed_protocol, latest_attempts, markdown_table
 from gearshift.evaluation.runner import FORCED, eval_mode_of
 from gearshift.evaluation.suites import family_of_trajectory
 from gearshift.protocol.a2fm import REJECTED_CALL_PREFIX
@@ -41,7 +41,7 @@ class Cell:
     def add(self, trajectory: Trajectory) -> None:
         self.episodes += 1
         self.correct += trajectory.reward.correct
-        self.format_valid += trajectory.reward.format_valid
+        self.format_valid += followed_protocol(trajectory)
         for turn in trajectory.turns:
             rejected = sum(r.call_id.startswith(REJECTED_CALL_PREFIX) for r in turn.tool_results)
             self.rejected += rejected

@@ -20,7 +20,7 @@ from gearshift.api.common.v1.common_pb2 import (
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
 from gearshift.embedded import embedded
-from gearshift.evaluation.report import build_report, compare, fetch_run, pass_at_k, write_report
+from gearshift.evaluation.report import build_report, compare, fetch_run, followed_protocol, pass_at_k, write_report
 from gearshift.evaluation.runner import trajectory_id, verifier_name
 
 SUITE = "hand"
@@ -132,3 +132,11 @@ async def test_compare_two_runs(store):
     assert deltas["auto"].cost_of_pass_usd == pytest.approx((0.007 / 3, 0.0035 / 3))
     assert deltas["auto"].cost_of_pass_change == pytest.approx(-0.5)
     assert deltas["instant"].pass_at_1 == pytest.approx((0.25, 0.25))
+
+
+def test_an_answer_the_executor_asked_for_is_not_the_policys_own_format():
+    """Also where the stored verdict (from before the format check said so) is valid."""
+    asked = Turn(index=2, output="\n</reasoning>\n<answer>391</answer>", injected_spans=[0, 23])
+    own = Turn(index=1, output="17*23 = 391.</reasoning>\n<answer>391</answer>")
+    stored = [Trajectory(reward=Reward(format_valid=True), turns=[Turn(index=0), turn]) for turn in (asked, own)]
+    assert [followed_protocol(t) for t in stored] == [False, True]
