@@ -136,7 +136,7 @@ async def test_compare_two_runs(store):
 
 def test_an_answer_the_executor_asked_for_is_not_the_policys_own_format():
     """Also where the stored verdict (from before the format check said so) is valid."""
-    asked = Turn(index=2, output="\n</reasoning>\n<answer>391</answer>", injected_spans=[0, 23])
+    asked = Turn(index=2, output="\n</reasoning>\n<answer>391</answer>", injected_spans=[0, 22])
     own = Turn(index=1, output="17*23 = 391.</reasoning>\n<answer>391</answer>")
     stored = [Trajectory(reward=Reward(format_valid=True), turns=[Turn(index=0), turn]) for turn in (asked, own)]
     assert [followed_protocol(t) for t in stored] == [False, True]
