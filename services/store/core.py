@@ -165,4 +165,4 @@ class TrajectoryStore:
         check.check_checkpoint_id(checkpoint_id)
         check.check_enum(status, check.CHECKPOINT_STATUSES, "status")
         check.check_metrics(metrics, self.store)
-        return await self._blocking(self.repository.update_checkpoint, checkpoint_id, status, metrics)
+        return await self._blocking(self.repository.update_checkpoint, checkpoint_id, status, metrics, now_us())

@@ -69,6 +69,7 @@ def checkpoint_row(checkpoint: Checkpoint, created_at_us: int) -> dict[str, Any]
         "eval_metrics": dict(checkpoint.eval_metrics),
         "status": checkpoint.status,
         "created_at_us": created_at_us,
+        "status_at_us": created_at_us,
     }
 
 

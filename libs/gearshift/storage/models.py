@@ -92,10 +92,14 @@ class CheckpointRow(Base):
     eval_metrics: Mapped[dict] = mapped_column(JSON)
     status: Mapped[int] = mapped_column(SmallInteger)
     created_at_us: Mapped[int] = mapped_column(BigInteger)
+    # When the status was last set (registration, then each UpdateCheckpoint that sets one): the
+    # newest PUBLISHED checkpoint is the one published last, so publishing an older one rolls back.
+    status_at_us: Mapped[int] = mapped_column(BigInteger)
 
     __table_args__ = (
         Index(None, "kind", "created_at_us"),
         Index(None, "status", "created_at_us"),
+        Index(None, "status", "status_at_us"),
         Index(None, "parent_id"),
     )
 

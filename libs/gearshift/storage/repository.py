@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 import enum
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -264,19 +265,23 @@ class TrajectoryRepository:
         return checkpoint_from_row(row._mapping, lineage)
 
     def list_checkpoints(self, kind: str = "", status: int = 0, limit: int = 100) -> list[Checkpoint]:
-        """Newest first; empty kind and status 0 do not filter."""
+        """Newest first; with a status, the one given it last first (the newest PUBLISHED is the
+        one published last); empty kind and status 0 do not filter."""
         c = checkpoints.c
         stmt = select(checkpoints)
         if kind:
             stmt = stmt.where(c.kind == kind)
         if status:
             stmt = stmt.where(c.status == status)
-        stmt = stmt.order_by(c.created_at_us.desc(), c.id.desc()).limit(limit)
+        newest = c.status_at_us if status else c.created_at_us
+        stmt = stmt.order_by(newest.desc(), c.id.desc()).limit(limit)
         with self.engine.connect() as connection:
             return [checkpoint_from_row(row._mapping) for row in connection.execute(stmt)]
 
-    def update_checkpoint(self, checkpoint_id: str, status: int, metrics: dict[str, float]) -> Checkpoint:
-        """Sets the status (0 leaves it) and merges metrics. NotFound for an unknown id."""
+    def update_checkpoint(self, checkpoint_id: str, status: int, metrics: dict[str, float], at_us: int | None = None) -> Checkpoint:
+        """Sets the status (0 leaves it), stamped at_us (default now) even when it is the same:
+        publishing a checkpoint again makes it the newest published. Merges metrics. NotFound
+        for an unknown id."""
         c = checkpoints.c
         with self._writing() as connection:
             current = connection.execute(
@@ -285,7 +290,7 @@ class TrajectoryRepository:
             if current is None:
                 raise NotFound(f"checkpoint {checkpoint_id} not found")
             merged = {**current.eval_metrics, **metrics}
-            values = {"eval_metrics": merged, "status": status or current.status}
+            values = {"eval_metrics": merged, "status": status or current.status} | ({"status_at_us": at_us or time.time_ns() // 1_000} if status else {})
             connection.execute(update(checkpoints).where(c.id == checkpoint_id).values(**values))
             row = connection.execute(select(checkpoints).where(c.id == checkpoint_id)).one()
         return checkpoint_from_row(row._mapping)

@@ -8,6 +8,8 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+import sqlalchemy as sa
+from alembic import command
 from gearshift.api.common.v1.common_pb2 import (
     Mode,
     PlanDecision,
@@ -19,6 +21,8 @@ from gearshift.api.common.v1.common_pb2 import (
     Turn,
 )
 from gearshift.storage import TrajectoryRepository, create_store_engine, upgrade_to_head
+from gearshift.storage.database import WRITE, alembic_config
+from gearshift.testing.postgres import scratch_database
 from sqlalchemy.engine import make_url
 
 BASE_US = 1_790_000_000_000_000  # 2026-09-21, a fixed "now" for created_at
@@ -93,3 +97,21 @@ def make_trajectory(
     if reward is not None:
         trajectory.reward.CopyFrom(reward)
     return trajectory
+
+
+def migrate(engine: sa.Engine, revision: str, down: bool = False) -> None:
+    config = alembic_config()
+    with engine.connect() as connection:
+        config.attributes["connection"] = connection.execution_options(**{WRITE: True})
+        (command.downgrade if down else command.upgrade)(config, revision)
+        connection.commit()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def empty_database(request, tmp_path) -> Iterator[str]:
+    """A database no migration has run on yet (its own, on Postgres: the shared one is at head)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'old.db'}"
+        return
+    with scratch_database("gearshift_migration") as url:
+        yield url

@@ -6,22 +6,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
-import pytest
 import sqlalchemy as sa
-from alembic import command
 from gearshift.api.common.v1.common_pb2 import Reward
 from gearshift.rewards.feedback import feedback_verifier
 from gearshift.storage import Keyset, TrajectoryFilter, TrajectoryRepository, create_store_engine, upgrade_to_head
 from gearshift.storage.codec import trajectory_row
-from gearshift.storage.database import WRITE, alembic_config
 from gearshift.storage.repository import Correctness
-from gearshift.testing.postgres import scratch_database
 
-from tests.libs.storage.helpers import BASE_US, libpq, make_trajectory
+from tests.libs.storage.helpers import BASE_US, libpq, make_trajectory, migrate
 
 CLIENT = Reward(value=1.0, correct=True, kind="feedback", verifier=feedback_verifier())
 GRADED = Reward(value=0.0, correct=False, kind="feedback", verifier=feedback_verifier("exact"))
@@ -120,24 +115,6 @@ def test_a_verdict_waiting_behind_another_writer_replaces_what_it_wrote(migrated
 
 
 # ---------------------------------------------------------------- migration 0004
-
-
-def migrate(engine: sa.Engine, revision: str, down: bool = False) -> None:
-    config = alembic_config()
-    with engine.connect() as connection:
-        config.attributes["connection"] = connection.execution_options(**{WRITE: True})
-        (command.downgrade if down else command.upgrade)(config, revision)
-        connection.commit()
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def empty_database(request, tmp_path) -> Iterator[str]:
-    """A database no migration has run on yet (its own, on Postgres: the shared one is at head)."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'old.db'}"
-        return
-    with scratch_database("gearshift_migration") as url:
-        yield url
 
 
 def test_migration_0004_marks_the_feedback_already_stored(empty_database: str):

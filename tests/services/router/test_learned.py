@@ -132,3 +132,20 @@ async def _wait_for_version(router, version: str) -> router_pb2.RouteResponse:
                 return reply
         await asyncio.sleep(0.05)
     raise AssertionError(f"{version} was never served")
+
+
+async def test_publishing_an_older_router_again_rolls_back_to_it(store):
+    settings, stub = store
+    for version in ("router-v1", "router-v2"):
+        await train(settings, version)
+    await publish(stub, "router-v1")
+    await publish(stub, "router-v2")
+    async with router_service(settings) as router:
+        assert (await router.Route(router_pb2.RouteRequest(query=BIG, strategy=LEARNED))).router_version == "router-v2"
+        await publish(stub, "router-v1")  # registered first, published last: the one served
+        for _ in range(100):
+            served = (await router.Route(router_pb2.RouteRequest(query=BIG, strategy=LEARNED))).router_version
+            if served == "router-v1":
+                break
+            await asyncio.sleep(0.05)
+    assert served == "router-v1"
