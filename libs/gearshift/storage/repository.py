@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import time
 import enum
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -278,10 +277,9 @@ class TrajectoryRepository:
         with self.engine.connect() as connection:
             return [checkpoint_from_row(row._mapping) for row in connection.execute(stmt)]
 
-    def update_checkpoint(self, checkpoint_id: str, status: int, metrics: dict[str, float], at_us: int | None = None) -> Checkpoint:
-        """Sets the status (0 leaves it), stamped at_us (default now) even when it is the same:
-        publishing a checkpoint again makes it the newest published. Merges metrics. NotFound
-        for an unknown id."""
+    def update_checkpoint(self, checkpoint_id: str, status: int, metrics: dict[str, float], at_us: int) -> Checkpoint:
+        """Sets the status (0 leaves it), stamped at_us even when it is the same: publishing a
+        checkpoint again makes it the newest published. Merges metrics. NotFound for an unknown id."""
         c = checkpoints.c
         with self._writing() as connection:
             current = connection.execute(
@@ -290,7 +288,9 @@ class TrajectoryRepository:
             if current is None:
                 raise NotFound(f"checkpoint {checkpoint_id} not found")
             merged = {**current.eval_metrics, **metrics}
-            values = {"eval_metrics": merged, "status": status or current.status} | ({"status_at_us": at_us or time.time_ns() // 1_000} if status else {})
+            values = {"eval_metrics": merged, "status": status or current.status}
+            if status:
+                values["status_at_us"] = at_us
             connection.execute(update(checkpoints).where(c.id == checkpoint_id).values(**values))
             row = connection.execute(select(checkpoints).where(c.id == checkpoint_id)).one()
         return checkpoint_from_row(row._mapping)

@@ -25,6 +25,8 @@ from gearshift.protocol.sr2am import PLAN_HEAD, PLAN_OPENER
 REFUSAL = "I cannot solve this one."
 _TASK = re.compile(r"^Task: (.*)$", re.M)
 _PRODUCT = re.compile(r"What is (\d+) \* (\d+)\?")
+_RESULT = re.compile(r"Results for tool call [^\n]*:\n(.*?)\n(?:Results for tool call|</tool_response>)", re.S)
+_OPERATORS = {ast.Add: ("+", operator.add), ast.Sub: ("-", operator.sub), ast.Mult: ("*", operator.mul), ast.Div: ("/", operator.floordiv)}
 
 
 def python_call(code: str) -> str:
@@ -33,10 +35,6 @@ def python_call(code: str) -> str:
     it: with repr most programs came out single-quoted, and the policy learned to write
     'print(format(n, 'b'))', which does not parse."""
     return "{'id': 1, 'name': 'python', 'arguments': {'code': " + json.dumps(code) + "}}"
-
-
-_RESULT = re.compile(r"Results for tool call [^\n]*:\n(.*?)\n(?:Results for tool call|</tool_response>)", re.S)
-_OPERATORS = {ast.Add: ("+", operator.add), ast.Sub: ("-", operator.sub), ast.Mult: ("*", operator.mul), ast.Div: ("/", operator.floordiv)}
 
 
 @dataclass(frozen=True)

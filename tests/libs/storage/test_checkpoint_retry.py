@@ -53,7 +53,7 @@ def test_a_retry_with_the_same_content_returns_the_stored_checkpoint(repository:
 
 def test_a_retry_after_promotion_and_evaluation_still_succeeds(repository: TrajectoryRepository):
     request = trained(repository)
-    repository.update_checkpoint("sft-1", PUBLISHED, {"accuracy": 0.6})
+    repository.update_checkpoint("sft-1", PUBLISHED, {"accuracy": 0.6}, at_us=0)
     retried = repository.register_checkpoint(request, BASE_US + 2)  # status CANDIDATE, fewer metrics
     assert retried.status == PUBLISHED
     assert dict(retried.eval_metrics) == {"train_loss": 0.25, "accuracy": 0.6}
@@ -85,7 +85,7 @@ def test_a_reused_id_with_other_content_names_the_field(repository: TrajectoryRe
 
 def test_a_metric_evaluation_changed_makes_the_retry_a_conflict(repository: TrajectoryRepository):
     request = trained(repository)
-    repository.update_checkpoint("sft-1", 0, {"train_loss": 0.3})
+    repository.update_checkpoint("sft-1", 0, {"train_loss": 0.3}, at_us=0)
     with pytest.raises(AlreadyExists, match=r"eval_metrics\[train_loss\]"):
         repository.register_checkpoint(request, BASE_US + 2)
 

@@ -120,7 +120,7 @@ def test_concurrent_read_then_write_transactions_wait_instead_of_failing(reposit
     repository.register_checkpoint(Checkpoint(id="c", kind="policy", uri="/c", status=1), BASE_US)
 
     def bump(index: int) -> None:
-        repository.update_checkpoint("c", 0, {f"m{index}": float(index)})
+        repository.update_checkpoint("c", 0, {f"m{index}": float(index)}, at_us=0)
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         list(pool.map(bump, range(24)))

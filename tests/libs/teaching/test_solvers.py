@@ -14,12 +14,11 @@ from gearshift.cli.platform import DEMO_QUESTIONS
 from gearshift.embedded import embedded
 from gearshift.evaluation.report import fetch_run
 from gearshift.evaluation.suites import get_suite
+from gearshift.protocol import a2fm
 from gearshift.rewards.formats import check_trajectory_format
 from gearshift.rewards.structure import check_structure
-from gearshift.protocol import a2fm
 from gearshift.teaching.solvers import REFUSAL, SolverTeacher, arithmetic_steps, product_steps, python_call, solve
 from gearshift.teaching.teach import TeachersConfig, teach
-
 
 
 def run_python(code: str) -> str:
