@@ -13,7 +13,7 @@ from rich.text import Text
 from gearshift.api.common.v1.common_pb2 import Mode, PlanDecision, RoutingStrategy, ToolCall, ToolResult, Trajectory, TrajectoryStatus
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.clients import service_channel
-from gearshift.protocol.a2fm import FORCED_ANSWER_OPENER, REJECTED_CALL_PREFIX
+from gearshift.protocol.a2fm import REJECTED_CALL_PREFIX
 from gearshift.protocol.modes import MODE_OF, mode_name
 from gearshift.protocol.prompts import MODE_OPENERS
 from gearshift.protocol.sr2am import plan_block
@@ -110,8 +110,6 @@ class LiveView:
     def __init__(self, console: Console):
         self.console = console
         self.text = ModelText()
-        self.mode = Mode.MODE_UNSPECIFIED
-        self.planned_turn = -1
 
     def show(self, item: executor_pb2.SolveEvent) -> None:
         kind = item.WhichOneof("event")
@@ -128,16 +126,17 @@ class LiveView:
             self._call(item.tool_call)
         elif kind == "tool_result":
             self._result(item.tool_result)
+        elif kind == "answer_asked":
+            self.text.enter(item.answer_asked.opener)
+            self.console.print(Text(f"turn {item.turn + 1}: the answer asked for", style="bold"))
 
     def _mode(self, chosen: executor_pb2.ModeChosen) -> None:
-        self.mode = chosen.mode
         self.text.enter(MODE_OPENERS.get(chosen.mode, ""))
         strategy = RoutingStrategy.Name(chosen.strategy).removeprefix("ROUTING_STRATEGY_").lower()
         line = Text.assemble(("mode ", "bold"), f"{mode_name(chosen.mode)} ({strategy})")
         self.console.print(line.append(f": {chosen.rationale}" if chosen.rationale else ""))
 
     def _plan(self, turn: int, made: executor_pb2.PlanMade) -> None:
-        self.planned_turn = turn
         self.text.enter(plan_block(made.decision, made.plan, first_turn=turn == 0)[1])
         if made.decision == PlanDecision.PLAN_DECISION_PLAN_NEW:
             plan = " → ".join(step.action for step in made.plan.steps)
@@ -146,10 +145,6 @@ class LiveView:
         self.console.print(Text.assemble((f"turn {turn + 1} plan", "bold cyan"), f": {plan}"))
 
     def _chunk(self, item: executor_pb2.SolveEvent) -> None:
-        if self.mode == Mode.MODE_AGENTIC and item.turn != self.planned_turn:
-            # An agentic turn without a plan is the executor asking for the answer outright.
-            self.planned_turn = item.turn
-            self.text.enter(FORCED_ANSWER_OPENER)
         shown = self.text.feed(item.chunk.text)
         if shown:
             self.console.print(shown, end="", style="dim", markup=False, highlight=False)

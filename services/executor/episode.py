@@ -266,6 +266,7 @@ class EpisodeRunner:
     async def _force_answer(self, state: EpisodeState, index: int, opener: str) -> AsyncIterator[executor_pb2.SolveEvent]:
         turn = Turn(index=index)
         state.inject(turn, opener)
+        yield event(index, answer_asked=executor_pb2.AnswerAsked(opener=opener))
         async for item in self._generate(state, turn, stop=["</answer>"]):
             yield item
         state.trajectory.turns.append(turn)

@@ -279,9 +279,9 @@ class EpisodeView:
 
     The streamed answer is what the policy writes between its answer tags (text protocol), or
     its message in instant and reasoning mode (native protocol; an agentic message is the answer
-    only once it ends without calls). When the executor's Answer event says more (an answer the
-    platform opened itself, as after an agentic turn without a call), the rest is sent then, so
-    the streamed content adds up to the answer."""
+    only once it ends without calls); an answer the executor asked for streams from its opener.
+    When the executor's Answer event says more (text the model left untagged), the rest is sent
+    then, so the streamed content adds up to the answer."""
 
     def __init__(self, trajectory_id: str, started: float, stop: list[str], native: bool = False):
         self.trajectory_id = trajectory_id  # "" until the final event when the executor chooses it
@@ -304,6 +304,8 @@ class EpisodeView:
             return self._out(Delta() if self.native else self.splitter.feed(MODE_OPENERS[self.mode]))
         if kind == "chunk":
             return self._out(self._chunk(event.turn, event.chunk))
+        if kind == "answer_asked":  # the executor's opener, written into the text but not streamed
+            return self._out(self.splitter.feed(event.answer_asked.opener))
         if kind == "answer":
             delta = self.splitter.finish()
             sent, answer = self.sent + delta.content, event.answer.text

@@ -81,12 +81,12 @@ def never_calls(body: dict) -> str:
     return "Goal: think it over.</plan>\nI know this one." if reply.startswith("Goal: compute") else reply
 
 
-async def test_the_answer_the_executor_asks_for_is_not_shown(tmp_path):
+async def test_the_answer_the_executor_asks_for_is_said_not_shown(tmp_path):
     async with episode_stack(Settings(data_dir=tmp_path, metrics_port=0), never_calls) as running:
         events = await solve(running, query="What is 17*23?")
     assert events[-1].final.trajectory.answer == "42"  # forced: the executor opened <answer> itself
     assert shown(events) == ["mode agentic (model): Arithmetic is safer with a tool.", "turn 1 plan: run python → answer",
-                             "Goal: think it over.", "I know this one."]
+                             "Goal: think it over.", "I know this one.", "turn 2: the answer asked for"]
 
 
 @pytest.mark.parametrize("pieces, lines", [

@@ -1,7 +1,8 @@
 """ExecutorSettings.answer_at_step_limit (budget forcing): when the steps run out without an
 answer, one more turn asks for it; off, the episode ends BUDGET_EXHAUSTED without one. Real
 executor, router, planner, sandbox, reward and store; the model is a stand-in whose reasoning
-never ends within a turn (the turn is cut by its token limit, as an engine cuts it)."""
+never ends within a turn (the turn is cut by its token limit, as an engine cuts it). What a
+client reads of the asked-for answer: the live view and the gateway's stream."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from gearshift.protocol import a2fm
 from gearshift.protocol.sr2am import PLAN_HEAD
 from gearshift.settings import ExecutorSettings
 from gearshift.testing.scripted_policy import serve_scripted
+from gearshift.services.gateway.translate import EpisodeView
 
+from tests.libs.test_console import shown
 from tests.services.executor.test_episode import solve
 
 CALL = "<tool_call>\n{'id': 1, 'name': 'python', 'arguments': {'code': 'print(17*23)'}}\n</tool_call>"
@@ -83,3 +86,21 @@ async def test_an_exhausted_token_budget_is_not_forced(stack):
     budget = executor_pb2.Budget(max_output_tokens=8)
     trajectory = (await solve(settings, query="What is 17*23?", mode=Mode.MODE_REASONING, budget=budget))[-1].final.trajectory
     assert trajectory.status == TrajectoryStatus.TRAJECTORY_STATUS_BUDGET_EXHAUSTED and trajectory.answer == ""
+
+
+async def test_clients_read_the_asked_for_answer_as_the_answer(stack):
+    """The executor says when it asks for the answer: the live view and the OpenAI stream read
+    what follows as the answer, not as more reasoning."""
+    settings, forcing = stack
+    events = await solve(settings, query="What is 17*23?", mode=Mode.MODE_REASONING, reference_answer="391")
+    asked = [item for item in events if item.WhichOneof("event") == "answer_asked"]
+    if not forcing:
+        assert not asked
+        return
+    assert [item.answer_asked.opener for item in asked] == [forced_turn(events[-1].final.trajectory)]
+    lines = shown(events)
+    assert lines[-1] == "turn 3: the answer asked for" and not any("391" in line for line in lines)
+    view = EpisodeView("", 0.0, stop=[])
+    deltas = [view.on_event(item) for item in events]
+    assert "".join(delta.content for delta in deltas) == "391"
+    assert "391" not in "".join(delta.reasoning for delta in deltas)

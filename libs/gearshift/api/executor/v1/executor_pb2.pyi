@@ -88,6 +88,12 @@ class Answer(_message.Message):
     text: str
     def __init__(self, text: _Optional[str] = ...) -> None: ...
 
+class AnswerAsked(_message.Message):
+    __slots__ = ("opener",)
+    OPENER_FIELD_NUMBER: _ClassVar[int]
+    opener: str
+    def __init__(self, opener: _Optional[str] = ...) -> None: ...
+
 class Final(_message.Message):
     __slots__ = ("trajectory",)
     TRAJECTORY_FIELD_NUMBER: _ClassVar[int]
@@ -95,7 +101,7 @@ class Final(_message.Message):
     def __init__(self, trajectory: _Optional[_Union[_common_pb2.Trajectory, _Mapping]] = ...) -> None: ...
 
 class SolveEvent(_message.Message):
-    __slots__ = ("turn", "mode_chosen", "plan", "chunk", "tool_call", "tool_result", "answer", "final")
+    __slots__ = ("turn", "mode_chosen", "plan", "chunk", "tool_call", "tool_result", "answer", "final", "answer_asked")
     TURN_FIELD_NUMBER: _ClassVar[int]
     MODE_CHOSEN_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +110,7 @@ class SolveEvent(_message.Message):
     TOOL_RESULT_FIELD_NUMBER: _ClassVar[int]
     ANSWER_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_ASKED_FIELD_NUMBER: _ClassVar[int]
     turn: int
     mode_chosen: ModeChosen
     plan: PlanMade
@@ -112,4 +119,5 @@ class SolveEvent(_message.Message):
     tool_result: _common_pb2.ToolResult
     answer: Answer
     final: Final
-    def __init__(self, turn: _Optional[int] = ..., mode_chosen: _Optional[_Union[ModeChosen, _Mapping]] = ..., plan: _Optional[_Union[PlanMade, _Mapping]] = ..., chunk: _Optional[_Union[OutputChunk, _Mapping]] = ..., tool_call: _Optional[_Union[_common_pb2.ToolCall, _Mapping]] = ..., tool_result: _Optional[_Union[_common_pb2.ToolResult, _Mapping]] = ..., answer: _Optional[_Union[Answer, _Mapping]] = ..., final: _Optional[_Union[Final, _Mapping]] = ...) -> None: ...
+    answer_asked: AnswerAsked
+    def __init__(self, turn: _Optional[int] = ..., mode_chosen: _Optional[_Union[ModeChosen, _Mapping]] = ..., plan: _Optional[_Union[PlanMade, _Mapping]] = ..., chunk: _Optional[_Union[OutputChunk, _Mapping]] = ..., tool_call: _Optional[_Union[_common_pb2.ToolCall, _Mapping]] = ..., tool_result: _Optional[_Union[_common_pb2.ToolResult, _Mapping]] = ..., answer: _Optional[_Union[Answer, _Mapping]] = ..., final: _Optional[_Union[Final, _Mapping]] = ..., answer_asked: _Optional[_Union[AnswerAsked, _Mapping]] = ...) -> None: ...
