@@ -53,7 +53,8 @@ NEED_MODES = {"computed": ["agentic"], "derived": ["reasoning", "agentic"], "kno
 
 
 class Recipe(BaseModel):
-    """Everything that decides the default policy; its digest names the training run."""
+    """Everything that decides the default policy; with the data it taught, it names the
+    training run (run_key)."""
 
     families: list[Family] = [
         Family(suite="large_multiplication", items=80, modes=["agentic"], teacher="solvers"),
@@ -110,7 +111,7 @@ async def _build(settings: Settings, recipe: Recipe, work_dir: Path, ship_to: Pa
         console.rule("route-then-align SFT (LoRA)")
         data = {"correctness": "correct", "split": "train", "purposes": ["training"]}
         snapshot = await steps.snapshot(platform.settings, data)
-        spec = steps.train_config(platform.settings, "sft", recipe.sft, f"default-policy:{steps.digest(recipe.model_dump())}", data, None)
+        spec = steps.train_config(platform.settings, "sft", recipe.sft, run_key(recipe, snapshot["snapshot"]), data, None)
         external_id = runner.start(spec)
         result = await asyncio.to_thread(steps.train, runner, spec, external_id, lambda _tail: None, 7 * 86_400)
     card |= {
@@ -120,6 +121,13 @@ async def _build(settings: Settings, recipe: Recipe, work_dir: Path, ship_to: Pa
     }
     ship(Path(result["output_dir"]) / "adapter", ship_to, card)
     return card
+
+
+def run_key(recipe: Recipe, snapshot: str) -> str:
+    """The SFT run's dedupe key, which names its checkpoint: the recipe and the teaching data's
+    snapshot. A rerun on the same stored episodes resumes its run; new teaching data (a teacher
+    changed, the recipe alike) trains and registers a checkpoint of its own."""
+    return f"default-policy:{steps.digest(recipe.model_dump(), snapshot)}"
 
 
 def ship(adapter: Path, target: Path, card: dict) -> None:
