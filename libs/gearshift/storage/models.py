@@ -98,7 +98,6 @@ class CheckpointRow(Base):
 
     __table_args__ = (
         Index(None, "kind", "created_at_us"),
-        Index(None, "status", "created_at_us"),
         Index(None, "status", "status_at_us"),
         Index(None, "parent_id"),
     )
