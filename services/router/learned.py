@@ -20,7 +20,6 @@ from gearshift.api.store.v1 import store_pb2_grpc
 from gearshift.clients import channel
 from gearshift.errors import FailedPrecondition
 from gearshift.protocol import a2fm
-from gearshift.routing.decision import choose_mode
 from gearshift.routing.features import FeatureExtractor, extractor_for
 from gearshift.routing.model import RouterModel
 from gearshift.routing.registry import newest_published
@@ -71,7 +70,7 @@ class PublishedRouter:
             raise FailedPrecondition("no learned router is published; train one with `gearshift router train` and publish it")
         model = current.model
         row = current.extractor.transform(query)
-        choice = choose_mode(model.probabilities(row), model.expected_costs(row), self.config.accuracy_floor)
+        choice = model.choose(row, self.config.accuracy_floor)
         # The forced-mode justification, not a description of the router: the policy then sees
         # exactly the prefix of the forced runs whose outcomes the router learned from.
         rationale = a2fm.FORCED_JUSTIFICATION[choice.mode]

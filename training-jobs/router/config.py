@@ -34,7 +34,8 @@ class RouterConfig(JobConfig):
     max_iterations: int = Field(50, ge=1, description="Most Newton steps per classifier")
     cost_l2: float = Field(1.0, ge=0, description="L2 penalty of each mode's cost regression (ridge, on standardised features)")
     accuracy_floor: float = Field(
-        0.5, ge=0, le=1, description="Accuracy floor used by the offline evaluation (serving uses GEARSHIFT_LEARNED_ROUTER__ACCURACY_FLOOR)"
+        0.5, ge=0, le=1, description="Accuracy floor of the pass value learned and of the offline evaluation (serving uses "
+        "GEARSHIFT_LEARNED_ROUTER__ACCURACY_FLOOR; keep them equal)"
     )
     min_items: int = Field(4, ge=1, description="Fewest training items with forced attempts; fewer is an error")
     bootstrap_samples: int = Field(1_000, ge=1, description="Bootstrap resamples for the cost-of-pass confidence intervals")

@@ -130,7 +130,7 @@ def fit(config: RouterConfig, version: str, dataset: RoutingDataset, train_items
     }
     model = train_router_model(
         version, spec, features, per_mode_targets(train_items), expected_costs(train_items), config.l2, config.max_iterations, metadata,
-        per_mode_costs(train_items), config.cost_l2,
+        per_mode_costs(train_items), config.cost_l2, config.accuracy_floor,
     )
     evaluation = None
     covered = [i for i in held if all(m in i.forced for m in model.modes)]
@@ -175,7 +175,8 @@ async def train_async(config: RouterConfig) -> dict:
         "code_version": model.metadata["code_version"],
         "dataset_snapshot": snapshot(dataset, lineage),
         "trajectory_ids": sorted(lineage),
-        "metrics": {"items": len(train_items), "held_out_items": len(held), "trajectories": len(lineage)},
+        "metrics": {"items": len(train_items), "held_out_items": len(held), "trajectories": len(lineage),
+                    "pass_value_usd": model.pass_value_usd},
         "eval_metrics": evaluation.metrics() if evaluation else {},
     })
     if config.output.register_checkpoint:

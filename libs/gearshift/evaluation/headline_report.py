@@ -261,7 +261,9 @@ def markdown(report: HeadlineReport) -> str:
     if report.router:
         offline = report.router.get("eval_metrics", {})
         figures = ", ".join(f"{k} {offline[k]:.3g}" for k in ("routing_accuracy", "learned_accuracy", "eval_items") if k in offline)
-        parts.append(f"The learned router `{report.router['version']}`: trained on run `{report.router.get('train_run', '')}`; "
+        value = offline.get("train/pass_value_usd")
+        worth = f", a pass worth ${value:.6f} to it (its cost of pass over its training queries)" if value is not None else ""
+        parts.append(f"The learned router `{report.router['version']}`: trained on run `{report.router.get('train_run', '')}`{worth}; "
                      f"offline on the test run's forced outcomes: {figures or 'not evaluated'}.")
     for mode, by_family in report.mode_share_by_family.items():
         parts.append(f"## Modes chosen by `{mode}`, by family")

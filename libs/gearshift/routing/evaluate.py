@@ -17,7 +17,6 @@ import numpy as np
 from gearshift.protocol.modes import NAME_OF
 from gearshift.rewards.cost_of_pass import CostOfPass, compute_cost_of_pass
 from gearshift.routing.dataset import CORRECT_SHARE, Attempt, QueryOutcomes
-from gearshift.routing.decision import choose_mode
 from gearshift.routing.model import RouterModel
 
 
@@ -94,11 +93,7 @@ def evaluate_router(
     covered = [i for i, item in enumerate(items) if all(m in item.forced for m in model.modes)]
     if not covered:
         raise ValueError("no held-out item has attempts in every mode the router knows")
-    probabilities, costs = model.predict(features[covered]), model.predict_cost(features[covered])
-    chosen = [
-        choose_mode(dict(zip(model.modes, p.tolist())), dict(zip(model.modes, c.tolist())), accuracy_floor).mode
-        for p, c in zip(probabilities, costs)
-    ]
+    chosen = [choice.mode for choice in model.choose_many(features[covered], accuracy_floor)]
     evaluated = [items[i] for i in covered]
 
     oracles = [item.oracle_mode() for item in evaluated]

@@ -2,8 +2,9 @@
 regressions (ridge: the expected cost of one attempt for this query) and the versioned router
 artefact: weights.npz + metadata.json in one directory.
 
-Format 2 adds the cost regressions. A format 1 artefact (one mean cost per mode) still loads:
-its regressions are a constant, the mean, so it decides exactly as before.
+Format 2 adds the cost regressions, format 3 the pass value (gearshift.routing.decision). Older
+artefacts still load and decide exactly as before: format 1 (one mean cost per mode) gets a
+constant regression, the mean; without a pass value the per-query cost of pass decides.
 
 Inference is one standardisation and two small matrix-vector products: microseconds.
 """
@@ -18,11 +19,13 @@ from pathlib import Path
 import numpy as np
 
 from gearshift.protocol.modes import MODE_OF, NAME_OF
+from gearshift.routing.decision import Choice, choose_mode, pass_value
 from gearshift.routing.features import FeatureSpec
 
-FORMAT_VERSION = 2
-# Formats this code reads; 1 has no cost regression (a constant cost per mode stands in).
-READABLE_FORMATS = (1, 2)
+FORMAT_VERSION = 3
+# Formats this code reads; 1 has no cost regression (a constant cost per mode stands in), 1 and
+# 2 no pass value.
+READABLE_FORMATS = (1, 2, 3)
 WEIGHTS_FILE = "weights.npz"
 METADATA_FILE = "metadata.json"
 # A light pull on the bias: a mode that always (or never) succeeded in training gets a large
@@ -91,7 +94,8 @@ def fit_ridge(features: np.ndarray, targets: np.ndarray, sample_weights: np.ndar
 class RouterModel:
     """A trained router: the feature spec, one success classifier and one cost regression per
     mode; expected_cost_usd keeps each mode's mean cost over the training items (the floor of
-    the regressions' predictions is a share of it)."""
+    the regressions' predictions is a share of it); pass_value_usd is the cost of pass its
+    decisions reach over the training queries, by its own estimates (None: decide per query)."""
 
     version: str
     spec: FeatureSpec
@@ -104,6 +108,7 @@ class RouterModel:
     metadata: dict = field(default_factory=dict)  # training runs, metrics, config, ...
     cost_weights: np.ndarray | None = None  # [dim, len(modes)]; None: the mean cost for every query
     cost_bias: np.ndarray | None = None  # [len(modes)]
+    pass_value_usd: float | None = None
 
     def __post_init__(self) -> None:
         dim, count = self.spec.dim, len(self.modes)
@@ -133,6 +138,19 @@ class RouterModel:
         """This query's expected cost of one attempt per mode."""
         return dict(zip(self.modes, self.predict_cost(row).tolist()))
 
+    def choose(self, row: np.ndarray, accuracy_floor: float) -> Choice:
+        """This query's mode (gearshift.routing.decision)."""
+        return choose_mode(self.probabilities(row), self.expected_costs(row), accuracy_floor, self.pass_value_usd)
+
+    def estimates(self, features: np.ndarray) -> list[tuple[dict[int, float], dict[int, float]]]:
+        """Per row of [n, dim] features: P(correct) per mode, expected cost of one attempt per mode."""
+        return [(dict(zip(self.modes, p.tolist())), dict(zip(self.modes, c.tolist())))
+                for p, c in zip(self.predict(features), self.predict_cost(features))]
+
+    def choose_many(self, features: np.ndarray, accuracy_floor: float) -> list[Choice]:
+        """choose() for every row of [n, dim] features."""
+        return [choose_mode(p, c, accuracy_floor, self.pass_value_usd) for p, c in self.estimates(features)]
+
     def save(self, directory: Path) -> Path:
         """Writes the artefact; the directory must not hold one already (versions are immutable)."""
         directory.mkdir(parents=True, exist_ok=True)
@@ -147,6 +165,7 @@ class RouterModel:
             "feature_spec": self.spec.to_json(),
             "modes": [NAME_OF[m] for m in self.modes],
             "expected_cost_usd": {NAME_OF[m]: c for m, c in self.expected_cost_usd.items()},
+            "pass_value_usd": self.pass_value_usd,
         }
         # metadata last: its presence marks a complete artefact
         (directory / METADATA_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
@@ -165,7 +184,7 @@ class RouterModel:
         modes = tuple(MODE_OF[name] for name in meta["modes"])
         costs = {MODE_OF[name]: float(c) for name, c in meta["expected_cost_usd"].items()}
         return cls(meta["version"], FeatureSpec.from_json(meta["feature_spec"]), modes, weights, bias, mean, scale, costs, meta,
-                   cost_weights, cost_bias)
+                   cost_weights, cost_bias, meta.get("pass_value_usd"))
 
 
 def train_router_model(
@@ -179,8 +198,10 @@ def train_router_model(
     metadata: dict | None = None,
     per_mode_cost: Mapping[int, np.ndarray] | None = None,
     cost_l2: float = 1.0,
+    accuracy_floor: float | None = None,
 ) -> RouterModel:
-    """Fits one classifier per mode and, with per_mode_cost, one cost regression per mode.
+    """Fits one classifier per mode and, with per_mode_cost, one cost regression per mode;
+    with accuracy_floor, the pass value its decisions reach over these queries under that floor.
     per_mode[mode] = (row indices into features, success rates, attempt counts as weights);
     per_mode_cost[mode] = the mean attempt cost of those rows, USD."""
     mean = features.mean(axis=0)
@@ -199,4 +220,7 @@ def train_router_model(
         if per_mode_cost is not None:
             ridge = fit_ridge(standard[rows], per_mode_cost[mode], counts, cost_l2)
             cost_weights[:, column], cost_bias[column] = ridge.weights, ridge.bias
-    return RouterModel(version, spec, modes, weights, bias, mean, scale, costs, dict(metadata or {}), cost_weights, cost_bias)
+    model = RouterModel(version, spec, modes, weights, bias, mean, scale, costs, dict(metadata or {}), cost_weights, cost_bias)
+    if accuracy_floor is not None:
+        model.pass_value_usd = pass_value(model.estimates(features), accuracy_floor)
+    return model

@@ -1,5 +1,6 @@
-"""The router's per-query cost regressions: ridge by hand, decisions that follow a query's own
-expected cost, and format 1 artefacts (one mean cost per mode) still loading."""
+"""The router's per-query cost regressions and pass value: ridge by hand, decisions that follow a
+query's own expected cost, queries no mode answers sent to the cheapest mode, and format 1 and
+2 artefacts (one mean cost per mode; no pass value) still loading and deciding as before."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from gearshift.routing.decision import choose_mode
 from gearshift.routing.features import FeatureSpec
 from gearshift.routing.model import FORMAT_VERSION, METADATA_FILE, WEIGHTS_FILE, RouterModel, fit_ridge, train_router_model
 
-from tests.libs.routing.synthetic import INSTANT, REASONING
+from tests.libs.routing.synthetic import AGENTIC, INSTANT, REASONING
 
 SPEC = FeatureSpec(embedding="none")
 
@@ -63,12 +64,59 @@ def test_predicted_costs_stay_positive():
     assert model.expected_costs(far)[REASONING] == pytest.approx(0.05 * model.expected_cost_usd[REASONING])
 
 
-def test_format_2_round_trip_and_format_1_still_loads(tmp_path):
+def unanswered_world(n: int = 400, seed: int = 0):
+    """Two families told apart by the first feature (+1 or -1): on the known one instant answers
+    90% and agentic always; on the other nothing answers but agentic, 5% of the time. Agentic
+    costs 20x instant."""
+    rng = np.random.default_rng(seed)
+    features = rng.uniform(-1.5, 1.5, size=(n, SPEC.dim))
+    known = rng.random(n) < 0.5
+    features[:, 0] = np.where(known, 1.0, -1.0)
+    rows = np.arange(n)
+    rates = {INSTANT: np.where(known, 0.9, 0.0), AGENTIC: np.where(known, 1.0, 0.05)}
+    costs = {INSTANT: 1e-5, AGENTIC: 2e-4}
+    model = train_router_model("v", SPEC, features, {m: (rows, r, np.full(n, 20.0)) for m, r in rates.items()}, costs,
+                               l2=1.0, max_iterations=50, accuracy_floor=0.5)
+    return model, features, known
+
+
+def test_queries_no_mode_answers_go_to_the_cheapest_mode():
+    model, features, known = unanswered_world()
+    chosen = np.asarray([c.mode for c in model.choose_many(features, 0.5)])
+    assert (chosen == INSTANT).all()
+    # its pass value is the cost of pass of its own choices, by its own estimates, and lower
+    # than that of per-query choices (no pass value, as in a format 2 artefact), where agentic's
+    # 5% beats instant's ~0%: 20x the cost for 1 pass in 20
+    def cost_of_pass(choices):
+        return sum(c.chosen.expected_cost_usd for c in choices) / sum(c.chosen.probability for c in choices)
+
+    value = model.pass_value_usd
+    assert cost_of_pass(model.choose_many(features, 0.5)) == pytest.approx(value, rel=1e-9)
+    model.pass_value_usd = None
+    per_query = model.choose_many(features, 0.5)
+    assert cost_of_pass(per_query) > 1.2 * value
+    per_query = np.asarray([c.mode for c in per_query])
+    assert (per_query[~known] == AGENTIC).all()
+
+
+def test_format_3_round_trip_and_formats_1_and_2_still_load(tmp_path):
+    model, features, _ = unanswered_world()
+    model.save(tmp_path / "v3")
+    loaded = RouterModel.load(tmp_path / "v3")
+    assert json.loads((tmp_path / "v3" / METADATA_FILE).read_text())["format_version"] == FORMAT_VERSION == 3
+    assert loaded.pass_value_usd == model.pass_value_usd
+    np.testing.assert_allclose(loaded.predict_cost(features[:5]), model.predict_cost(features[:5]))
+
+    # A format 2 artefact: no pass value, so the per-query cost of pass decides.
+    meta = json.loads((tmp_path / "v3" / METADATA_FILE).read_text())
+    v2 = tmp_path / "v2-no-pass-value"
+    loaded.save(v2)
+    del meta["pass_value_usd"]
+    (v2 / METADATA_FILE).write_text(json.dumps(meta | {"format_version": 2}))
+    assert RouterModel.load(v2).pass_value_usd is None
+
     model, features = world()
     model.save(tmp_path / "v2")
-    loaded = RouterModel.load(tmp_path / "v2")
-    assert json.loads((tmp_path / "v2" / METADATA_FILE).read_text())["format_version"] == FORMAT_VERSION == 2
-    np.testing.assert_allclose(loaded.predict_cost(features[:5]), model.predict_cost(features[:5]))
 
     # A format 1 artefact: no cost arrays, one mean cost per mode, which every query then gets.
     old = tmp_path / "v1"
@@ -80,7 +128,7 @@ def test_format_2_round_trip_and_format_1_still_loads(tmp_path):
     expected = [model.expected_cost_usd[m] for m in model.modes]
     np.testing.assert_allclose(v1.predict_cost(features[:3]), np.tile(expected, (3, 1)))
 
-    meta["format_version"] = 3
+    meta["format_version"] = 4
     (old / METADATA_FILE).write_text(json.dumps(meta))
-    with pytest.raises(ValueError, match="format 3 is not one this code reads"):
+    with pytest.raises(ValueError, match="format 4 is not one this code reads"):
         RouterModel.load(old)

@@ -1,11 +1,13 @@
-"""The expected-cost-of-pass decision on hand-computed cases."""
+"""The cost-of-pass decision on hand-computed cases, and the pass value against brute force."""
 
 from __future__ import annotations
 
+import itertools
 import math
+import random
 
 import pytest
-from gearshift.routing.decision import ModeEstimate, choose_mode
+from gearshift.routing.decision import ModeEstimate, choose_mode, pass_value
 
 I, R, A = 1, 2, 3  # instant, reasoning, agentic
 COSTS = {I: 1.0, R: 4.0, A: 10.0}
@@ -55,3 +57,45 @@ def test_only_modes_with_both_figures_compete():
     assert choose_mode({I: 0.99, A: 0.5}, {A: 1.0, R: 0.1}, accuracy_floor=0.0).mode == A
     with pytest.raises(ValueError):
         choose_mode({I: 0.9}, {A: 1.0}, accuracy_floor=0.0)
+
+
+def test_with_a_pass_value_a_query_nobody_answers_goes_to_the_cheapest_mode():
+    # per query, A's 1% chance beats I's none (above); worth 20 a pass, it adds 0.2 for 10
+    assert choose_mode({I: 0.0, R: 0.0, A: 0.01}, COSTS, accuracy_floor=0.0, pass_value_usd=20.0).mode == I
+
+
+def test_with_a_pass_value_a_dearer_mode_is_worth_the_passes_it_adds():
+    # net of passes worth 20: I 1 - 2 = -1, R 4 - 6 = -2, A 10 - 4 = 6; per query I wins (10 < 13.3)
+    probabilities = {I: 0.1, R: 0.3, A: 0.2}
+    assert choose_mode(probabilities, COSTS, accuracy_floor=0.9, pass_value_usd=20.0).mode == R
+    assert choose_mode(probabilities, COSTS, accuracy_floor=0.9).mode == I
+    # the floor still rules out an unreliable mode when a reliable one exists
+    assert choose_mode({I: 0.3, R: 0.5, A: 0.9}, COSTS, accuracy_floor=0.6, pass_value_usd=100.0).mode == A
+
+
+def test_the_pass_value_by_hand():
+    # per query: q1 instant (1.1 < 10), q2 agentic (100 < inf): 11 for 1.0 passes. At 11 a pass,
+    # q2 goes to instant too: 2 for 0.9 passes, which nothing beats.
+    queries = [({I: 0.9, A: 1.0}, {I: 1.0, A: 10.0}), ({I: 0.0, A: 0.1}, {I: 1.0, A: 10.0})]
+    assert pass_value(queries, accuracy_floor=0.0) == pytest.approx(2 / 0.9)
+    assert pass_value([({I: 0.0, A: 0.0}, {I: 1.0, A: 10.0})], accuracy_floor=0.0) is None  # nothing ever passes
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_pass_value_is_the_lowest_cost_of_pass_any_choice_reaches(seed):
+    rng = random.Random(seed)
+    floor = rng.choice([0.0, 0.5])
+    queries = [({m: rng.random() ** 2 for m in COSTS}, {m: c * rng.uniform(0.5, 2) for m, c in COSTS.items()}) for _ in range(6)]
+
+    def allowed(probabilities):
+        reliable = [m for m, p in probabilities.items() if p >= floor]
+        return reliable or list(probabilities)
+
+    best = min(
+        sum(c[m] for (_, c), m in zip(queries, picks)) / sum(p[m] for (p, _), m in zip(queries, picks))
+        for picks in itertools.product(*(allowed(p) for p, _ in queries))
+    )
+    value = pass_value(queries, floor)
+    assert value == pytest.approx(best, rel=1e-9)
+    chosen = [choose_mode(p, c, floor, value).chosen for p, c in queries]
+    assert sum(e.expected_cost_usd for e in chosen) / sum(e.probability for e in chosen) == pytest.approx(best, rel=1e-9)

@@ -60,6 +60,10 @@ async def test_the_checkpoint_is_registered_with_lineage(trained):
     assert json.loads(stored.config_json)["embedding"] == "static"
     assert stored.code_version and stored.eval_metrics["routing_accuracy"] == pytest.approx(result["evaluation"].routing_accuracy)
     assert stored.eval_metrics["train/items"] == 90
+    # the pass value it decides by: every family has a cheap sure mode here, so about the mean
+    # cost of those modes (instant 1e-5, reasoning 4e-5, agentic 1e-4)
+    assert stored.eval_metrics["train/pass_value_usd"] == pytest.approx(RouterModel.load(Path(stored.uri)).pass_value_usd)
+    assert 1e-5 < stored.eval_metrics["train/pass_value_usd"] < 1e-4
 
 
 async def test_artefact_round_trip(trained, tmp_path):
