@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 from pathlib import Path
 
@@ -40,6 +41,7 @@ from gearshift.orchestration.evaluators import GateEvaluator
 from gearshift.orchestration.publishing import publish_builtin
 from gearshift.orchestration.runners import LocalRunner
 from gearshift.policy_client import SEEDS
+from gearshift.rewards.cost_of_pass import cost_of_pass
 from gearshift.settings import Settings
 from gearshift.training.results import read_metrics
 
@@ -62,9 +64,12 @@ class LoopConfig(BaseModel):
     gate_requires_improvement: bool = Field(False, description="The gate promotes an improvement only (accuracy interval above 0), not merely no loss")
     replay_suite: str = Field("", description="A suite whose train split the round also solves (greedy, in the seed modes) and learns from, so it keeps what the policy does there (e.g. headline)")
     replay_items: int = Field(0, ge=0, description="Train items of the replay suite (its families in turn)")
-    guard_suite: str = Field("", description="A suite the gate also holds: base and candidate in auto on its test split; the candidate is rejected when one of its families falls by more than guard_max_drop")
+    guard_suite: str = Field("", description="A suite the gate also holds: base and candidate in auto on its test split; the candidate is rejected when one of its families falls by more than guard_max_drop, or its cost of pass rises by more than guard_max_cost_rise")
     guard_items: int = Field(0, ge=0, description="Test items of the guard suite (its families in turn)")
     guard_max_drop: float = Field(0.03, ge=0, le=1, description="The largest fall of a guard family's auto accuracy the gate accepts")
+    guard_max_cost_rise: float = Field(0.25, ge=0, description="The largest relative rise of a guard family's auto cost of pass the "
+                                       "gate accepts (0.25: a quarter dearer per correct answer); a family that had answers and has none "
+                                       "is infinitely dearer")
     max_tokens_per_turn: int = Field(48, ge=8, description="Tokens per policy turn (serving, rollouts and evaluation alike)")
     max_steps: int = Field(1, ge=1, description="Policy turns per episode in every mode")
     sft_steps: int = Field(16, ge=0, description="SFT optimizer steps; 0 skips SFT, so APO starts from the base (one APO round on the model's own routing)")
@@ -354,25 +359,39 @@ async def judge_stages(stack: Settings, config: LoopConfig, suite, base: Checkpo
 
 async def guard_stage(stack: Settings, config: LoopConfig, base: Checkpoint, candidate: Checkpoint, report: Reporter) -> tuple[bool, list[str]]:
     """What the round must not trade away: base and candidate in auto on the guard suite's
-    held-out split, family by family. Returns whether every family held, and why not."""
+    held-out split, family by family, in accuracy and in cost of pass (a family kept accurate
+    by routing it to a dearer mode is no free gain). Returns whether every family held, and why not."""
     orchestration = stack.orchestration.model_copy(update={
         "eval_suite": config.guard_suite, "eval_split": HELD_OUT, "eval_items": config.guard_items, "gate_modes": ["auto"]})
     evaluator = GateEvaluator(stack.model_copy(update={"orchestration": orchestration}))
     with report.stage("guard", f"{suite_name(config.guard_suite)} held-out split, {config.guard_items} items x auto, by family") as fig:
         for who, checkpoint in (("base", base), ("candidate", candidate)):
             fig[f"{who}_run_id"] = (await evaluator.run(checkpoint))["run_id"]
-            fig[who] = family_accuracy(evaluator.trajectories[checkpoint.id], "auto")
-        fig["held"], fig["reasons"] = guard_verdict(fig["base"], fig["candidate"], config.guard_max_drop)
+            families = by_family(evaluator.trajectories[checkpoint.id], "auto")
+            fig[who] = {family: accuracy(ts) for family, ts in families.items()}
+            fig[f"{who}_cost_of_pass_usd"] = {family: family_cost_of_pass(ts) for family, ts in families.items()}
+        accurate, fallen = guard_verdict(fig["base"], fig["candidate"], config.guard_max_drop)
+        cheap, dearer = cost_guard_verdict(fig["base_cost_of_pass_usd"], fig["candidate_cost_of_pass_usd"], config.guard_max_cost_rise)
+        fig["held"], fig["reasons"] = accurate and cheap, fallen + dearer
     return fig["held"], fig["reasons"]
 
 
-def family_accuracy(trajectories: list[Trajectory], mode: str) -> dict[str, float]:
-    """Accuracy (pass@1) of one evaluation mode, per family."""
-    verdicts: dict[str, list[bool]] = {}
+def by_family(trajectories: list[Trajectory], mode: str) -> dict[str, list[Trajectory]]:
+    """One evaluation mode's final trajectories (no retried attempt), per family."""
+    out: dict[str, list[Trajectory]] = {}
     for t in trajectories:
         if eval_mode_of(t) == mode and t.status not in RETRIED:
-            verdicts.setdefault(family_of_trajectory(t), []).append(t.reward.correct)
-    return {family: sum(v) / len(v) for family, v in sorted(verdicts.items())}
+            out.setdefault(family_of_trajectory(t), []).append(t)
+    return dict(sorted(out.items()))
+
+
+def accuracy(trajectories: list[Trajectory]) -> float:
+    return sum(t.reward.correct for t in trajectories) / len(trajectories)
+
+
+def family_cost_of_pass(trajectories: list[Trajectory]) -> float:
+    """Total cost (as billed) / correct answers; inf with none correct."""
+    return cost_of_pass(sum(t.cost.total_usd for t in trajectories), sum(t.reward.correct for t in trajectories))
 
 
 def guard_verdict(before: dict[str, float], after: dict[str, float], max_drop: float) -> tuple[bool, list[str]]:
@@ -380,6 +399,14 @@ def guard_verdict(before: dict[str, float], after: dict[str, float], max_drop: f
     fallen = [f"guard: {family} fell {before[family]:.1%} -> {after.get(family, 0.0):.1%}" for family in before
               if before[family] - after.get(family, 0.0) > max_drop + 1e-9]
     return not fallen, fallen or [f"guard: no family fell by more than {max_drop:.0%}"]
+
+
+def cost_guard_verdict(before: dict[str, float], after: dict[str, float], max_rise: float) -> tuple[bool, list[str]]:
+    """Whether no family's cost of pass rose by more than max_rise (relative). A family with no
+    answer before has no cost of pass to keep; one missing after counts as answering nothing."""
+    risen = [f"guard: {family} cost of pass ${before[family]:.6f} -> ${after.get(family, math.inf):.6f}" for family in before
+             if math.isfinite(before[family]) and after.get(family, math.inf) > before[family] * (1 + max_rise) * (1 + 1e-9)]
+    return not risen, risen or [f"guard: no family's cost of pass rose by more than {max_rise:.0%}"]
 
 
 FIGURES = ("accuracy", "apo_reward", "cost_of_pass_usd", "mean_cost_usd", "mean_output_tokens", "format_valid")

@@ -10,6 +10,7 @@ and its trainers adapt LoRA adapters, not the full weights."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
 from gearshift.embedded import embedded
 from gearshift.evaluation.report import fetch_run
-from gearshift.orchestration.loop import QUICK_CONFIG, guard_verdict, run_round
+from gearshift.orchestration.loop import QUICK_CONFIG, cost_guard_verdict, guard_verdict, run_round
 from gearshift.settings import Settings
 
 # About 90 s on an idle 2-core machine; the limit leaves room for a shared, loaded one.
@@ -91,6 +92,12 @@ async def test_quick_round_runs_every_stage_and_registers_the_candidate_with_lin
     assert set(guard["base"]) == set(guard["candidate"]) == {"capitals", "sums"}
     assert guard["candidate"] == {"capitals": 0.0, "sums": 0.0}
     assert guard["held"] == (max(guard["base"].values()) <= config.guard_max_drop)
+    # ... and prices them: answering nothing, every family is infinitely dearer per pass, which
+    # the guard says for each family the base answered.
+    assert guard["candidate_cost_of_pass_usd"] == {"capitals": math.inf, "sums": math.inf}
+    for family, share in guard["base"].items():
+        assert math.isfinite(guard["base_cost_of_pass_usd"][family]) == (share > 0)
+        assert any(r.startswith(f"guard: {family} cost of pass $") for r in guard["reasons"]) == (share > 0)
     assert all(reason in stages["gate"]["reasons"] for reason in guard["reasons"])
     # The gate decided on the model's own routing, on the same held-out items for both, and the
     # registry says so.
@@ -112,3 +119,14 @@ def test_the_guard_refuses_a_family_that_fell_by_more_than_the_allowed_drop():
     # A family the candidate's run lacks counts as answered by none.
     assert guard_verdict({"facts": 0.5, "sums": 0.2}, {"facts": 0.5}, 0.03) == (False, ["guard: sums fell 20.0% -> 0.0%"])
     assert guard_verdict({"facts": 0.5}, {"facts": 0.48}, 0.03) == (True, ["guard: no family fell by more than 3%"])
+
+
+def test_the_guard_refuses_a_family_whose_cost_of_pass_rose_by_more_than_allowed():
+    # facts as accurate but sent to reasoning: 1.6e-5 -> 2.4e-5 a pass is 50% dearer; sums 20% dearer is allowed
+    held, reasons = cost_guard_verdict({"facts": 1.6e-5, "sums": 1e-4}, {"facts": 2.4e-5, "sums": 1.2e-4}, 0.25)
+    assert not held and reasons == ["guard: facts cost of pass $0.000016 -> $0.000024"]
+    assert cost_guard_verdict({"facts": 1e-4}, {"facts": 1.25e-4}, 0.25)[0]  # the bound itself is allowed
+    # Answering nothing any more is infinitely dearer; a family that answered nothing before has nothing to keep.
+    assert not cost_guard_verdict({"facts": 1e-4}, {"facts": math.inf}, 0.25)[0]
+    assert not cost_guard_verdict({"facts": 1e-4}, {}, 0.25)[0]
+    assert cost_guard_verdict({"gsm": math.inf}, {"gsm": math.inf}, 0.25) == (True, ["guard: no family's cost of pass rose by more than 25%"])
