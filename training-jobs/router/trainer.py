@@ -5,7 +5,7 @@ router). docs/protocol.md (cost of pass) says what it optimises.
 
 A^2FM (arXiv 2510.12838) learns routing inside the policy's weights; here a small classifier
 learns it from the platform's own evaluation runs, so it retrains in seconds. The router picks
-the mode with the lowest expected cost per correct answer.
+the modes that keep the cost per correct answer over all queries lowest (routing.decision).
 
 Example (a store holding forced-mode evaluation runs on the train split):
 
