@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 
 import numpy as np
 from gearshift.clients import channel
 from gearshift.jobs.router.config import RouterConfig
-from gearshift.jobs.router.trainer import expected_costs, per_mode_costs, per_mode_targets
+from gearshift.jobs.router.trainer import expected_costs, key_hash, per_mode_costs, per_mode_targets
 from gearshift.protocol.modes import NAME_OF
 from gearshift.rewards.cost_of_pass import compute_cost_of_pass, paired_cost_of_pass_reduction
 from gearshift.routing.dataset import DatasetQuery, QueryOutcomes, load_dataset
@@ -39,7 +38,7 @@ async def stored_items(suite: str, run_id: str) -> list[QueryOutcomes]:
 
 
 def fold_of(item: QueryOutcomes, folds: int) -> int:
-    return int(hashlib.sha256(item.key.encode()).hexdigest()[:8], 16) % folds
+    return key_hash(item) % folds
 
 
 def cross_validated_choices(items: list[QueryOutcomes], config: RouterConfig, folds: int) -> dict[str, list[int]]:

@@ -43,13 +43,15 @@ class NotEnoughData(ValueError):
     """The store holds too few usable forced-mode outcomes to train on."""
 
 
+def key_hash(item: QueryOutcomes) -> int:
+    """A stable 32-bit hash of the item's key: splits drawn from it never move."""
+    return int(hashlib.sha256(item.key.encode()).hexdigest()[:8], 16)
+
+
 def holdout(items: list[QueryOutcomes], fraction: float) -> tuple[list[QueryOutcomes], list[QueryOutcomes]]:
     """(kept, held out): an item is held out by a hash of its key, so the split is stable."""
-    def bucket(item: QueryOutcomes) -> float:
-        return int(hashlib.sha256(item.key.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-
-    held = [i for i in items if bucket(i) < fraction]
-    return [i for i in items if bucket(i) >= fraction], held
+    held = [i for i in items if key_hash(i) / 0xFFFFFFFF < fraction]
+    return [i for i in items if key_hash(i) / 0xFFFFFFFF >= fraction], held
 
 
 def per_mode_targets(items: list[QueryOutcomes]) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
