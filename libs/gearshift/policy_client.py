@@ -611,13 +611,29 @@ class PolicyClient:
 
 
 def sampling_options(sampling=None) -> dict:
-    """temperature, top_p and seed (when set) of a policy call for a common.v1.Sampling; None: greedy."""
+    """temperature, top_p, and seed and penalties (when set) of a policy call for a
+    common.v1.Sampling; None: greedy."""
     if sampling is None:
         return {"temperature": 0.0, "top_p": 1.0}
     if not (sampling.temperature >= 0 and 0 <= sampling.top_p <= 1):
         raise InvalidArgument(f"sampling needs temperature >= 0 and top_p in [0, 1], got {sampling.temperature}, {sampling.top_p}")
-    seed = {"seed": sampling.seed} if sampling.HasField("seed") else {}
-    return {"temperature": sampling.temperature, "top_p": sampling.top_p or 1.0, **seed}
+    if not all(-2 <= p <= 2 for p in (sampling.frequency_penalty, sampling.presence_penalty)):
+        raise InvalidArgument(f"sampling penalties must be in [-2, 2], got {sampling.frequency_penalty}, {sampling.presence_penalty}")
+    options = {"temperature": sampling.temperature, "top_p": sampling.top_p or 1.0}
+    if sampling.HasField("seed"):
+        options["seed"] = sampling.seed
+    for penalty in ("frequency_penalty", "presence_penalty"):  # left out at 0: a server that lacks them is not asked
+        if value := getattr(sampling, penalty):
+            options[penalty] = value
+    return options
+
+
+def with_seed(sampling, seed: int):
+    """A copy of sampling (a common.v1.Sampling) with another seed."""
+    copy = type(sampling)()
+    copy.CopyFrom(sampling)
+    copy.seed = seed
+    return copy
 
 
 SEEDS = 2**63  # Sampling.seed is an int64: seeds are taken modulo this, and configs stay below it

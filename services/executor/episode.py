@@ -41,7 +41,7 @@ from gearshift.api.router.v1 import router_pb2, router_pb2_grpc
 from gearshift.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.errors import GearshiftError, InvalidArgument
-from gearshift.policy_client import SEEDS, PolicyClient, sampling_options
+from gearshift.policy_client import SEEDS, PolicyClient, sampling_options, with_seed
 from gearshift.pricing import CostTable, add_usage
 from gearshift.protocol import a2fm, prompts
 from gearshift.protocol.sampled import sampled_span, shifted
@@ -103,7 +103,7 @@ class EpisodeState:
         if sampling is None or not sampling.HasField("seed"):
             return sampling
         self.calls += 1
-        return Sampling(temperature=sampling.temperature, top_p=sampling.top_p, seed=(sampling.seed + self.calls - 1) % SEEDS)
+        return with_seed(sampling, (sampling.seed + self.calls - 1) % SEEDS)
 
     def account(self, turn: Turn | None, usage: TokenUsage) -> None:
         """Counts one model call's tokens: the trajectory's usage (priced, and held against the
@@ -432,7 +432,9 @@ class EpisodeRunner:
         )
         if request.HasField("sampling"):  # rollouts: every model call explores, routing and planning too
             return EpisodeState(trajectory, request.sampling, request.sampling)
-        return EpisodeState(trajectory, Sampling(temperature=self.config.temperature, top_p=self.config.top_p), None)
+        config = self.config
+        sampling = Sampling(temperature=config.temperature, top_p=config.top_p, frequency_penalty=config.frequency_penalty)
+        return EpisodeState(trajectory, sampling, None)
 
     async def _already_stored(self, trajectory_id: str) -> Trajectory | None:
         if not trajectory_id:

@@ -36,6 +36,8 @@ class ChatCompletionRequest(BaseModel):
     max_tokens: int | None = Field(None, ge=1, description="Older name of max_completion_tokens")
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     stop: str | list[str] | None = None
     user: str | None = None
     metadata: dict[str, str] | None = None
@@ -51,8 +53,6 @@ class ChatCompletionRequest(BaseModel):
     functions: list[Any] | None = None
     function_call: Any = None
     response_format: dict[str, Any] | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
     logit_bias: dict[str, Any] | None = None
     modalities: list[str] | None = None
     audio: Any = None

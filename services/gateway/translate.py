@@ -75,8 +75,6 @@ UNSUPPORTED = (
     ("functions", bool, "functions are not supported: the platform runs its own tools"),
     ("function_call", lambda v: v not in (None, "none"), "function_call is not supported: the platform runs its own tools"),
     ("response_format", lambda v: bool(v) and v.get("type") != "text", "response_format other than text is not supported"),
-    ("frequency_penalty", lambda v: v not in (None, 0), "frequency_penalty is not supported"),
-    ("presence_penalty", lambda v: v not in (None, 0), "presence_penalty is not supported"),
     ("logit_bias", bool, "logit_bias is not supported"),
     ("modalities", lambda v: v not in (None, ["text"]), "only the text modality is supported"),
     ("audio", lambda v: v is not None, "audio output is not supported"),
@@ -111,9 +109,11 @@ def solve_request(body: schemas.ChatCompletionRequest, trajectory_id: str, max_l
     tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if tokens is not None:  # what the policy generates, as OpenAI counts it; prompts are the platform's
         request.budget.max_output_tokens = tokens
-    if body.temperature is not None or body.top_p is not None or body.seed is not None:  # unset: the executor's greedy defaults
+    sampled = (body.temperature, body.top_p, body.seed, body.frequency_penalty, body.presence_penalty)
+    if any(field is not None for field in sampled):  # unset: the executor's greedy defaults
         request.sampling.CopyFrom(Sampling(temperature=1.0 if body.temperature is None else body.temperature, top_p=body.top_p or 0.0,
-                                           seed=None if body.seed is None else body.seed % SEEDS))
+                                           seed=None if body.seed is None else body.seed % SEEDS,
+                                           frequency_penalty=body.frequency_penalty or 0.0, presence_penalty=body.presence_penalty or 0.0))
     stop_words(body)  # checked before the episode runs
     return request
 

@@ -234,6 +234,8 @@ class PolicyEngine:
                 max_tokens=max_tokens,
                 temperature=request.temperature,
                 top_p=request.top_p,
+                frequency_penalty=request.frequency_penalty,
+                presence_penalty=request.presence_penalty,
                 stop=list(request.stop or []),
                 seed=None if request.seed is None else request.seed + choice,
                 ignore_eos=request.ignore_eos,

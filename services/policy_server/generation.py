@@ -19,6 +19,8 @@ class SamplingParams:
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
+    frequency_penalty: float = 0.0  # OpenAI's: per time a token was generated, off its logit
+    presence_penalty: float = 0.0  # OpenAI's: once a token was generated, off its logit
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     ignore_eos: bool = False
@@ -64,6 +66,17 @@ def token_logprob(logits: torch.Tensor, token: int, top: int) -> TokenLogprob:
     best = torch.topk(logprobs, top) if top else None
     pairs = list(zip(best.indices.tolist(), best.values.tolist())) if best is not None else []
     return TokenLogprob(token, float(logprobs[token]), pairs)
+
+
+def penalised(logits: torch.Tensor, params: SamplingParams, generated: list[int]) -> torch.Tensor:
+    """logits less the frequency and presence penalties of the tokens generated so far (the
+    output's, not the prompt's, as OpenAI and vLLM count them): what breaks a greedy loop."""
+    if not (params.frequency_penalty or params.presence_penalty) or not generated:
+        return logits
+    tokens, counts = torch.tensor(generated).unique(return_counts=True)
+    logits = logits.float().clone()
+    logits[tokens] -= params.frequency_penalty * counts + params.presence_penalty
+    return logits
 
 
 def pick_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:

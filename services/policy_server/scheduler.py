@@ -32,6 +32,7 @@ from gearshift.services.policy_server.generation import (
     OutputText,
     SamplingParams,
     TokenLogprob,
+    penalised,
     pick_token,
     token_logprob,
 )
@@ -103,7 +104,7 @@ class Sequence:
 
     def take(self, logits: torch.Tensor) -> None:
         """Picks the next token from logits and passes on the text that became safe to send."""
-        token = pick_token(logits, self.params, self.generator)
+        token = pick_token(penalised(logits, self.params, self.output.tokens), self.params, self.generator)
         self.sampled.append(token)
         if self.params.logprobs is not None:  # off the path unless asked: a softmax over the vocabulary
             self.logprobs.append(token_logprob(logits, token, self.params.logprobs))

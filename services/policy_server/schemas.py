@@ -17,8 +17,6 @@ ELSEWHERE = "leave it out, or serve the model with vLLM"
 # Fields of OpenAI or vLLM that the built-in server does not implement: the values that ask for
 # nothing (leaving a field out, or null, always does), and what to do instead.
 SAMPLING_REFUSED: dict[str, tuple[tuple, str]] = {
-    "frequency_penalty": ((0,), ELSEWHERE),
-    "presence_penalty": ((0,), ELSEWHERE),
     "repetition_penalty": ((1,), ELSEWHERE),
     "logit_bias": (({},), ELSEWHERE),
     "top_k": ((0, -1), ELSEWHERE),
@@ -76,6 +74,8 @@ class SamplingFields(BaseModel):
     max_completion_tokens: int | None = Field(None, description="Newer OpenAI name of max_tokens")
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 = greedy")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass")
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="Subtracted from a token's logit once per time it was generated")
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="Subtracted from a token's logit once it was generated")
     stop: str | list[str] | None = Field(None, description="Stop words (not included in the text)")
     seed: int | None = Field(None, description="Makes sampling repeatable (choice i of n samples with seed + i)")
     n: int = Field(1, ge=1, description="Independent samples per prompt (a prompt's choices are adjacent)")

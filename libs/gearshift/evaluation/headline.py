@@ -161,7 +161,7 @@ def budgets(settings: Settings, policy_weights: str = "") -> dict:
     e = settings.executor
     return {"max_tokens_per_turn": e.max_tokens_per_turn, "max_steps_instant_reasoning": e.max_steps_other,
             "max_steps_agentic": e.max_steps_agentic, "max_tokens": e.max_tokens, "max_wall_seconds": e.max_wall_seconds,
-            "temperature": e.temperature, "top_p": e.top_p, "policy_served_as": settings.policy_client.model,
+            "temperature": e.temperature, "top_p": e.top_p, "frequency_penalty": e.frequency_penalty, "policy_served_as": settings.policy_client.model,
             "policy_weights": policy_weights or "as the running stack serves them"}
 
 

@@ -25,7 +25,7 @@ from gearshift.api.common.v1.common_pb2 import Purpose, Reward, RoutingStrategy,
 from gearshift.api.executor.v1 import executor_pb2
 from gearshift.api.store.v1 import store_pb2
 from gearshift.evaluation.suites import Suite, SuiteItem
-from gearshift.policy_client import derived_seed
+from gearshift.policy_client import derived_seed, with_seed
 from gearshift.protocol.modes import MODE_OF, mode_name
 
 FORCED = MODE_OF  # the forced evaluation modes: name -> Mode
@@ -127,7 +127,7 @@ class EvalRunner:
         if self.sampling is None or not self.sampling.HasField("seed"):
             return self.sampling
         seed = derived_seed(self.sampling.seed, job.item.id, job.mode, job.sample)
-        return Sampling(temperature=self.sampling.temperature, top_p=self.sampling.top_p, seed=seed)
+        return with_seed(self.sampling, seed)
 
     async def stored(self) -> dict[str, Trajectory]:
         """This run's trajectories already in the store, by id."""

@@ -214,6 +214,7 @@ async def test_stop_sequences_cut_the_answer(served, client):
     ({"tools": [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]}, "tools"),
     ({"tool_choice": "auto"}, "tool_choice"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"frequency_penalty": 2.5}, "frequency_penalty"),
     ({"messages": [*ASK, {"role": "assistant", "content": "Paris"}]}, "messages"),
     ({"messages": [*ASK, {"role": "assistant", "content": None, "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},

@@ -78,6 +78,8 @@ def test_fields_that_map_onto_the_episode():
     seeded = solve(seed=7).sampling  # a seed alone samples at OpenAI's defaults, repeatably
     assert (seeded.temperature, seeded.top_p, seeded.seed) == (1.0, 0.0, 7)
     assert solve(seed=-1).sampling.seed == 2**63 - 1  # any integer is a seed; the proto's int64 holds it
+    penalised = solve(frequency_penalty=0.5, presence_penalty=-0.25).sampling  # OpenAI's defaults besides them
+    assert (penalised.temperature, penalised.frequency_penalty, penalised.presence_penalty) == (1.0, 0.5, -0.25)
     assert translate.stop_words(request(stop="END")) == ["END"]
 
 
@@ -88,7 +90,6 @@ def test_fields_that_map_onto_the_episode():
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"tool_choice": "auto"}, "tool_choice"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"frequency_penalty": 0.5}, "frequency_penalty"),
     ({"logit_bias": {"1": 5}}, "logit_bias"),
     ({"stream_options": {"include_usage": True}}, "stream_options"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
@@ -107,7 +108,7 @@ def test_what_the_gateway_cannot_honour_is_a_400_naming_the_field(fields, param)
 
 
 def test_what_asks_for_what_the_gateway_does_anyway_is_accepted():
-    solve(n=1, logprobs=False, tools=[], tool_choice="none", response_format={"type": "text"}, frequency_penalty=0, modalities=["text"])
+    solve(n=1, logprobs=False, tools=[], tool_choice="none", response_format={"type": "text"}, modalities=["text"])
 
 
 def split_in_pieces(text: str, size: int) -> tuple[str, str]:

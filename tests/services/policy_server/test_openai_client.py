@@ -3,6 +3,8 @@ sends is honoured or refused with an OpenAI-shaped error, never accepted and dro
 
 from __future__ import annotations
 
+from collections import Counter
+
 import httpx
 import openai
 import pytest
@@ -229,8 +231,8 @@ async def test_response_format_text_is_served_and_json_is_refused(client):
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"frequency_penalty": 0.5}, "frequency_penalty"),
-        ({"presence_penalty": -1.0}, "presence_penalty"),
+        ({"frequency_penalty": 2.5}, "frequency_penalty"),
+        ({"presence_penalty": -2.5}, "presence_penalty"),
         ({"logit_bias": {"42": 5}}, "logit_bias"),
         ({"tools": TOOLS, "tool_choice": "required"}, "tool_choice"),
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "python"}}}, "tool_choice"),
@@ -244,6 +246,26 @@ async def test_chat_fields_the_server_cannot_honour_are_400_naming_the_field(cli
         await client.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=2, **fields)
     assert raised.value.param == param and raised.value.type == "invalid_request_error"
     assert param in raised.value.message
+
+
+async def test_greedy_with_penalties_picks_the_best_token_less_them(client, tokenizer, reference_model):
+    """OpenAI's penalties: each token is the argmax of the model's logits less frequency_penalty
+    per time and presence_penalty once for every token generated before it (the prompt's don't count)."""
+    reply = await client.chat.completions.create(model="smollm2", messages=MESSAGES, frequency_penalty=1.5, presence_penalty=0.5, **GREEDY)
+    ids = reply.choices[0].model_extra["token_ids"]
+    prompt = chat_prompt_ids(tokenizer, MESSAGES)
+    with torch.inference_mode():
+        logits = reference_model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
+    decided_by_penalty = 0
+    for position, token in enumerate(ids):
+        less = logits[position].clone()
+        for earlier, times in Counter(ids[:position]).items():
+            less[earlier] -= 1.5 * times + 0.5
+        assert int(less.argmax()) == token
+        decided_by_penalty += int(logits[position].argmax()) != token
+    assert decided_by_penalty
+    plain = await client.chat.completions.create(model="smollm2", messages=MESSAGES, **GREEDY)
+    assert plain.choices[0].model_extra["token_ids"] != ids
 
 
 async def test_neutral_values_of_those_fields_are_served(client):

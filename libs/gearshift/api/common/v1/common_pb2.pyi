@@ -99,14 +99,18 @@ CHECKPOINT_STATUS_PUBLISHED: CheckpointStatus
 CHECKPOINT_STATUS_REJECTED: CheckpointStatus
 
 class Sampling(_message.Message):
-    __slots__ = ("temperature", "top_p", "seed")
+    __slots__ = ("temperature", "top_p", "seed", "frequency_penalty", "presence_penalty")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    FREQUENCY_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    PRESENCE_PENALTY_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     seed: int
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+    frequency_penalty: float
+    presence_penalty: float
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., frequency_penalty: _Optional[float] = ..., presence_penalty: _Optional[float] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")
