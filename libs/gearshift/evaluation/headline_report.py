@@ -28,10 +28,12 @@ ADAPTIVE = tuple(ROUTED)
 class Goal:
     """The headline goal (README): an adaptive mode's cost of pass this far below each forced
     mode, each reduction's interval above zero, at accuracy at most `accuracy_slack` below the
-    best forced mode."""
+    best forced mode; and every forced mode following the protocol (its format valid, its answer
+    not asked for) in at least `validity_floor` of its episodes."""
 
     reductions: tuple[tuple[str, float], ...] = (("reasoning", 0.45), ("agentic", 0.33))
     accuracy_slack: float = 0.01
+    validity_floor: float = 0.95
 
 
 GOAL = Goal()
@@ -74,8 +76,9 @@ class HeadlineReport:
     accuracy_by_family: dict[str, dict[str, float]]
     # routed mode -> {"accuracy": ..., "items": ...} against the cheapest correct forced mode
     routing_accuracy: dict[str, dict[str, float]]
-    goal: list[GoalCheck]
-    goal_met: bool
+    goal: list[GoalCheck]  # one per adaptive mode
+    goal_met: bool  # an adaptive mode met its goal, and the forced modes their validity
+    validity: GoalCheck | None = None  # the forced modes' protocol validity
     budgets: dict = field(default_factory=dict)
     failed: dict[str, int] = field(default_factory=dict)
     bootstrap_samples: int = 2000
@@ -177,6 +180,17 @@ def check_goal(mode: str, modes: dict[str, ModeReport], reductions: dict[str, In
     return GoalCheck(mode, met, reasons)
 
 
+def check_validity(modes: dict[str, ModeReport], goal: Goal = GOAL) -> GoalCheck:
+    """Every forced mode follows the protocol in at least the goal's share of its episodes."""
+    reasons, met = [], True
+    for mode in (m for m in FORCED_ORDER if m in modes):
+        ok = modes[mode].protocol_valid >= goal.validity_floor - 1e-12
+        met &= ok
+        reasons.append(f"{'ok' if ok else 'NOT MET'}: forced {mode} protocol valid {modes[mode].protocol_valid:.0%} "
+                       f"(need >= {goal.validity_floor:.0%})")
+    return GoalCheck("forced modes", met, reasons)
+
+
 def build_headline(trajectories: list[Trajectory], run_id: str, budgets: dict | None = None, bootstrap_samples: int = 2000,
                    seed: int = 0, goal: Goal = GOAL) -> HeadlineReport:
     """The headline report of a run's stored trajectories."""
@@ -196,6 +210,7 @@ def build_headline(trajectories: list[Trajectory], run_id: str, budgets: dict | 
         for flat in (False, True))
     routable = all(m in outcomes for m in FORCED_ORDER)
     goal_checks = [check_goal(a, modes, reductions.get(a, {}), goal) for a in adaptive]
+    validity = check_validity(modes, goal)
     family_of_item = {item: o.family for by_item in outcomes.values() for item, o in by_item.items()}
     return HeadlineReport(
         run_id=run_id,
@@ -209,7 +224,8 @@ def build_headline(trajectories: list[Trajectory], run_id: str, budgets: dict | 
         accuracy_by_family={m: accuracy_by_family(outcomes[m]) for m in ordered},
         routing_accuracy={a: routing_accuracy(outcomes, a) for a in adaptive} if routable else {},
         goal=goal_checks,
-        goal_met=any(g.met for g in goal_checks),
+        goal_met=any(g.met for g in goal_checks) and validity.met,
+        validity=validity,
         budgets=dict(budgets or {}),
         failed=dict(failed),
         bootstrap_samples=bootstrap_samples,
@@ -270,7 +286,8 @@ def markdown(report: HeadlineReport) -> str:
         parts.append(markdown_table(("family", *CHOSEN, "none"), (
             [family, *(f"{shares.get(name, 0.0):.0%}" for name in (*CHOSEN, "none"))] for family, shares in by_family.items())))
     parts.append(f"## Goal check: {'MET' if report.goal_met else 'NOT MET'}")
-    goal_lines = [f"- `{g.mode}`: {'met' if g.met else 'not met'}\n" + "\n".join(f"  - {reason}" for reason in g.reasons) for g in report.goal]
+    checks = [*report.goal, *([report.validity] if report.validity else [])]
+    goal_lines = [f"- `{g.mode}`: {'met' if g.met else 'not met'}\n" + "\n".join(f"  - {reason}" for reason in g.reasons) for g in checks]
     parts.append("\n".join(goal_lines) or "No adaptive mode ran: nothing to check.")
     if report.budgets:
         parts.append("## Budgets and decoding (every mode)\n\n" + "\n".join(f"- {k}: {v}" for k, v in report.budgets.items()))

@@ -24,7 +24,7 @@ def episode(item: str, eval_mode: str, chosen: str, cost: float, correct: bool) 
         mode=MODE[chosen], requested_mode=Mode.MODE_UNSPECIFIED if routed else MODE[chosen],
         routing_strategy=RoutingStrategy.ROUTING_STRATEGY_MODEL if routed else RoutingStrategy.ROUTING_STRATEGY_FORCED,
         status=TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED, cost=Cost(total_usd=cost),
-        reward=Reward(correct=correct, value=float(correct), verifier=verifier_name("headline")),
+        reward=Reward(correct=correct, value=float(correct), verifier=verifier_name("headline"), format_valid=True),
         labels={"item_id": item, "eval_mode": eval_mode, "sample": "0"},
     )
 
@@ -52,6 +52,18 @@ def test_an_oracle_router_meets_the_goal():
     assert report.items_per_family == {"facts": 4, "gsm_symbolic": 2}
     assert report.goal_met and report.goal[0].met
     assert "Goal check: MET" in markdown(report)
+
+
+def test_a_forced_mode_that_breaks_the_protocol_too_often_misses_the_goal():
+    trajectories = run({i: ("instant", True) for i in FACTS} | {i: ("reasoning", True) for i in GSM})
+    broken = next(t for t in trajectories if t.labels["eval_mode"] == "agentic")
+    broken.reward.format_valid = False  # 5 of 6 forced agentic episodes valid: 83% < 95%
+    report = build_headline(trajectories, "hl", bootstrap_samples=200)
+    assert report.goal[0].met and not report.goal_met  # the router alone would meet it
+    assert report.validity.reasons == ["ok: forced instant protocol valid 100% (need >= 95%)",
+                                       "ok: forced reasoning protocol valid 100% (need >= 95%)",
+                                       "NOT MET: forced agentic protocol valid 83% (need >= 95%)"]
+    assert "Goal check: NOT MET" in markdown(report) and "`forced modes`: not met" in markdown(report)
 
 
 def test_a_router_that_loses_accuracy_misses_the_goal():
