@@ -186,7 +186,7 @@ def check_validity(modes: dict[str, ModeReport], goal: Goal = GOAL) -> GoalCheck
     for mode in (m for m in FORCED_ORDER if m in modes):
         ok = modes[mode].protocol_valid >= goal.validity_floor - 1e-12
         met &= ok
-        reasons.append(f"{'ok' if ok else 'NOT MET'}: forced {mode} protocol valid {modes[mode].protocol_valid:.0%} "
+        reasons.append(f"{'ok' if ok else 'NOT MET'}: forced {mode} protocol valid {modes[mode].protocol_valid:.1%} "
                        f"(need >= {goal.validity_floor:.0%})")
     return GoalCheck("forced modes", met, reasons)
 

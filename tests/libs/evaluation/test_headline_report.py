@@ -60,9 +60,9 @@ def test_a_forced_mode_that_breaks_the_protocol_too_often_misses_the_goal():
     broken.reward.format_valid = False  # 5 of 6 forced agentic episodes valid: 83% < 95%
     report = build_headline(trajectories, "hl", bootstrap_samples=200)
     assert report.goal[0].met and not report.goal_met  # the router alone would meet it
-    assert report.validity.reasons == ["ok: forced instant protocol valid 100% (need >= 95%)",
-                                       "ok: forced reasoning protocol valid 100% (need >= 95%)",
-                                       "NOT MET: forced agentic protocol valid 83% (need >= 95%)"]
+    assert report.validity.reasons == ["ok: forced instant protocol valid 100.0% (need >= 95%)",
+                                       "ok: forced reasoning protocol valid 100.0% (need >= 95%)",
+                                       "NOT MET: forced agentic protocol valid 83.3% (need >= 95%)"]
     assert "Goal check: NOT MET" in markdown(report) and "`forced modes`: not met" in markdown(report)
 
 
