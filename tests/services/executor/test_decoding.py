@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import grpc
 import pytest
 from gearshift.api.common.v1.common_pb2 import Mode, Sampling
@@ -15,9 +13,9 @@ from gearshift.testing.scripted_policy import serve_scripted
 from tests.services.executor.test_episode import scripted_model, solve
 
 
-@contextlib.asynccontextmanager
-async def recording(settings, postgres_url, frequency_penalty: float):
-    """(running settings with the executor's frequency penalty, the bodies of the policy requests in order)."""
+@pytest.fixture
+async def penalised(settings, postgres_url):
+    """(running settings with a frequency penalty of 0.5, the bodies of the policy requests in order)."""
     bodies: list[dict] = []
 
     def model(body: dict) -> str:
@@ -26,22 +24,10 @@ async def recording(settings, postgres_url, frequency_penalty: float):
 
     async with serve_scripted(model) as policy_url:
         base = settings.with_policy(policy_url).model_copy(update={
-            "database_url": postgres_url, "executor": ExecutorSettings(frequency_penalty=frequency_penalty),
+            "database_url": postgres_url, "executor": ExecutorSettings(frequency_penalty=0.5),
         })
         async with embedded(base) as platform:
             yield platform.settings, bodies
-
-
-@pytest.fixture
-async def penalised(settings, postgres_url):
-    async with recording(settings, postgres_url, 0.5) as running:
-        yield running
-
-
-@pytest.fixture
-async def plain(settings, postgres_url):
-    async with recording(settings, postgres_url, 0.0) as running:
-        yield running
 
 
 def generations(bodies: list[dict]) -> list[dict]:
@@ -75,7 +61,7 @@ async def test_a_penalty_out_of_range_is_invalid_argument(penalised):
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "penalties" in raised.value.details()
 
 
-async def test_without_a_penalty_no_request_carries_one(plain):
-    stack, bodies = plain
+async def test_without_a_penalty_no_request_carries_one(recorded):
+    stack, bodies = recorded
     await solve(stack, query="What is 17*23?", mode=Mode.MODE_AGENTIC)
     assert bodies and not any("frequency_penalty" in body or "presence_penalty" in body for body in bodies)
