@@ -151,7 +151,7 @@ def eval_headline(suite, n_per_family, train_n, modes, run_id, concurrency, out_
     for error in result.errors[:5]:
         out.print(f"[red]error[/] {error}", markup=True, highlight=False)
     out.print(f"goal {'MET' if result.report.goal_met else 'not met'}")
-    for check in [*result.report.goal, *([result.report.validity] if result.report.validity else [])]:
+    for check in result.report.checks():
         out.print(f"  {check.mode}: " + "; ".join(check.reasons), highlight=False)
     out.print("report: " + ", ".join(str(path) for path in result.files))
 

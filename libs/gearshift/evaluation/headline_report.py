@@ -86,6 +86,10 @@ class HeadlineReport:
     # (trained on the train run, evaluated on the test run's forced outcomes).
     router: dict = field(default_factory=dict)
 
+    def checks(self) -> list[GoalCheck]:
+        """Every goal check: one per adaptive mode, then the forced modes' validity."""
+        return [*self.goal, *([self.validity] if self.validity else [])]
+
 
 def latest_finished(trajectories: list[Trajectory]) -> tuple[dict[tuple[str, str, str], Trajectory], Counter]:
     """(item, mode, sample) -> the latest finished attempt, and the count of jobs whose latest
@@ -286,8 +290,8 @@ def markdown(report: HeadlineReport) -> str:
         parts.append(markdown_table(("family", *CHOSEN, "none"), (
             [family, *(f"{shares.get(name, 0.0):.0%}" for name in (*CHOSEN, "none"))] for family, shares in by_family.items())))
     parts.append(f"## Goal check: {'MET' if report.goal_met else 'NOT MET'}")
-    checks = [*report.goal, *([report.validity] if report.validity else [])]
-    goal_lines = [f"- `{g.mode}`: {'met' if g.met else 'not met'}\n" + "\n".join(f"  - {reason}" for reason in g.reasons) for g in checks]
+    goal_lines = [f"- `{g.mode}`: {'met' if g.met else 'not met'}\n" + "\n".join(f"  - {reason}" for reason in g.reasons)
+                  for g in report.checks()]
     parts.append("\n".join(goal_lines) or "No adaptive mode ran: nothing to check.")
     if report.budgets:
         parts.append("## Budgets and decoding (every mode)\n\n" + "\n".join(f"- {k}: {v}" for k, v in report.budgets.items()))

@@ -6,28 +6,17 @@ from __future__ import annotations
 import grpc
 import pytest
 from gearshift.api.common.v1.common_pb2 import Mode, Sampling
-from gearshift.embedded import embedded
 from gearshift.settings import ExecutorSettings
-from gearshift.testing.scripted_policy import serve_scripted
 
-from tests.services.executor.test_episode import scripted_model, solve
+from tests.services.executor.conftest import recording
+from tests.services.executor.test_episode import solve
 
 
 @pytest.fixture
 async def penalised(settings, postgres_url):
     """(running settings with a frequency penalty of 0.5, the bodies of the policy requests in order)."""
-    bodies: list[dict] = []
-
-    def model(body: dict) -> str:
-        bodies.append(body)
-        return scripted_model(body)
-
-    async with serve_scripted(model) as policy_url:
-        base = settings.with_policy(policy_url).model_copy(update={
-            "database_url": postgres_url, "executor": ExecutorSettings(frequency_penalty=0.5),
-        })
-        async with embedded(base) as platform:
-            yield platform.settings, bodies
+    async with recording(settings.model_copy(update={"executor": ExecutorSettings(frequency_penalty=0.5)}), postgres_url) as running:
+        yield running
 
 
 def generations(bodies: list[dict]) -> list[dict]:
