@@ -232,11 +232,14 @@ async def run_round(settings: Settings, config: LoopConfig, console: Console | N
         with report.stage("sft", f"route-then-align on {what}, from {base.id}"
                           if config.sft_steps else "skipped: sft_steps is 0, APO starts from the base") as fig:
             if config.sft_steps:
-                snapshot = await steps.snapshot(stack, data)
+                correct = await steps.snapshot(stack, data)
                 sft = await train_job(stack, runner, "sft", sft_config(config), f"{round_id}:sft", data, base)
-                fig |= {"snapshot": snapshot["snapshot"], "trajectories": snapshot["count"], "checkpoint": sft["checkpoint_id"],
-                        **{k: sft["metrics"].get(k) for k in ("steps", "first_loss", "final_loss")}}
                 parent = await steps.get_checkpoint(stack, sft["checkpoint_id"])
+                # SFT learns from the well-formed ones among the correct: its checkpoint's snapshot
+                # names those, the frozen `correct` ones are what it was offered.
+                fig |= {"correct": correct["count"], "correct_snapshot": correct["snapshot"],
+                        "snapshot": parent.dataset_snapshot, "trajectories": sft["metrics"].get("trajectories"),
+                        "checkpoint": sft["checkpoint_id"], **{k: sft["metrics"].get(k) for k in ("steps", "first_loss", "final_loss")}}
 
         where = "up to {} of their queries, in their conversations" if config.from_feedback else "{} train prompts"
         with report.stage("apo", f"GRPO with adaptive sampling on {where.format(config.apo_prompts)}, from {parent.id}") as fig:

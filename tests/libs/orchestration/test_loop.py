@@ -22,6 +22,7 @@ from gearshift.embedded import embedded
 from gearshift.evaluation.report import fetch_run
 from gearshift.orchestration.loop import QUICK_CONFIG, cost_guard_verdict, guard_verdict, run_round
 from gearshift.settings import Settings
+from gearshift.training.data import snapshot_id
 
 # About 90 s on an idle 2-core machine; the limit leaves room for a shared, loaded one.
 pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.timeout(900)]
@@ -59,7 +60,7 @@ async def test_quick_round_runs_every_stage_and_registers_the_candidate_with_lin
     stages = summary["stages"]
     assert list(stages) == ["seed", "score", "sft", "apo", "evaluate", "guard", "gate", "publish"]
     assert stages["seed"]["episodes"] == 3 and stages["seed"]["replay_episodes"] == 2
-    assert stages["score"]["scored"] >= 1 and stages["sft"]["trajectories"] == stages["score"]["correct"] >= 1
+    assert stages["score"]["scored"] >= 1 and stages["sft"]["correct"] == stages["score"]["correct"] >= stages["sft"]["trajectories"] >= 1
     assert stages["sft"]["steps"] == config.sft_steps and stages["apo"]["steps"] == config.apo_steps
     assert stages["apo"]["rollouts"] == 3 * config.apo_rho + config.apo_gamma
     figures = summary["before_after"]["instant"]
@@ -80,12 +81,13 @@ async def test_quick_round_runs_every_stage_and_registers_the_candidate_with_lin
         assert (model["lora"], model["lora_rank"], model["lora_alpha"]) == (True, 4, 8)
         assert json.loads((Path(checkpoint.uri) / "adapter" / "adapter_config.json").read_text())["r"] == 4
         assert (Path(checkpoint.uri) / "config.json").exists()
-    # SFT learned from the seed and the replay, the correct trajectories of both runs.
+    # SFT learned from the seed and the replay, the correct and well-formed trajectories of both runs.
     async with embedded(settings, ("store",)) as platform, channel(platform.settings.store_addr, platform.settings) as ch:
         store = store_pb2_grpc.TrajectoryStoreStub(ch)
         solved = [t for run in (stages["seed"]["run_id"], stages["seed"]["replay_run_id"]) for t in await fetch_run(store, run)]
     assert {t.labels["item_id"] for t in solved} == {"capital-france", "capital-italy", "capital-japan", "capital-peru", "sum-small"}
-    assert set(sft.trajectory_ids) == {t.id for t in solved if t.reward.correct}
+    learned = {t.id for t in solved if t.reward.correct and t.reward.format_valid}
+    assert set(sft.trajectory_ids) == learned and sft.dataset_snapshot == snapshot_id(learned)
     # The guard measured both checkpoints family by family; the wrecked candidate answers nothing.
     guard = stages["guard"]
     assert guard["base_run_id"] != guard["candidate_run_id"]
