@@ -252,7 +252,8 @@ class ExecutorSettings(BaseModel):
     temperature: float = Field(0.0, ge=0, description="Sampling temperature (0 = greedy; A^2FM uses 1.0 on large models)")
     top_p: float = Field(0.9, gt=0, le=1, description="Nucleus sampling mass")
     frequency_penalty: float = Field(
-        0.0, ge=-2, le=2, description="OpenAI's frequency penalty on the tokens a turn generated (breaks a greedy loop)")
+        0.5, ge=-2, le=2,
+        description="OpenAI's frequency penalty on the tokens a turn generated (breaks the greedy loops of the 135M default policy)")
     tool_timeout_seconds: float = Field(10.0, gt=0, description="Limit of one tool call")
 
 

@@ -19,6 +19,13 @@ async def penalised(settings, postgres_url):
         yield running
 
 
+@pytest.fixture
+async def plain(settings, postgres_url):
+    """The same with no penalty (the executor's default is 0.5)."""
+    async with recording(settings.model_copy(update={"executor": ExecutorSettings(frequency_penalty=0.0)}), postgres_url) as running:
+        yield running
+
+
 def generations(bodies: list[dict]) -> list[dict]:
     """The requests that write the episode's turns, streamed (the rest regulate and plan)."""
     return [body for body in bodies if body.get("stream")]
@@ -50,7 +57,7 @@ async def test_a_penalty_out_of_range_is_invalid_argument(penalised):
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "penalties" in raised.value.details()
 
 
-async def test_without_a_penalty_no_request_carries_one(recorded):
-    stack, bodies = recorded
+async def test_without_a_penalty_no_request_carries_one(plain):
+    stack, bodies = plain
     await solve(stack, query="What is 17*23?", mode=Mode.MODE_AGENTIC)
     assert bodies and not any("frequency_penalty" in body or "presence_penalty" in body for body in bodies)
