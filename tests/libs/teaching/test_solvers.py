@@ -43,6 +43,7 @@ def test_every_generated_family_is_solved_right(suite):
     for item in get_suite(suite).items("train", 12):
         solution = solve(item)
         assert solution is not None and item.grade(solution.answer), item.question
+        assert not solution.code or item.grade(run_python(solution.code)), solution.code  # the tool prints the answer
 
 
 def test_the_python_call_is_double_quoted_so_the_programs_own_quotes_stay_inside():
