@@ -143,7 +143,8 @@ async def test_a_full_round_from_feedback_on_a_tiny_model(tmp_path):
 
         stages = summary["stages"]
         assert list(stages) == ["feedback", "sft", "apo", "evaluate", "gate", "publish"]
-        assert stages["feedback"]["correct"] == 3 and stages["sft"]["trajectories"] == 3 and stages["apo"]["prompts"] == 1
+        assert stages["feedback"]["correct"] == stages["sft"]["correct"] == 3 and stages["apo"]["prompts"] == 1
+        assert stages["sft"]["trajectories"] == len(WELL_FORMED_CORRECT)  # SFT keeps the well-formed ones
         async with embedded(settings, ("store",)) as platform, channel(platform.settings.store_addr, platform.settings) as ch:
             stub = store_pb2_grpc.TrajectoryStoreStub(ch)
             candidate = await stub.GetCheckpoint(store_pb2.GetCheckpointRequest(id=summary["candidate"], include_lineage=True))
