@@ -12,17 +12,21 @@ from tests.services.executor.conftest import recording
 from tests.services.executor.test_episode import solve
 
 
+def with_penalty(settings, penalty: float):
+    return settings.model_copy(update={"executor": ExecutorSettings(frequency_penalty=penalty)})
+
+
 @pytest.fixture
 async def penalised(settings, postgres_url):
     """(running settings with a frequency penalty of 0.5, the bodies of the policy requests in order)."""
-    async with recording(settings.model_copy(update={"executor": ExecutorSettings(frequency_penalty=0.5)}), postgres_url) as running:
+    async with recording(with_penalty(settings, 0.5), postgres_url) as running:
         yield running
 
 
 @pytest.fixture
 async def plain(settings, postgres_url):
     """The same with no penalty (the executor's default is 0.5)."""
-    async with recording(settings.model_copy(update={"executor": ExecutorSettings(frequency_penalty=0.0)}), postgres_url) as running:
+    async with recording(with_penalty(settings, 0.0), postgres_url) as running:
         yield running
 
 
