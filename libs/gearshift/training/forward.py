@@ -4,8 +4,9 @@ The language-model head (hidden x vocabulary) is a large share of a small model'
 prompts and masked pieces need no logits, so the head runs on the target positions alone. And
 every row of a batch starts with the same system prompt (two thirds of a short episode's
 tokens): the decoder runs it once and the rows continue from its KV cache, broadcast over the
-batch. That is the same computation, gradients included (they flow back through the shared
-cache), done once instead of once per row.
+batch, in two halves by length, each padded only to its own longest row. That is the same
+computation, gradients included (they flow back through the shared cache), done once instead of
+once per row and without most of the padding.
 
 TargetForward makes this forward the forward of one module, so that a DDP or FSDP wrapper around
 it runs its hooks (gradient reduction, parameter gathering) around the whole computation."""
@@ -68,15 +69,31 @@ def hidden_states(model: torch.nn.Module, batch: Batch, share_prefix: bool = Tru
     shared = shared_prefix(batch) if share_prefix and not checkpointing else 0
     if not shared:
         return decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
-    rows = batch.input_ids.shape[0]
+    rows, width = batch.input_ids.shape
     # Embedded once: two lookups would be two backward passes of the embedding, each writing a
     # dense vocabulary-sized gradient (the embedding is tied to the head).
     embeds = model.get_input_embeddings()(batch.input_ids)
     prefix = decoder(inputs_embeds=embeds[:1, :shared], use_cache=True)
-    cache = prefix.past_key_values
-    cache.batch_repeat_interleave(rows)
-    rest = decoder(inputs_embeds=embeds[:, shared:], attention_mask=batch.attention_mask, cache=cache, use_cache=True)
-    return torch.cat([prefix.last_hidden_state.expand(rows, -1, -1), rest.last_hidden_state], dim=1)
+    cache = prefix.past_key_values  # each half continues from its keys and values, broadcast over the half's rows
+    prefix_kv = [(layer.keys, layer.values) for layer in cache.layers]
+    lengths = batch.attention_mask.sum(dim=1).tolist()
+    rest = embeds.new_zeros(rows, width - shared, embeds.shape[-1])
+    for half in length_halves(lengths):
+        end = max(shared + 1, *(lengths[row] for row in half))
+        index = torch.tensor(half, device=embeds.device)
+        half_cache = type(cache)([(keys.expand(len(half), -1, -1, -1), values.expand(len(half), -1, -1, -1)) for keys, values in prefix_kv])
+        out = decoder(inputs_embeds=embeds[index, shared:end], attention_mask=batch.attention_mask[index, :end], cache=half_cache, use_cache=True)
+        rest[index, : end - shared] = out.last_hidden_state  # past a half's longest row: padding, zero, predicting nothing
+    return torch.cat([prefix.last_hidden_state.expand(rows, -1, -1), rest], dim=1)
+
+
+def length_halves(lengths: list[int]) -> list[list[int]]:
+    """The rows (two or more) by length, longest first, in two halves, each decoded padded only to
+    its own longest row. Always two, whatever the lengths: FSDP gathers a layer's weights at each
+    call of the layer, so every rank must call it as often (Run.micro_batches agrees on the
+    prefix). More, smaller halves gained nothing more on the CPU."""
+    order = sorted(range(len(lengths)), key=lambda row: -lengths[row])
+    return [order[: len(order) // 2], order[len(order) // 2:]]
 
 
 def target_logits(model: torch.nn.Module, batch: Batch, share_prefix: bool = True) -> TargetLogits:

@@ -1,5 +1,6 @@
 """The shared-prefix forward pass is the same computation as decoding every row whole: equal
-target logits and equal gradients, on rows of different lengths (right padding)."""
+target logits and equal gradients, on rows of different lengths (right padding) decoded in two
+halves by length."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def test_the_shared_prefix_is_decoded_once_with_the_same_logits_and_gradients(ti
     shared = forward.shared_prefix(batch)
     assert shared * 2 >= forward.MIN_TOKENS_SAVED and not forward._predicting(batch)[:, :shared].any()
     assert batch.attention_mask.min() == 0  # rows of different lengths: the shorter ones are padded
+    assert forward.length_halves(batch.attention_mask.sum(dim=1).tolist()) == [[1], [0, 2]]  # the agentic row apart
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
     logits, loss, grads = loss_and_grads(model, batch)
     monkeypatch.setattr(forward, "MIN_TOKENS_SAVED", 10**9)  # every row decoded whole
@@ -45,3 +47,9 @@ def test_no_prefix_is_shared_by_one_row_or_rows_that_differ_early(tokenizer):
     ids = torch.tensor([[1, 2, 3, 4], [5, 2, 3, 4]])
     differ = tokenization.Batch(ids, torch.ones_like(ids), torch.zeros_like(ids, dtype=torch.bool))
     assert forward.shared_prefix(differ) == 0
+
+
+def test_the_rows_are_halved_by_length_whatever_the_lengths():
+    # Always two halves: under FSDP every rank calls each layer as often.
+    assert forward.length_halves([300, 900, 310, 880]) == [[1, 3], [2, 0]]
+    assert forward.length_halves([300, 300]) == [[0], [1]]
