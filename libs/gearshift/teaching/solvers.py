@@ -105,7 +105,9 @@ def solve(item: SuiteItem) -> Solution | None:
         lines = [line.strip() for line in item.worked.splitlines() if line.strip() and not line.startswith("####")]
         return Solution(item.answer, "the number the question asks for", tuple(lines), "")
     if item.domain == "facts":  # the table's answer: what is learned is the format, not the fact
-        return Solution(item.answer, "the fact asked for", (f"I recall that the answer is {item.answer}.",), "")
+        # Its program prints the answer (single-quoted, as repr writes it): agentic mode learns the
+        # tool protocol on string answers too, not on numbers alone.
+        return Solution(item.answer, "the fact asked for", (f"I recall that the answer is {item.answer}.",), f"print({item.answer!r})")
     return None
 
 

@@ -38,7 +38,7 @@ def test_worked_steps_by_hand():
     assert product_steps(37739, 208) == ["37739 * 8 = 301912", "37739 * 200 = 7547800", "301912 + 7547800 = 7849712"]
 
 
-@pytest.mark.parametrize("suite", ["large_multiplication", "gsm_symbolic", "basic_arithmetic", "chain_sum"])
+@pytest.mark.parametrize("suite", ["large_multiplication", "gsm_symbolic", "basic_arithmetic", "chain_sum", "facts"])
 def test_every_generated_family_is_solved_right(suite):
     for item in get_suite(suite).items("train", 12):
         solution = solve(item)
