@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from gearshift.api.common.v1.common_pb2 import Checkpoint, CheckpointStatus, TrajectoryStatus
+from gearshift.api.common.v1.common_pb2 import Checkpoint, CheckpointStatus, Trajectory, TrajectoryStatus
 from gearshift.api.reward.v1 import reward_pb2, reward_pb2_grpc
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
@@ -116,18 +116,23 @@ async def count_scored_since(settings: Settings, since_us: int, enough: int) -> 
 # ---------------------------------------------------------------- dataset snapshots
 
 
-async def matching_ids(settings: Settings, data: dict) -> list[str]:
-    """The ids of the stored trajectories a job's `data` section (DataConfig) matches now: one
-    Export per filter (one per run id), in order, each id once."""
+async def matching(settings: Settings, data: dict, include_turns: bool = False) -> dict[str, Trajectory]:
+    """The stored trajectories a job's `data` section (DataConfig) matches now, by id: one Export
+    per filter (one per run id), in order, each trajectory once."""
     from gearshift.training.config import DataConfig
     from gearshift.training.data import trajectory_filters
 
-    ids: dict[str, None] = {}
+    found: dict[str, Trajectory] = {}
     async with channel(settings.store_addr, settings) as ch:
         store = store_pb2_grpc.TrajectoryStoreStub(ch)
         for flt in trajectory_filters(DataConfig.model_validate(data)):
-            ids |= {t.id: None async for t in store.Export(store_pb2.ExportRequest(filter=flt))}
-    return list(ids)
+            found |= {t.id: t async for t in store.Export(store_pb2.ExportRequest(filter=flt, include_turns=include_turns))}
+    return found
+
+
+async def matching_ids(settings: Settings, data: dict) -> list[str]:
+    """The ids of the stored trajectories a data filter matches now."""
+    return list(await matching(settings, data))
 
 
 async def count_matching(settings: Settings, data: dict) -> int:
@@ -137,17 +142,19 @@ async def count_matching(settings: Settings, data: dict) -> int:
 
 async def snapshot(settings: Settings, data: dict) -> dict:
     """Freezes what a data filter matches now: the ids, named by their hash (the trainers'
-    snapshot id), written to data_dir/snapshots/<id>.json."""
+    snapshot id), written to data_dir/snapshots/<id>.json, and `content`, a hash of the text they
+    teach (episode ids are deterministic, so a changed teacher keeps the ids, not the content)."""
     from gearshift.training.data import snapshot_id
 
-    ids = await matching_ids(settings, data)
-    if not ids:
+    found = await matching(settings, data, include_turns=True)
+    if not found:
         raise FailedPrecondition(f"no trajectories match {data}")
-    name = snapshot_id(ids)
+    name = snapshot_id(found)
     path = settings.data_dir / "snapshots" / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"id": name, "data": data, "trajectory_ids": sorted(ids)}))
-    return {"snapshot": name, "count": len(ids), "path": str(path), "data": data}
+    path.write_text(json.dumps({"id": name, "data": data, "trajectory_ids": sorted(found)}))
+    taught = {id_: [(turn.output, [result.output for result in turn.tool_results]) for turn in t.turns] for id_, t in found.items()}
+    return {"snapshot": name, "content": digest(taught), "count": len(found), "path": str(path), "data": data}
 
 
 # ---------------------------------------------------------------- training

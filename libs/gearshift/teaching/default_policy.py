@@ -116,7 +116,7 @@ async def _build(settings: Settings, recipe: Recipe, work_dir: Path, ship_to: Pa
         console.rule("route-then-align SFT (LoRA)")
         data = {"correctness": "correct", "split": "train", "purposes": ["training"]}
         snapshot = await steps.snapshot(platform.settings, data)
-        spec = steps.train_config(platform.settings, "sft", recipe.sft, run_key(recipe, snapshot["snapshot"]), data, None)
+        spec = steps.train_config(platform.settings, "sft", recipe.sft, run_key(recipe, snapshot["content"]), data, None)
         external_id = runner.start(spec)
         result = await asyncio.to_thread(steps.train, runner, spec, external_id, lambda _tail: None, 7 * 86_400)
     card |= {
@@ -128,11 +128,12 @@ async def _build(settings: Settings, recipe: Recipe, work_dir: Path, ship_to: Pa
     return card
 
 
-def run_key(recipe: Recipe, snapshot: str) -> str:
-    """The SFT run's dedupe key, which names its checkpoint: the recipe and the teaching data's
-    snapshot. A rerun on the same stored episodes resumes its run; new teaching data (a teacher
-    changed, the recipe alike) trains and registers a checkpoint of its own."""
-    return f"default-policy:{steps.digest(recipe.model_dump(), snapshot)}"
+def run_key(recipe: Recipe, content: str) -> str:
+    """The SFT run's dedupe key, which names its checkpoint: the recipe and the content of the
+    teaching data (its snapshot's `content`). A rerun on the same stored episodes resumes its
+    run; new teaching data (a teacher changed, the recipe alike) trains and registers a
+    checkpoint of its own."""
+    return f"default-policy:{steps.digest(recipe.model_dump(), content)}"
 
 
 def ship(adapter: Path, target: Path, card: dict) -> None:

@@ -55,3 +55,20 @@ async def test_a_test_split_item_never_enters_a_snapshot_whatever_ran_before(set
 
 def _ids(snapshot: dict) -> list[str]:
     return json.loads(Path(snapshot["path"]).read_text())["trajectory_ids"]
+
+
+async def test_a_changed_teacher_keeps_the_snapshot_ids_and_changes_its_content(settings, tmp_path):
+    """Episode ids are deterministic (run, item, mode), so a teacher that now writes another
+    program keeps a snapshot's ids; its `content` (what names the default policy's checkpoint)
+    tells the new data from the old, and the same data from itself."""
+    snapshots = []
+    for index, answer in enumerate(("Paris", "Lyon", "Paris")):
+        trajectory = stored("train", TRAINING, "facts-a")
+        trajectory.id, trajectory.turns[0].output = "6f1c2a52-3f0e-5a55-9d57-6e1b1d0c9a10", f"{answer}</answer>"
+        local = settings.model_copy(update={"data_dir": tmp_path / str(index), "database_url": None})
+        async with embedded(local, ("store",)) as platform:
+            async with channel(platform.settings.store_addr, platform.settings) as ch:
+                await store_pb2_grpc.TrajectoryStoreStub(ch).Put(store_pb2.PutRequest(trajectories=[trajectory]))
+            snapshots.append(await steps.snapshot(platform.settings, {"correctness": "correct"}))
+    assert snapshots[0]["snapshot"] == snapshots[1]["snapshot"] == snapshots[2]["snapshot"]
+    assert snapshots[0]["content"] != snapshots[1]["content"] and snapshots[0]["content"] == snapshots[2]["content"]
