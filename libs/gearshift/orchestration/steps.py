@@ -140,21 +140,25 @@ async def count_matching(settings: Settings, data: dict) -> int:
     return len(await matching_ids(settings, data))
 
 
-async def snapshot(settings: Settings, data: dict) -> dict:
+async def snapshot(settings: Settings, data: dict, content: bool = False) -> dict:
     """Freezes what a data filter matches now: the ids, named by their hash (the trainers'
-    snapshot id), written to data_dir/snapshots/<id>.json, and `content`, a hash of the text they
-    teach (episode ids are deterministic, so a changed teacher keeps the ids, not the content)."""
+    snapshot id), written to data_dir/snapshots/<id>.json. With `content`, also a hash of the
+    text the episodes teach (it names the default policy's checkpoint: episode ids are
+    deterministic, so a changed teacher keeps the ids, not the text)."""
     from gearshift.training.data import snapshot_id
 
-    found = await matching(settings, data, include_turns=True)
+    found = await matching(settings, data, include_turns=content)
     if not found:
         raise FailedPrecondition(f"no trajectories match {data}")
     name = snapshot_id(found)
     path = settings.data_dir / "snapshots" / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"id": name, "data": data, "trajectory_ids": sorted(found)}))
-    taught = {id_: [(turn.output, [result.output for result in turn.tool_results]) for turn in t.turns] for id_, t in found.items()}
-    return {"snapshot": name, "content": digest(taught), "count": len(found), "path": str(path), "data": data}
+    frozen = {"snapshot": name, "count": len(found), "path": str(path), "data": data}
+    if content:
+        taught = {id_: [(turn.output, [r.output for r in turn.tool_results]) for turn in t.turns] for id_, t in found.items()}
+        frozen["content"] = digest(taught)
+    return frozen
 
 
 # ---------------------------------------------------------------- training

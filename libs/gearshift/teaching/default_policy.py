@@ -115,7 +115,7 @@ async def _build(settings: Settings, recipe: Recipe, work_dir: Path, ship_to: Pa
         teach_seconds = time.perf_counter() - started
         console.rule("route-then-align SFT (LoRA)")
         data = {"correctness": "correct", "split": "train", "purposes": ["training"]}
-        snapshot = await steps.snapshot(platform.settings, data)
+        snapshot = await steps.snapshot(platform.settings, data, content=True)
         spec = steps.train_config(platform.settings, "sft", recipe.sft, run_key(recipe, snapshot["content"]), data, None)
         external_id = runner.start(spec)
         result = await asyncio.to_thread(steps.train, runner, spec, external_id, lambda _tail: None, 7 * 86_400)

@@ -69,6 +69,6 @@ async def test_a_changed_teacher_keeps_the_snapshot_ids_and_changes_its_content(
         async with embedded(local, ("store",)) as platform:
             async with channel(platform.settings.store_addr, platform.settings) as ch:
                 await store_pb2_grpc.TrajectoryStoreStub(ch).Put(store_pb2.PutRequest(trajectories=[trajectory]))
-            snapshots.append(await steps.snapshot(platform.settings, {"correctness": "correct"}))
+            snapshots.append(await steps.snapshot(platform.settings, {"correctness": "correct"}, content=True))
     assert snapshots[0]["snapshot"] == snapshots[1]["snapshot"] == snapshots[2]["snapshot"]
     assert snapshots[0]["content"] != snapshots[1]["content"] and snapshots[0]["content"] == snapshots[2]["content"]
