@@ -1,12 +1,47 @@
-"""Client channels between services: the bearer token, message limits, and a request id
-that follows a request from service to service."""
+"""Client channels between services: balanced over every replica an address resolves to, with a
+deadline on every call, retries past a dead replica for idempotent methods, keepalive, the
+bearer token, message limits, and a request id that follows a request from service to service."""
 
 from __future__ import annotations
 
+import json
+
 import grpc
 
+from gearshift.api.executor.v1 import executor_pb2
+from gearshift.api.planner.v1 import planner_pb2
+from gearshift.api.reward.v1 import reward_pb2
+from gearshift.api.router.v1 import router_pb2
+from gearshift.api.sandbox.v1 import sandbox_pb2
+from gearshift.api.store.v1 import store_pb2
 from gearshift.interceptors import REQUEST_ID_KEY, request_id
-from gearshift.settings import Settings, get_settings
+from gearshift.settings import RpcSettings, Settings, get_settings
+
+# Each gRPC service of the platform by its name in the services table.
+FULL_NAMES = {
+    name: module.DESCRIPTOR.services_by_name[service].full_name
+    for name, module, service in (
+        ("router", router_pb2, "Router"), ("planner", planner_pb2, "Planner"), ("executor", executor_pb2, "Executor"),
+        ("sandbox", sandbox_pb2, "Sandbox"), ("reward", reward_pb2, "Reward"), ("store", store_pb2, "TrajectoryStore"),
+    )
+}
+# Methods that may run again on another replica when one answers UNAVAILABLE: they read, compute
+# from their request alone, or write under a key the request names (Put by trajectory id,
+# SetReward). Execute too: a call without a session runs in a fresh interpreter with no network,
+# and a session's call on a replica that does not hold it is refused (NOT_FOUND), not run.
+RETRIED = {
+    "router": ("Route",),
+    "planner": ("Regulate", "Plan"),
+    "reward": ("Score", "Price", "CostOfPass"),
+    "sandbox": ("ListTools", "Execute"),
+    "store": ("Put", "Get", "Query", "SetReward", "GetCheckpoint", "ListCheckpoints"),
+}
+STREAMS = {"store": ("Export",)}  # long streams: their own deadline
+MAX_BACKOFF_SECONDS = 1.0
+DNS_RERESOLVE_MS = 2_000  # gRPC's default lets a channel re-resolve a name only every 30 s
+# gRPC's default backoff after failed connects grows to 120 s: an address that comes back (a pod
+# restarted on its IP, a replica started in a slot of an ipv4: target) waits at most this long.
+MAX_RECONNECT_BACKOFF_MS = 5_000
 
 
 class _Metadata:
@@ -52,12 +87,62 @@ def metadata_interceptors(token: str | None) -> list:
     return [shape(token) for shape in (_UnaryUnary, _UnaryStream, _StreamUnary, _StreamStream)]
 
 
-def channel(address: str, settings: Settings | None = None) -> grpc.aio.Channel:
-    """An aio channel to another gearshift service, carrying the configured token."""
-    settings = settings or get_settings()
+def _seconds(value: float) -> str:
+    return f"{value:.3f}s"
+
+
+def service_config(rpc: RpcSettings) -> str:
+    """The gRPC service config of every channel: round_robin over the resolved addresses, skipping
+    replicas whose health service says NOT_SERVING (a draining pod), a deadline per service, and a
+    bounded retry policy for the idempotent methods."""
+    retry = {
+        "maxAttempts": rpc.retry_attempts,
+        "initialBackoff": _seconds(rpc.retry_backoff_seconds),
+        "maxBackoff": _seconds(max(MAX_BACKOFF_SECONDS, rpc.retry_backoff_seconds)),
+        "backoffMultiplier": 2,
+        "retryableStatusCodes": ["UNAVAILABLE"],
+    }
+    methods = []
+    for name, full_name in FULL_NAMES.items():
+        deadline = _seconds(rpc.deadline_seconds.get(name, max(rpc.deadline_seconds.values())))
+        methods.append({"name": [{"service": full_name}], "timeout": deadline})
+        if name in RETRIED and rpc.retry_attempts > 1:
+            names = [{"service": full_name, "method": method} for method in RETRIED[name]]
+            methods.append({"name": names, "timeout": deadline, "retryPolicy": retry})
+        if name in STREAMS:
+            names = [{"service": full_name, "method": method} for method in STREAMS[name]]
+            methods.append({"name": names, "timeout": _seconds(rpc.export_deadline_seconds)})
+    return json.dumps({
+        "loadBalancingConfig": [{"round_robin": {}}],
+        "healthCheckConfig": {"serviceName": ""},
+        "methodConfig": methods,
+    })
+
+
+def channel_options(settings: Settings) -> list[tuple[str, str | int]]:
+    """Options of every client channel (service config, keepalive, message limits)."""
+    rpc = settings.rpc
     size = settings.limits.max_message_bytes
-    options = [("grpc.max_receive_message_length", size), ("grpc.max_send_message_length", size)]
-    return grpc.aio.insecure_channel(address, options=options, interceptors=metadata_interceptors(settings.token()))
+    return [
+        ("grpc.max_receive_message_length", size),
+        ("grpc.max_send_message_length", size),
+        ("grpc.service_config", service_config(rpc)),
+        ("grpc.service_config_disable_resolution", 1),  # ours, not one from DNS TXT records
+        ("grpc.enable_retries", 1),
+        ("grpc.keepalive_time_ms", int(rpc.keepalive_seconds * 1000)),
+        ("grpc.keepalive_timeout_ms", int(rpc.keepalive_timeout_seconds * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.dns_min_time_between_resolutions_ms", DNS_RERESOLVE_MS),
+        ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+    ]
+
+
+def channel(address: str, settings: Settings | None = None) -> grpc.aio.Channel:
+    """An aio channel to another gearshift service: address is any gRPC target (host:port,
+    dns:///name:port, ipv4:a:p,b:p), balanced over what it resolves to, carrying the token."""
+    settings = settings or get_settings()
+    return grpc.aio.insecure_channel(address, options=channel_options(settings), interceptors=metadata_interceptors(settings.token()))
 
 
 def service_channel(service: str, settings: Settings | None = None) -> grpc.aio.Channel:

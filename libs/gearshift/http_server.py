@@ -103,7 +103,7 @@ async def start(service: HttpService, settings: Settings, port: int | None = Non
     config = uvicorn.Config(
         service.app, log_level=settings.log_level.lower(), lifespan="off",
         access_log=False,  # a line per request drowns the stack's output; /metrics counts them
-        timeout_graceful_shutdown=max(settings.grace_seconds, 0.1),
+        timeout_graceful_shutdown=max(settings.drain_seconds(service.name), 0.1),
     )
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # the caller owns SIGINT/SIGTERM, not uvicorn
@@ -140,8 +140,9 @@ async def serve(build: Callable[[Settings], Awaitable[HttpService]], settings: S
     stopped = asyncio.ensure_future(stop.wait())
     await asyncio.wait({stopped, server.task}, return_when=asyncio.FIRST_COMPLETED)
     stopped.cancel()
-    log.info("%s draining for up to %.1fs", service.name, settings.grace_seconds)
-    await server.stop(settings.grace_seconds)
+    grace = settings.drain_seconds(service.name)
+    log.info("%s draining for up to %.1fs", service.name, grace)
+    await server.stop(grace)
     log.info("%s stopped", service.name)
 
 

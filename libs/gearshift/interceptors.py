@@ -1,8 +1,10 @@
 """The one server interceptor every service runs: request ids, bearer-token auth, domain
-error -> status mapping, undecodable requests -> INVALID_ARGUMENT, and Prometheus metrics."""
+error -> status mapping, undecodable requests -> INVALID_ARGUMENT, Prometheus metrics, and the
+count of calls in flight that a drain waits for (new calls refused with UNAVAILABLE meanwhile)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import hmac
 import logging
@@ -12,7 +14,7 @@ from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from gearshift.errors import GearshiftError
 
@@ -22,7 +24,7 @@ request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", d
 
 REQUEST_ID_KEY = "x-request-id"
 # Kubernetes gRPC probes cannot send a token, so health checks stay open.
-UNAUTHENTICATED_METHODS = ("/grpc.health.v1.Health/",)
+HEALTH_METHODS = ("/grpc.health.v1.Health/",)
 
 # Downstream statuses that describe the caller's request or availability, passed on as they are;
 # anything else from downstream (auth, internal) is this service's fault: INTERNAL.
@@ -44,6 +46,35 @@ LATENCY = Histogram(
     ["service", "method"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
+IN_FLIGHT = Gauge("grpc_server_in_flight", "RPCs being handled, health checks aside", ["service", "method"])
+
+
+class CallsInFlight:
+    """The calls a server is handling (health checks aside), and whether it is draining: a
+    draining server refuses new calls with UNAVAILABLE, which clients retry on another replica."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.draining = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def enter(self) -> None:
+        self.count += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.count -= 1
+        if self.count == 0:
+            self._idle.set()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """True once no call is in flight, False when timeout passed first."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
 
 
 class _Undecodable:
@@ -67,8 +98,9 @@ def _tolerant(deserializer):
 
 
 class RequestInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, auth_token: str | None = None):
+    def __init__(self, auth_token: str | None = None, calls: CallsInFlight | None = None):
         self._token = f"Bearer {auth_token}".encode() if auth_token else None
+        self.calls = calls or CallsInFlight()
 
     async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
         handler = await continuation(details)
@@ -80,10 +112,15 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
         authorized = self._authorized(method, metadata)
         service, _, name = method.rpartition("/")
         service = service.lstrip("/")
+        # Health checks are answered while draining (they say NOT_SERVING then) and a drain does not wait for them.
+        calls = None if method.startswith(HEALTH_METHODS) else self.calls
+        in_flight = IN_FLIGHT.labels(service, name)
 
         async def prologue(request, context) -> None:
             request_id.set(rid)
             context.set_trailing_metadata(((REQUEST_ID_KEY, rid),))
+            if calls and calls.draining:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "this replica is draining; call another")
             if not authorized:
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
             if isinstance(request, _Undecodable):
@@ -98,7 +135,16 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
             log.exception("%s failed (request %s)", method, rid)
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error (request id {rid})")
 
+        def begin() -> float:
+            if calls:
+                calls.enter()
+                in_flight.inc()
+            return time.perf_counter()
+
         def record(started: float, context) -> None:
+            if calls:
+                calls.leave()
+                in_flight.dec()
             code = context.code() if hasattr(context, "code") else None
             HANDLED.labels(service, name, (code or grpc.StatusCode.OK).name if code else "OK").inc()
             LATENCY.labels(service, name).observe(time.perf_counter() - started)
@@ -107,7 +153,7 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
             inner = handler.unary_unary
 
             async def unary_unary(request, context):
-                started = time.perf_counter()
+                started = begin()
                 try:
                     await prologue(request, context)
                     return await inner(request, context)
@@ -125,11 +171,15 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
             inner_stream = handler.unary_stream
 
             async def unary_stream(request, context):
-                started = time.perf_counter()
+                started = begin()
                 try:
                     await prologue(request, context)
-                    async for item in inner_stream(request, context):
-                        yield item
+                    stream = inner_stream(request, context)
+                    if hasattr(stream, "__aiter__"):
+                        async for item in stream:
+                            yield item
+                    else:  # a handler that writes with context.write (the health service's Watch)
+                        await stream
                 except Exception as exc:  # noqa: BLE001
                     if _is_abort(exc):
                         raise
@@ -143,7 +193,7 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
         return handler  # client-streaming rpcs: gearshift defines none
 
     def _authorized(self, method: str, metadata: dict[str, Any]) -> bool:
-        if self._token is None or method.startswith(UNAUTHENTICATED_METHODS):
+        if self._token is None or method.startswith(HEALTH_METHODS):
             return True
         given = metadata.get("authorization", "")
         given = given.encode() if isinstance(given, str) else given

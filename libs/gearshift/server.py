@@ -1,6 +1,7 @@
 """The one gRPC server bootstrap every service uses: grpc.aio, the standard health service,
-optional reflection, the request interceptor, Prometheus metrics on their own port, and a
-graceful drain on SIGTERM/SIGINT."""
+optional reflection, the request interceptor, Prometheus metrics on their own port, connections
+that age out (so clients re-resolve and find new replicas), and a drain on SIGTERM/SIGINT that
+loses no call in flight."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from gearshift.interceptors import RequestInterceptor
+from gearshift.interceptors import CallsInFlight, RequestInterceptor
 from gearshift.settings import Settings, get_settings
 
 log = logging.getLogger("gearshift.server")
@@ -47,29 +48,55 @@ def configure_logging(level: str) -> None:
 
 
 def grpc_options(settings: Settings) -> list[tuple[str, int]]:
+    rpc = settings.rpc
     size = settings.limits.max_message_bytes
-    return [("grpc.max_receive_message_length", size), ("grpc.max_send_message_length", size)]
+    longest_call = max(*rpc.deadline_seconds.values(), rpc.export_deadline_seconds)
+    return [
+        ("grpc.max_receive_message_length", size),
+        ("grpc.max_send_message_length", size),
+        # A connection is told to go away after its age (GOAWAY): the client re-resolves the name and
+        # balances over the replicas there now. Calls in flight on it may still finish.
+        ("grpc.max_connection_age_ms", int(rpc.max_connection_age_seconds * 1000)),
+        ("grpc.max_connection_age_grace_ms", int(longest_call * 1000)),
+        # Accept the clients' keepalive pings (gRPC's default refuses pings more often than 5 minutes).
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", int(rpc.keepalive_seconds * 500)),
+        ("grpc.http2.max_ping_strikes", 0),
+    ]
 
 
 class RunningServer:
     """A started server: its bound port and a way to drain it."""
 
-    def __init__(self, server: grpc.aio.Server, health_servicer: health.aio.HealthServicer, port: int, service: Service):
+    def __init__(self, server: grpc.aio.Server, health_servicer: health.aio.HealthServicer, port: int, service: Service,
+                 calls: CallsInFlight):
         self.server = server
         self.health = health_servicer
         self.port = port
         self.service = service
+        self.calls = calls
 
     async def stop(self, grace: float) -> None:
-        await self.health.enter_graceful_shutdown()  # probes see NOT_SERVING while draining
-        await self.server.stop(grace)
+        """Drains: health says NOT_SERVING (clients that watch it stop picking this replica), the
+        listener closes and connections are told to go away, new calls are refused with UNAVAILABLE
+        (retried elsewhere), and calls in flight finish within grace; what is left then (health
+        watches, calls past the grace) is cancelled."""
+        self.calls.draining = True
+        await self.health.enter_graceful_shutdown()
+        stopping = asyncio.ensure_future(self.server.stop(grace))
+        finished = await self.calls.wait_idle(grace)
+        if not finished:
+            log.warning("%s: %d call(s) still running after the %.1fs drain; cancelling them", self.service.name, self.calls.count, grace)
+        await self.server.stop(0)
+        await stopping
         for close in self.service.on_close:
             await close()
 
 
 async def start(service: Service, settings: Settings, port: int | None = None) -> RunningServer:
     """Starts the service on settings.host; port 0 picks a free one (tests)."""
-    server = grpc.aio.server(interceptors=[RequestInterceptor(settings.token())], options=grpc_options(settings))
+    calls = CallsInFlight()
+    server = grpc.aio.server(interceptors=[RequestInterceptor(settings.token(), calls)], options=grpc_options(settings))
     for handler in service.handlers:
         handler.register(handler.servicer, server)
 
@@ -89,7 +116,7 @@ async def start(service: Service, settings: Settings, port: int | None = None) -
     if bound == 0:
         raise OSError(f"{service.name}: cannot listen on {settings.host}:{port} (is the port in use?)")
     await server.start()
-    return RunningServer(server, health_servicer, bound, service)
+    return RunningServer(server, health_servicer, bound, service, calls)
 
 
 @contextlib.asynccontextmanager
@@ -119,8 +146,9 @@ async def serve(build: Callable[[Settings], Awaitable[Service]], settings: Setti
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.info("%s draining for up to %.1fs", service.name, settings.grace_seconds)
-    await server.stop(settings.grace_seconds)
+    grace = settings.drain_seconds(service.name)
+    log.info("%s draining %d call(s) for up to %.1fs", service.name, server.calls.count, grace)
+    await server.stop(grace)
     log.info("%s stopped", service.name)
 
 

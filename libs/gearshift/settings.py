@@ -16,6 +16,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from gearshift.topology import BY_NAME, METRICS_PORT_OFFSET, POLICY_PORT, SERVICES
 from gearshift.training.jobs import POLICY_JOBS
 
+# An episode at its wall-clock limit still scores and stores itself: a drain waits this much longer.
+STORE_WRITE_MARGIN_SECONDS = 15.0
+DEFAULT_DRAIN_SECONDS = 30.0
+
 
 class PriceTable(BaseModel):
     """The one price table used by serving, evaluation and training (US dollars)."""
@@ -73,6 +77,9 @@ class SandboxSettings(BaseModel):
         description="Modules imported once in the zygote so calls start with them loaded",
     )
     max_sessions: int = Field(32, description="Most live stateful python sessions")
+    advertise_address: str | None = Field(
+        None, description="host:port where this replica is reached directly (in Kubernetes the pod's IP), returned with each "
+        "call so that a python session's later calls reach the replica holding it; none: host:port")
     session_idle_seconds: float = Field(300.0, description="A session idle this long is closed")
     session_cpu_seconds: int = Field(120, description="CPU-time budget of a whole session")
     max_concurrency: int = Field(16, description="Tool calls running at once; more wait")
@@ -188,7 +195,11 @@ class PolicyServerSettings(BaseModel):
 class StoreSettings(BaseModel):
     """The trajectory store's database access and paging."""
 
-    migrate_on_start: bool = Field(True, description="Run the store's Alembic migrations (upgrade head) at start-up")
+    migrate_on_start: bool = Field(
+        True,
+        description="Run the store's Alembic migrations (upgrade head) at start-up; off: the store and the orchestration "
+        "worker refuse a schema that is not this version's (`gearshift migrate` runs them)",
+    )
     db_threads: int = Field(4, description="Threads (and pooled connections) doing blocking database work")
     default_page_size: int = Field(100, description="Query page size when the caller gives none")
     export_chunk_size: int = Field(500, description="Rows Export reads from the database per round trip")
@@ -285,6 +296,17 @@ class OrchestrationSettings(BaseModel):
     checkpoints_dir: Path | None = Field(None, description="Where runs write checkpoints (default: data_dir/checkpoints)")
     job_timeout_seconds: float = Field(86_400.0, gt=0, description="A training run still going after this long is stopped and failed")
     lease_seconds: float = Field(60.0, gt=0, description="A running task whose heartbeat is older than this counts as crashed and is taken over")
+    visibility_timeout_seconds: float = Field(
+        300.0, gt=0,
+        description="Redis hands a task its worker has not acknowledged to another worker after this long, so a task lost with its "
+        "worker comes back within it; a copy of work a live worker still holds (fresh lease) waits and checks again",
+    )
+    soft_shutdown_seconds: float = Field(
+        270.0, ge=0,
+        description="On SIGTERM a worker gives running tasks this long to finish, then stops them and puts them back on the queue "
+        "(below the chart's worker terminationGracePeriodSeconds, 300); 0: Celery's warm shutdown, which waits however long they take",
+    )
+    metrics_port: int = Field(9100, ge=0, le=65535, description="Port of a Celery worker's /metrics (gearshift_celery_queue_length); 0 = off")
     eval_suite: str = Field("basic_arithmetic", description="Evaluation suite of the promotion gate")
     eval_split: str = Field("test", description="Held-out split the promotion gate evaluates on")
     eval_items: int = Field(20, ge=1, description="Items of the held-out split the gate evaluates")
@@ -353,6 +375,32 @@ class KubernetesSettings(BaseModel):
         return self
 
 
+class RpcSettings(BaseModel):
+    """Calls between services: balancing over replicas, deadlines, retries past a dead replica and
+    connection lifetimes (docs/operations.md, "Balancing calls across replicas")."""
+
+    deadline_seconds: dict[str, float] = Field(
+        default_factory=lambda: {"router": 120.0, "planner": 120.0, "reward": 120.0, "sandbox": 60.0, "store": 30.0, "executor": 600.0},
+        description="Deadline of a call to each gRPC service, by service name (a caller may set a shorter one; the store's Export "
+        "stream has its own); also how long a stopping replica of that service drains",
+    )
+    export_deadline_seconds: float = Field(3600.0, gt=0, description="Deadline of the store's Export stream")
+    retry_attempts: int = Field(
+        4, ge=1, le=5,
+        description="Attempts of an idempotent call (routing, planning, scoring, pricing, store reads, Put, tools) when a replica "
+        "answers UNAVAILABLE, each on the next replica (gRPC allows at most 5; 1: no retries)",
+    )
+    retry_backoff_seconds: float = Field(0.05, gt=0, description="Backoff before the first retry (randomised, doubled per retry, at most 1 s)")
+    keepalive_seconds: float = Field(
+        20.0, gt=0, description="Clients ping each connection this often, so a replica that vanished without closing its sockets (a lost node) is dropped")
+    keepalive_timeout_seconds: float = Field(10.0, gt=0, description="A ping unanswered this long closes the connection")
+    max_connection_age_seconds: float = Field(
+        30.0, gt=0,
+        description="Servers close each connection after about this long (plus or minus 10%): clients then re-resolve the "
+        "address, so a new replica receives calls within about this long",
+    )
+
+
 class _Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GEARSHIFT_", env_nested_delimiter="__", extra="ignore")
 
@@ -361,7 +409,12 @@ class _Settings(BaseSettings):
     metrics_port: int | None = Field(None, description="Prometheus port (default: port + 1000; 0 = off)")
     auth_token: SecretStr | None = Field(None, description="Bearer token required between services")
     reflection: bool = Field(False, description="Serve gRPC reflection")
-    grace_seconds: float = Field(5.0, description="Drain time on SIGTERM")
+    grace_seconds: float | None = Field(
+        None,
+        description="How long a service drains on SIGTERM (refusing new calls, finishing those in flight); none: the longest "
+        "its work may take (executor: an episode's wall-clock budget; gateway: its request timeout; a gRPC service: its "
+        "rpc deadline; the policy server: the policy client's timeout)",
+    )
     log_level: str = Field("INFO", description="Python log level")
 
     data_dir: Path = Field(Path.home() / ".gearshift", description="Embedded state (SQLite store, runs, evaluation reports)")
@@ -385,6 +438,7 @@ class _Settings(BaseSettings):
     executor: ExecutorSettings = Field(default_factory=ExecutorSettings)
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     orchestration: OrchestrationSettings = Field(default_factory=OrchestrationSettings)
+    rpc: RpcSettings = Field(default_factory=RpcSettings)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
 
     def service_port(self, service: str) -> int:
@@ -394,6 +448,18 @@ class _Settings(BaseSettings):
         if self.metrics_port is not None:
             return self.metrics_port
         return self.service_port(service) + METRICS_PORT_OFFSET
+
+    def drain_seconds(self, service: str) -> float:
+        """How long a stopping replica of service may take to finish what it holds."""
+        if self.grace_seconds is not None:
+            return self.grace_seconds
+        if service == "executor":
+            return self.executor.max_wall_seconds + STORE_WRITE_MARGIN_SECONDS
+        if service == "gateway":
+            return self.gateway.request_timeout_seconds + STORE_WRITE_MARGIN_SECONDS
+        if service == "policy":
+            return self.policy_client.timeout_seconds
+        return self.rpc.deadline_seconds.get(service, DEFAULT_DRAIN_SECONDS)
 
     def address_of(self, service: str) -> str:
         return getattr(self, BY_NAME[service].address_setting)
@@ -412,6 +478,11 @@ class _Settings(BaseSettings):
         return f"sqlite:///{self.data_dir / 'store.db'}"
 
 
+ADDRESS_FORMS = {
+    "grpc": "any gRPC target (host:port, dns:///name:port, ipv4:a:p,b:p); calls are balanced over every address it resolves to",
+    "http": "host:port",
+}
+
 # One address setting per service of the table (GEARSHIFT_STORE_ADDR, ...), derived from it so
 # that adding a service adds its setting.
 Settings = create_model(
@@ -419,7 +490,7 @@ Settings = create_model(
     __base__=_Settings,
     __doc__="Every setting of the platform (the README's settings table is generated from it).",
     **{
-        spec.address_setting: (str, Field(f"127.0.0.1:{spec.port}", description=f"{spec.title} address (host:port)"))
+        spec.address_setting: (str, Field(f"127.0.0.1:{spec.port}", description=f"{spec.title} address: {ADDRESS_FORMS[spec.protocol]}"))
         for spec in SERVICES
     },
 )

@@ -72,10 +72,13 @@ def policy_health(policy_url: str) -> str:
 class Stack:
     """Starts, watches and stops the service processes of the embedded default."""
 
-    def __init__(self, settings: Settings, data_dir: str | None = None, base_port: int | None = None, with_policy: bool = True):
+    def __init__(self, settings: Settings, data_dir: str | None = None, base_port: int | None = None, with_policy: bool = True,
+                 elsewhere: dict[str, str] | None = None):
         self.settings = settings
         self.data_dir = Path(data_dir).expanduser() if data_dir else settings.data_dir
         self.ports = {spec.name: (base_port + i if base_port else spec.port) for i, spec in enumerate(SERVICES)}
+        # Services run elsewhere (name -> address, e.g. replicas behind one gRPC target): not started here.
+        self.elsewhere = elsewhere or {}
         self.policy_port = base_port + len(SERVICES) if base_port else settings.policy_server.port
         self.with_policy = with_policy
         self.processes: dict[str, subprocess.Popen] = {}
@@ -93,8 +96,11 @@ class Stack:
         if self.settings.database_url:  # given in code (a benchmark's --postgres), not only in the environment
             env["GEARSHIFT_DATABASE_URL"] = self.settings.database_url
         for spec in SERVICES:
-            env[f"GEARSHIFT_{spec.address_setting.upper()}"] = f"{self.settings.host}:{self.ports[spec.name]}"
+            env[f"GEARSHIFT_{spec.address_setting.upper()}"] = self.address(spec.name)
         return env
+
+    def address(self, name: str) -> str:
+        return self.elsewhere.get(name) or f"{self.settings.host}:{self.ports[name]}"
 
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -102,6 +108,8 @@ class Stack:
         if self.with_policy:
             self.processes["policy"] = self._spawn(["serve-policy"], env)
         for name in SERVICE_NAMES:
+            if name in self.elsewhere:
+                continue
             port = self.ports[name]
             self.processes[name] = self._spawn(
                 ["serve", name], dict(env, GEARSHIFT_PORT=str(port), GEARSHIFT_METRICS_PORT=str(port + METRICS_PORT_OFFSET))
@@ -115,7 +123,7 @@ class Stack:
 
     def client_settings(self) -> Settings:
         """Settings whose addresses point at this stack's services."""
-        addresses = {spec.address_setting: f"{self.settings.host}:{self.ports[spec.name]}" for spec in SERVICES}
+        addresses = {spec.address_setting: self.address(spec.name) for spec in SERVICES}
         return self.settings.with_policy(self.policy_url).model_copy(update=addresses)
 
     def wait_ready(self, timeout: float = 180.0) -> dict[str, tuple[str, str]]:

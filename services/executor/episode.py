@@ -50,6 +50,13 @@ from gearshift.settings import ExecutorSettings, Limits
 from google.protobuf.timestamp_pb2 import Timestamp
 
 ROUTING_TURN = -1
+# Sandbox statuses that end one tool call, not the episode: the model reads them as the call's error.
+TOOL_ERRORS = {
+    grpc.StatusCode.INVALID_ARGUMENT: lambda exc: exc.details() or "invalid call",
+    grpc.StatusCode.NOT_FOUND: lambda exc: exc.details() or "not found",
+    grpc.StatusCode.UNAVAILABLE: lambda exc: f"the sandbox is unavailable ({exc.details()}); the call did not run",
+    grpc.StatusCode.DEADLINE_EXCEEDED: lambda exc: "the sandbox did not answer in time; the call was abandoned",
+}
 
 
 @dataclass
@@ -360,10 +367,11 @@ class EpisodeRunner:
         try:
             reply = await self.down.sandbox.Execute(request, timeout=self.config.tool_timeout_seconds + 5)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.INVALID_ARGUMENT:
+            if exc.code() not in TOOL_ERRORS:
                 raise
-            # The model's call was bad (arguments, size): tell the model, keep the episode going.
-            return ToolResult(call_id=call.id, name=call.name, is_error=True, error=exc.details() or "invalid call")
+            # The model's call was bad (arguments, size), or no sandbox replica could run it (after
+            # the channel's retries): tell the model, keep the episode going.
+            return ToolResult(call_id=call.id, name=call.name, is_error=True, error=TOOL_ERRORS[exc.code()](exc))
         return reply.result
 
     async def _tool_specs(self) -> list[sandbox_pb2.ToolSpec]:

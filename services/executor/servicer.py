@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from prometheus_client import Gauge
+
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.services.executor.episode import EpisodeRunner
 
 END = None  # queued after the episode's last event, whether it finished or failed
+# What the executor's load is (it waits on the policy, so its CPU says little): autoscaling reads it.
+EPISODES_IN_FLIGHT = Gauge("gearshift_executor_episodes_in_flight", "Episodes (Solve streams) running")
 
 
 class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
@@ -21,6 +25,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         # its completion). The queue holds no more than the episode's own events.
         events: asyncio.Queue[executor_pb2.SolveEvent | None] = asyncio.Queue()
         episode = asyncio.create_task(self._run(request, events))
+        EPISODES_IN_FLIGHT.inc()
         try:
             while (item := await events.get()) is not END:
                 yield item
@@ -30,6 +35,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                 episode.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await episode
+            EPISODES_IN_FLIGHT.dec()
 
     async def _run(self, request: executor_pb2.SolveRequest, events: asyncio.Queue) -> None:
         try:

@@ -70,7 +70,7 @@ async def serve(settings: Settings) -> None:
     config = uvicorn.Config(
         create_app(engine), host=policy.host, port=policy.port, log_level=settings.log_level.lower(),
         access_log=False,  # a line per request drowns the stack's output; /metrics counts them
-        timeout_graceful_shutdown=int(settings.grace_seconds),
+        timeout_graceful_shutdown=int(settings.drain_seconds("policy")),
     )
     try:
         await uvicorn.Server(config).serve()

@@ -32,6 +32,8 @@ TOOL_SECONDS = Histogram(
 )
 WARM_WORKERS = Gauge("sandbox_warm_workers", "Isolated python workers ready")
 LIVE_SESSIONS = Gauge("sandbox_live_sessions", "Live stateful python sessions")
+# What the sandbox's load is (of max_concurrency slots): autoscaling reads it.
+BUSY_WORKERS = Gauge("sandbox_busy_workers", "Tool calls running (holding one of the max_concurrency slots)")
 MAX_PAGES_PER_CALL = 5
 MAX_QUERIES_PER_CALL = 5
 
@@ -134,13 +136,15 @@ class Sandbox:
         self.pages = PageVisitor(corpus, self.settings.url_allowlist, self.settings.max_page_bytes)
         self.summarizer = summarizer
         self._slots = asyncio.Semaphore(self.settings.max_concurrency)
-        self._tools: dict[str, tuple[float, Callable[[dict, float, str, str], Awaitable[ToolOutput]]]] = {
+        self._busy = 0
+        self._tools: dict[str, tuple[float, Callable[[dict, float, str, str, bool], Awaitable[ToolOutput]]]] = {
             "python": (self.settings.timeout_seconds, self._python),
             "web_search": (self.settings.search_timeout_seconds, self._web_search),
             "crawl_page": (self.settings.page_timeout_seconds, self._crawl_page),
         }
         WARM_WORKERS.set_function(lambda: self.pool.warm)
         LIVE_SESSIONS.set_function(lambda: len(self.sessions))
+        BUSY_WORKERS.set_function(lambda: self._busy)
 
     @classmethod
     async def create(cls, settings: Settings) -> "Sandbox":
@@ -170,7 +174,7 @@ class Sandbox:
         return TOOLS
 
     async def execute(self, name: str, arguments_json: str, timeout: float = 0.0,
-                      session_id: str = "", trajectory_id: str = "") -> ToolOutput:
+                      session_id: str = "", trajectory_id: str = "", open_session: bool = False) -> ToolOutput:
         """Runs one call. Bad requests raise InvalidArgument; tool failures come back in the output."""
         if name not in self._tools:
             raise InvalidArgument(f"unknown tool {name!r}; tools: {', '.join(self._tools)}")
@@ -182,16 +186,21 @@ class Sandbox:
             raise InvalidArgument(f"timeout_seconds above the cap of {self.settings.max_timeout_seconds:g}")
         if session_id and name != "python":
             raise InvalidArgument("session_id applies to the python tool only")
+        if open_session and not session_id:
+            raise InvalidArgument("open_session needs a session_id")
         if name == "python" and len(str(arguments.get("code", ""))) > self.settings.max_code_chars:
             raise InvalidArgument(f"code longer than {self.settings.max_code_chars} characters")
         timeout = timeout or default_timeout
 
         started = time.perf_counter()
         async with self._slots:
+            self._busy += 1
             try:
-                result = await run(arguments, timeout, session_id, trajectory_id)
+                result = await run(arguments, timeout, session_id, trajectory_id, open_session)
             except ToolFailure as exc:
                 result = ToolOutput("", is_error=True, error=str(exc))
+            finally:
+                self._busy -= 1
         result.wall_seconds = time.perf_counter() - started
         TOOL_SECONDS.labels(name).observe(result.wall_seconds)
         TOOL_CALLS.labels(name, "error" if result.is_error else "ok").inc()
@@ -223,16 +232,16 @@ class Sandbox:
 
     # --- the tools -------------------------------------------------------------------------
 
-    async def _python(self, arguments: dict, timeout: float, session_id: str, trajectory_id: str) -> ToolOutput:
+    async def _python(self, arguments: dict, timeout: float, session_id: str, trajectory_id: str, open_session: bool) -> ToolOutput:
         code = arguments.get("code")
         if not isinstance(code, str):
             raise ToolFailure('python needs {"code": "<python source>"}')
         unknown = set(arguments) - {"code"}
         if unknown:
             raise ToolFailure(f"python takes only \"code\", not {', '.join(sorted(unknown))}")
-        return await self.python.run(code, timeout, session_id, trajectory_id)
+        return await self.python.run(code, timeout, session_id, trajectory_id, open_session)
 
-    async def _web_search(self, arguments: dict, timeout: float, _session: str, _trajectory: str) -> ToolOutput:
+    async def _web_search(self, arguments: dict, timeout: float, _session: str, _trajectory: str, _open: bool) -> ToolOutput:
         query = arguments.get("query")
         queries = [query] if isinstance(query, str) else query
         if not isinstance(queries, list) or not queries or not all(isinstance(q, str) and q.strip() for q in queries):
@@ -250,7 +259,7 @@ class Sandbox:
             raise ToolFailure(f"search timed out after {timeout:g} s") from exc
         return ToolOutput("\n\n".join(format_results(q, r) for q, r in zip(queries, found)))
 
-    async def _crawl_page(self, arguments: dict, timeout: float, _session: str, _trajectory: str) -> ToolOutput:
+    async def _crawl_page(self, arguments: dict, timeout: float, _session: str, _trajectory: str, _open: bool) -> ToolOutput:
         targets = arguments.get("urls")
         if targets is None:
             single = arguments.get("url", arguments.get("id"))

@@ -8,7 +8,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from gearshift.errors import InvalidArgument, ResourceExhausted
+from gearshift.errors import InvalidArgument, NotFound, ResourceExhausted
 from gearshift.services.sandbox.results import ToolOutput
 from gearshift.services.sandbox.workers import RunOutcome, SpawnError, WarmPool, Worker, WorkerLimits, Zygote
 
@@ -43,13 +43,18 @@ class Sessions:
     def start(self) -> None:
         self._reaper = asyncio.create_task(self._reap_idle())
 
-    def get_or_open(self, session_id: str, trajectory_id: str) -> Session:
-        """The live session, or a new one (its worker starts on first use)."""
+    def get(self, session_id: str, trajectory_id: str, open_session: bool) -> Session:
+        """The live session; a new one only when the call opens it (its worker starts on first use).
+        A session is never opened silently: a call that reached a replica which does not hold its
+        session (or came after the session closed) would run in an empty interpreter."""
         session = self._live.get(session_id)
         if session is not None:
             if session.trajectory_id and trajectory_id and session.trajectory_id != trajectory_id:
                 raise InvalidArgument(f"session {session_id!r} belongs to another trajectory")
             return session
+        if not open_session:
+            raise NotFound(f"python session {session_id!r} is not open on this sandbox replica (it closed, or lives on "
+                           "another replica: send its calls to the replica that opened it, or open a new one)")
         if len(self._live) >= self.max_sessions:
             raise ResourceExhausted(f"{self.max_sessions} python sessions are live; close one or wait for idle ones to expire")
         session = self._live[session_id] = Session(session_id, trajectory_id)
@@ -115,12 +120,12 @@ class PythonTool:
         self.max_output_chars = max_output_chars
         self.refusal = refusal
 
-    async def run(self, code: str, timeout: float, session_id: str, trajectory_id: str) -> ToolOutput:
+    async def run(self, code: str, timeout: float, session_id: str, trajectory_id: str, open_session: bool = False) -> ToolOutput:
         if self.refusal:
             return ToolOutput("", is_error=True, error=self.refusal)
         try:
             if session_id:
-                session = self.sessions.get_or_open(session_id, trajectory_id)
+                session = self.sessions.get(session_id, trajectory_id, open_session)
                 outcome = await self.sessions.run(session, code, timeout, self.max_output_chars)
             else:
                 async with self.pool.worker() as worker:

@@ -11,21 +11,23 @@ from gearshift.services.sandbox.core import Sandbox
 
 
 class SandboxServicer(sandbox_pb2_grpc.SandboxServicer):
-    def __init__(self, sandbox: Sandbox):
+    def __init__(self, sandbox: Sandbox, replica: str):
         self.sandbox = sandbox
+        self.replica = replica  # where this replica is reached, for a session's later calls
 
     async def Execute(self, request: sandbox_pb2.ExecuteRequest, context) -> sandbox_pb2.ExecuteResponse:
         if not request.HasField("call") or not request.call.name:
             raise InvalidArgument("call.name is empty")
         call = request.call
         result = await self.sandbox.execute(
-            call.name, call.arguments_json, request.timeout_seconds, request.session_id, request.trajectory_id
+            call.name, call.arguments_json, request.timeout_seconds, request.session_id, request.trajectory_id, request.open_session
         )
         return sandbox_pb2.ExecuteResponse(
             result=ToolResult(
                 call_id=call.id, name=call.name, output=result.output, is_error=result.is_error, error=result.error,
                 wall_seconds=result.wall_seconds, cpu_seconds=result.cpu_seconds, truncated=result.truncated,
-            )
+            ),
+            replica=self.replica,
         )
 
     async def ListTools(self, request: sandbox_pb2.ListToolsRequest, context) -> sandbox_pb2.ListToolsResponse:

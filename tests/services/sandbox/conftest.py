@@ -152,13 +152,13 @@ async def _wait_serving(address: str, process: subprocess.Popen, log_path: Path,
 
 
 async def call(stub, tool: str, arguments: dict | str, timeout: float = 0.0, session_id: str = "",
-               trajectory_id: str = "t-1") -> ToolResult:
+               trajectory_id: str = "t-1", open_session: bool = False) -> ToolResult:
     """One Execute over gRPC; returns its ToolResult."""
     arguments_json = arguments if isinstance(arguments, str) else json.dumps(arguments)
     reply = await stub.Execute(
         sandbox_pb2.ExecuteRequest(
             call=ToolCall(id="c1", name=tool, arguments_json=arguments_json),
-            trajectory_id=trajectory_id, timeout_seconds=timeout, session_id=session_id,
+            trajectory_id=trajectory_id, timeout_seconds=timeout, session_id=session_id, open_session=open_session,
         )
     )
     return reply.result

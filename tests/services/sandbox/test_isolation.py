@@ -209,7 +209,8 @@ def _proc_is_masked() -> bool:
 async def test_the_zygote_and_its_workers_die_with_a_killed_service(mode):
     async with service_process(unprivileged=mode == "unprivileged") as running:
         session = await run_python(running.stub, "import subprocess, sys\n"
-                                   "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])", session_id="s")
+                                   "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])", session_id="s",
+                                   open_session=True)
         assert not session.is_error, session.error
         descendants = await _descendants_when(running.pid, at_least=1 + 2 * (SMALL_LIMITS["warm_workers"] + 1) + 1)
         os.kill(running.pid, signal.SIGKILL)
@@ -260,7 +261,7 @@ async def test_without_namespaces_python_is_refused_and_the_rest_still_works():
         result = await run_python(running.stub, "print(1)")
         assert result.is_error and result.error.startswith("python is disabled: the sandbox cannot isolate code")
         assert "Operation not permitted" in result.error and "\n" not in result.error
-        session = await run_python(running.stub, "print(1)", session_id="s")
+        session = await run_python(running.stub, "print(1)", session_id="s", open_session=True)
         assert session.is_error and session.error == result.error
         search = await call(running.stub, "web_search", {"query": "penicillin"})
         assert not search.is_error and "Alexander Fleming" in search.output

@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import grpc
 import pytest
+from gearshift.api.common.v1.common_pb2 import ToolCall
 from gearshift.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from gearshift.clients import channel
 from gearshift.server import running
@@ -82,7 +83,7 @@ async def test_fresh_interpreter_per_call_without_a_session(sandbox):
 
 async def test_session_keeps_variables_until_closed(sandbox):
     _, stub = sandbox
-    first = await run_python(stub, "total = 40\nopen('notes.txt', 'w').write('kept')", session_id="s-keep")
+    first = await run_python(stub, "total = 40\nopen('notes.txt', 'w').write('kept')", session_id="s-keep", open_session=True)
     assert not first.is_error, first.error
     second = await run_python(stub, "total += 2\nprint(total, open('notes.txt').read())", session_id="s-keep")
     assert second.output == "42 kept\n"
@@ -94,21 +95,40 @@ async def test_session_keeps_variables_until_closed(sandbox):
     assert closed.closed
     again = await stub.CloseSession(sandbox_pb2.CloseSessionRequest(session_id="s-keep"))
     assert not again.closed
-    fresh = await run_python(stub, "print('total' in globals())", session_id="s-keep")
+    with pytest.raises(grpc.aio.AioRpcError) as err:  # closed: never silently run in an empty one
+        await run_python(stub, "print('total' in globals())", session_id="s-keep")
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND and "not open on this sandbox replica" in err.value.details()
+    fresh = await run_python(stub, "print('total' in globals())", session_id="s-keep", open_session=True)
     assert fresh.output == "False\n"
     await stub.CloseSession(sandbox_pb2.CloseSessionRequest(session_id="s-keep"))
 
 
+async def test_a_session_is_opened_only_on_request_and_names_its_replica(sandbox):
+    settings, stub = sandbox
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await run_python(stub, "x = 1", session_id="s-never-opened")
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    reply = await stub.Execute(sandbox_pb2.ExecuteRequest(
+        call=ToolCall(id="c", name="python", arguments_json='{"code": "x = 1"}'), session_id="s-opened", open_session=True))
+    assert not reply.result.is_error, reply.result.error
+    assert reply.replica == f"{settings.host}:{settings.service_port('sandbox')}"  # none advertised: host:port
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await call(stub, "python", {"code": "pass"}, open_session=True)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    await stub.CloseSession(sandbox_pb2.CloseSessionRequest(session_id="s-opened"))
+
+
 async def test_session_belongs_to_its_trajectory_and_ends_on_timeout(sandbox):
     _, stub = sandbox
-    await run_python(stub, "a = 1", session_id="s-owned", trajectory_id="t-a")
+    await run_python(stub, "a = 1", session_id="s-owned", trajectory_id="t-a", open_session=True)
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await run_python(stub, "print(a)", session_id="s-owned", trajectory_id="t-b")
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     timed_out = await run_python(stub, "while True: pass", session_id="s-owned", trajectory_id="t-a", timeout=0.3)
     assert timed_out.is_error and "session was closed" in timed_out.error
-    after = await run_python(stub, "print('a' in globals())", session_id="s-owned", trajectory_id="t-a")
-    assert after.output == "False\n"
+    with pytest.raises(grpc.aio.AioRpcError) as err:  # the timeout closed it
+        await run_python(stub, "print('a' in globals())", session_id="s-owned", trajectory_id="t-a")
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
     await stub.CloseSession(sandbox_pb2.CloseSessionRequest(session_id="s-owned"))
 
 
@@ -116,9 +136,9 @@ async def test_live_sessions_are_capped(sandbox):
     settings, stub = sandbox
     cap = settings.sandbox.max_sessions
     for i in range(cap):
-        assert not (await run_python(stub, "x = 1", session_id=f"cap-{i}")).is_error
+        assert not (await run_python(stub, "x = 1", session_id=f"cap-{i}", open_session=True)).is_error
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await run_python(stub, "x = 1", session_id="cap-over")
+        await run_python(stub, "x = 1", session_id="cap-over", open_session=True)
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     for i in range(cap):
         assert (await stub.CloseSession(sandbox_pb2.CloseSessionRequest(session_id=f"cap-{i}"))).closed
@@ -129,7 +149,7 @@ async def test_idle_sessions_expire(tmp_path):
     async with running(await build(settings), settings) as server:
         async with channel(f"127.0.0.1:{server.port}", settings) as ch:
             stub = sandbox_pb2_grpc.SandboxStub(ch)
-            await run_python(stub, "kept = 1", session_id="idle")
+            await run_python(stub, "kept = 1", session_id="idle", open_session=True)
             await asyncio.sleep(1.0)
             closed = await stub.CloseSession(sandbox_pb2.CloseSessionRequest(session_id="idle"))
             assert not closed.closed  # the reaper got there first

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from gearshift.api.common.v1 import common_pb2 as gearshift_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"gearshift/sandbox/v1/sandbox.proto\x12\x14gearshift.sandbox.v1\x1a gearshift/common/v1/common.proto\"\x81\x01\n\x0e\x45xecuteRequest\x12+\n\x04\x63\x61ll\x18\x01 \x01(\x0b\x32\x1d.gearshift.common.v1.ToolCall\x12\x15\n\rtrajectory_id\x18\x02 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x03 \x01(\x01\x12\x12\n\nsession_id\x18\x04 \x01(\t\"B\n\x0f\x45xecuteResponse\x12/\n\x06result\x18\x01 \x01(\x0b\x32\x1f.gearshift.common.v1.ToolResult\"\x12\n\x10ListToolsRequest\"M\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x1e\n\x16parameters_json_schema\x18\x03 \x01(\t\"B\n\x11ListToolsResponse\x12-\n\x05tools\x18\x01 \x03(\x0b\x32\x1e.gearshift.sandbox.v1.ToolSpec\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"&\n\x14\x43loseSessionResponse\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x08\x32\xa6\x02\n\x07Sandbox\x12V\n\x07\x45xecute\x12$.gearshift.sandbox.v1.ExecuteRequest\x1a%.gearshift.sandbox.v1.ExecuteResponse\x12\\\n\tListTools\x12&.gearshift.sandbox.v1.ListToolsRequest\x1a\'.gearshift.sandbox.v1.ListToolsResponse\x12\x65\n\x0c\x43loseSession\x12).gearshift.sandbox.v1.CloseSessionRequest\x1a*.gearshift.sandbox.v1.CloseSessionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"gearshift/sandbox/v1/sandbox.proto\x12\x14gearshift.sandbox.v1\x1a gearshift/common/v1/common.proto\"\x97\x01\n\x0e\x45xecuteRequest\x12+\n\x04\x63\x61ll\x18\x01 \x01(\x0b\x32\x1d.gearshift.common.v1.ToolCall\x12\x15\n\rtrajectory_id\x18\x02 \x01(\t\x12\x17\n\x0ftimeout_seconds\x18\x03 \x01(\x01\x12\x12\n\nsession_id\x18\x04 \x01(\t\x12\x14\n\x0copen_session\x18\x05 \x01(\x08\"S\n\x0f\x45xecuteResponse\x12/\n\x06result\x18\x01 \x01(\x0b\x32\x1f.gearshift.common.v1.ToolResult\x12\x0f\n\x07replica\x18\x02 \x01(\t\"\x12\n\x10ListToolsRequest\"M\n\x08ToolSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x1e\n\x16parameters_json_schema\x18\x03 \x01(\t\"B\n\x11ListToolsResponse\x12-\n\x05tools\x18\x01 \x03(\x0b\x32\x1e.gearshift.sandbox.v1.ToolSpec\")\n\x13\x43loseSessionRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\"&\n\x14\x43loseSessionResponse\x12\x0e\n\x06\x63losed\x18\x01 \x01(\x08\x32\xa6\x02\n\x07Sandbox\x12V\n\x07\x45xecute\x12$.gearshift.sandbox.v1.ExecuteRequest\x1a%.gearshift.sandbox.v1.ExecuteResponse\x12\\\n\tListTools\x12&.gearshift.sandbox.v1.ListToolsRequest\x1a\'.gearshift.sandbox.v1.ListToolsResponse\x12\x65\n\x0c\x43loseSession\x12).gearshift.sandbox.v1.CloseSessionRequest\x1a*.gearshift.sandbox.v1.CloseSessionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,19 +33,19 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'gearshift.api.sandbox.v1.sa
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_EXECUTEREQUEST']._serialized_start=95
-  _globals['_EXECUTEREQUEST']._serialized_end=224
-  _globals['_EXECUTERESPONSE']._serialized_start=226
-  _globals['_EXECUTERESPONSE']._serialized_end=292
-  _globals['_LISTTOOLSREQUEST']._serialized_start=294
-  _globals['_LISTTOOLSREQUEST']._serialized_end=312
-  _globals['_TOOLSPEC']._serialized_start=314
-  _globals['_TOOLSPEC']._serialized_end=391
-  _globals['_LISTTOOLSRESPONSE']._serialized_start=393
-  _globals['_LISTTOOLSRESPONSE']._serialized_end=459
-  _globals['_CLOSESESSIONREQUEST']._serialized_start=461
-  _globals['_CLOSESESSIONREQUEST']._serialized_end=502
-  _globals['_CLOSESESSIONRESPONSE']._serialized_start=504
-  _globals['_CLOSESESSIONRESPONSE']._serialized_end=542
-  _globals['_SANDBOX']._serialized_start=545
-  _globals['_SANDBOX']._serialized_end=839
+  _globals['_EXECUTEREQUEST']._serialized_end=246
+  _globals['_EXECUTERESPONSE']._serialized_start=248
+  _globals['_EXECUTERESPONSE']._serialized_end=331
+  _globals['_LISTTOOLSREQUEST']._serialized_start=333
+  _globals['_LISTTOOLSREQUEST']._serialized_end=351
+  _globals['_TOOLSPEC']._serialized_start=353
+  _globals['_TOOLSPEC']._serialized_end=430
+  _globals['_LISTTOOLSRESPONSE']._serialized_start=432
+  _globals['_LISTTOOLSRESPONSE']._serialized_end=498
+  _globals['_CLOSESESSIONREQUEST']._serialized_start=500
+  _globals['_CLOSESESSIONREQUEST']._serialized_end=541
+  _globals['_CLOSESESSIONRESPONSE']._serialized_start=543
+  _globals['_CLOSESESSIONRESPONSE']._serialized_end=581
+  _globals['_SANDBOX']._serialized_start=584
+  _globals['_SANDBOX']._serialized_end=878
 # @@protoc_insertion_point(module_scope)

@@ -8,22 +8,26 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ExecuteRequest(_message.Message):
-    __slots__ = ("call", "trajectory_id", "timeout_seconds", "session_id")
+    __slots__ = ("call", "trajectory_id", "timeout_seconds", "session_id", "open_session")
     CALL_FIELD_NUMBER: _ClassVar[int]
     TRAJECTORY_ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    OPEN_SESSION_FIELD_NUMBER: _ClassVar[int]
     call: _common_pb2.ToolCall
     trajectory_id: str
     timeout_seconds: float
     session_id: str
-    def __init__(self, call: _Optional[_Union[_common_pb2.ToolCall, _Mapping]] = ..., trajectory_id: _Optional[str] = ..., timeout_seconds: _Optional[float] = ..., session_id: _Optional[str] = ...) -> None: ...
+    open_session: bool
+    def __init__(self, call: _Optional[_Union[_common_pb2.ToolCall, _Mapping]] = ..., trajectory_id: _Optional[str] = ..., timeout_seconds: _Optional[float] = ..., session_id: _Optional[str] = ..., open_session: _Optional[bool] = ...) -> None: ...
 
 class ExecuteResponse(_message.Message):
-    __slots__ = ("result",)
+    __slots__ = ("result", "replica")
     RESULT_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
     result: _common_pb2.ToolResult
-    def __init__(self, result: _Optional[_Union[_common_pb2.ToolResult, _Mapping]] = ...) -> None: ...
+    replica: str
+    def __init__(self, result: _Optional[_Union[_common_pb2.ToolResult, _Mapping]] = ..., replica: _Optional[str] = ...) -> None: ...
 
 class ListToolsRequest(_message.Message):
     __slots__ = ()

@@ -72,7 +72,7 @@ class SandboxServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CloseSession(self, request, context):
-        """CloseSession ends a stateful python session early.
+        """CloseSession ends a stateful python session early (on the replica that holds it).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
