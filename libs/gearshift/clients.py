@@ -92,9 +92,9 @@ def _seconds(value: float) -> str:
 
 
 def service_config(rpc: RpcSettings) -> str:
-    """The gRPC service config of every channel: round_robin over the resolved addresses, skipping
-    replicas whose health service says NOT_SERVING (a draining pod), a deadline per service, and a
-    bounded retry policy for the idempotent methods."""
+    """The gRPC service config of every channel: round_robin over the resolved addresses (unless
+    settings say pick_first), skipping replicas whose health service says NOT_SERVING (a draining
+    pod), a deadline per service, and a bounded retry policy for the idempotent methods."""
     retry = {
         "maxAttempts": rpc.retry_attempts,
         "initialBackoff": _seconds(rpc.retry_backoff_seconds),
@@ -113,7 +113,7 @@ def service_config(rpc: RpcSettings) -> str:
             names = [{"service": full_name, "method": method} for method in STREAMS[name]]
             methods.append({"name": names, "timeout": _seconds(rpc.export_deadline_seconds)})
     return json.dumps({
-        "loadBalancingConfig": [{"round_robin": {}}],
+        "loadBalancingConfig": [{rpc.load_balancing: {}}],
         "healthCheckConfig": {"serviceName": ""},
         "methodConfig": methods,
     })

@@ -379,6 +379,12 @@ class RpcSettings(BaseModel):
     """Calls between services: balancing over replicas, deadlines, retries past a dead replica and
     connection lifetimes (docs/operations.md, "Balancing calls across replicas")."""
 
+    load_balancing: Literal["round_robin", "pick_first"] = Field(
+        "round_robin",
+        description="How a client spreads calls over the addresses a target resolves to: round_robin (every replica, "
+        "skipping those whose health service says NOT_SERVING); pick_first (one connection: behind a mesh proxy that "
+        "balances itself)",
+    )
     deadline_seconds: dict[str, float] = Field(
         default_factory=lambda: {"router": 120.0, "planner": 120.0, "reward": 120.0, "sandbox": 60.0, "store": 30.0, "executor": 600.0},
         description="Deadline of a call to each gRPC service, by service name (a caller may set a shorter one; the store's Export "

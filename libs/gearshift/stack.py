@@ -1,7 +1,10 @@
 """The embedded stack: every service as its own process on localhost, one command to start
 and stop them all (`gearshift up`). Services start in the table's order and stop in reverse,
 each drained by SIGTERM; if `gearshift up` itself dies, even by SIGKILL, the kernel sends its
-children SIGTERM (a parent-death signal), so nothing is left running."""
+children SIGTERM (a parent-death signal), so nothing is left running.
+
+With the loop (`gearshift up` when Redis answers), a Celery worker and one beat start after the
+services: the beat checks the training trigger, the worker runs the rounds it queues."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from pathlib import Path
 
 import grpc
 import httpx
+import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gearshift.clients import channel
@@ -23,6 +27,10 @@ from gearshift.settings import Settings
 from gearshift.topology import METRICS_PORT_OFFSET, SERVICE_NAMES, SERVICES
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
+STOP_GRACE_SECONDS = 10.0
+# The worker's soft shutdown under `gearshift up`: Ctrl-C gives a running task this long, then
+# puts it back on the queue (a training run goes on and the next `gearshift up` re-attaches).
+LOOP_SOFT_SHUTDOWN_SECONDS = 10.0
 
 
 def _die_with_parent() -> None:
@@ -60,6 +68,14 @@ async def check_health(settings: Settings, timeout: float = 2.0) -> dict[str, tu
     return dict(await asyncio.gather(*(one(spec) for spec in SERVICES)))
 
 
+def redis_answers(url: str, timeout: float = 1.0) -> bool:
+    """Whether a Redis server answers PING at the URL."""
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout).ping())
+    except (redis.RedisError, OSError, ValueError):
+        return False
+
+
 def policy_health(policy_url: str) -> str:
     """SERVING when the policy server's /health answers 200."""
     try:
@@ -73,7 +89,7 @@ class Stack:
     """Starts, watches and stops the service processes of the embedded default."""
 
     def __init__(self, settings: Settings, data_dir: str | None = None, base_port: int | None = None, with_policy: bool = True,
-                 elsewhere: dict[str, str] | None = None):
+                 elsewhere: dict[str, str] | None = None, with_loop: bool | None = False):
         self.settings = settings
         self.data_dir = Path(data_dir).expanduser() if data_dir else settings.data_dir
         self.ports = {spec.name: (base_port + i if base_port else spec.port) for i, spec in enumerate(SERVICES)}
@@ -81,6 +97,8 @@ class Stack:
         self.elsewhere = elsewhere or {}
         self.policy_port = base_port + len(SERVICES) if base_port else settings.policy_server.port
         self.with_policy = with_policy
+        self.with_loop = with_loop  # the Celery worker and beat: True, False, or None = when Redis answers
+        self.loop = ""  # what start() decided about them, in words
         self.processes: dict[str, subprocess.Popen] = {}
 
     @property
@@ -114,12 +132,37 @@ class Stack:
             self.processes[name] = self._spawn(
                 ["serve", name], dict(env, GEARSHIFT_PORT=str(port), GEARSHIFT_METRICS_PORT=str(port + METRICS_PORT_OFFSET))
             )
+        self._start_loop(env)
+
+    def _start_loop(self, env: dict[str, str]) -> None:
+        """A Celery worker on both queues and exactly one beat, when wanted and Redis answers."""
+        url, orchestration = self.settings.redis_url, self.settings.orchestration
+        if self.with_loop is False:
+            self.loop = "off"
+            return
+        if not redis_answers(url):
+            if self.with_loop:
+                raise RuntimeError(f"the loop needs Redis, and {url} does not answer")
+            self.loop = f"off: Redis at {url} does not answer"
+            return
+        from gearshift.orchestration.app import APP, QUEUES
+
+        soft = min(orchestration.soft_shutdown_seconds, LOOP_SOFT_SHUTDOWN_SECONDS)
+        env = dict(env, GEARSHIFT_REDIS_URL=url, GEARSHIFT_ORCHESTRATION__SOFT_SHUTDOWN_SECONDS=str(soft))
+        celery = ["-m", "celery", "-A", APP, "--quiet"]
+        self.processes["worker"] = self._spawn([*celery, "worker", "--queues", ",".join(QUEUES), "--concurrency", "1",
+                                                "--hostname", f"up-{os.getpid()}@%h", "--loglevel", self.settings.log_level], env)
+        self.processes["beat"] = self._spawn([*celery, "beat", "--schedule", str(self.data_dir / "celerybeat-schedule"),
+                                              "--loglevel", self.settings.log_level], env)
+        metrics = f"worker metrics on :{orchestration.metrics_port}" if orchestration.metrics_port else "worker metrics off"
+        self.loop = f"worker + beat on {url} (trigger checked every {orchestration.trigger_interval_seconds:g} s; {metrics})"
 
     @staticmethod
     def _spawn(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+        """`python -m gearshift.cli COMMAND`, or `python COMMAND` when it starts with -m."""
         # Own session: Ctrl-C reaches only us, and we stop the children in order.
-        return subprocess.Popen([sys.executable, "-m", "gearshift.cli", *command], env=env, start_new_session=True,
-                                preexec_fn=_die_with_parent)
+        arguments = command if command[0] == "-m" else ["-m", "gearshift.cli", *command]
+        return subprocess.Popen([sys.executable, *arguments], env=env, start_new_session=True, preexec_fn=_die_with_parent)
 
     def client_settings(self) -> Settings:
         """Settings whose addresses point at this stack's services."""
@@ -141,13 +184,14 @@ class Stack:
                 return results
             time.sleep(0.3)
 
-    def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM to every child in reverse start order (each drains); SIGKILL after the grace."""
+    def stop(self, grace: float = STOP_GRACE_SECONDS) -> None:
+        """SIGTERM to every child in reverse start order (each drains); SIGKILL after the grace
+        (and the worker's soft shutdown, when it runs)."""
         for name in reversed(self.processes):
             process = self.processes[name]
             if process and process.poll() is None:
                 process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace
+        deadline = time.monotonic() + grace + (LOOP_SOFT_SHUTDOWN_SECONDS if "worker" in self.processes else 0)
         for process in self.processes.values():
             try:
                 process.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -165,14 +209,15 @@ class Stack:
 
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
-        self.start()
         try:
+            self.start()
             results = self.wait_ready()
             for name, (address, state) in results.items():
                 print(f"{name:<9} {address:<30} {state}", flush=True)
             if not all(state == "SERVING" for _, state in results.values()):
                 print("gearshift up: not every service became ready", file=sys.stderr)
                 return 1
+            print(f"{'loop':<9} {self.loop}", flush=True)
             print(f"store: {self.settings.store_database_url() if self.settings.database_url else self.data_dir / 'store.db'}")
             print("gearshift is up; Ctrl-C stops it", flush=True)
             while not stopping:

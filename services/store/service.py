@@ -1,4 +1,5 @@
-"""Trajectory store wiring: engine, start-up migration, repository, servicer."""
+"""Trajectory store wiring: engine, start-up migration (or the check that another step ran it),
+repository, servicer."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from gearshift.server import Handler, Service
 from gearshift.services.store.core import TrajectoryStore
 from gearshift.services.store.servicer import TrajectoryStoreServicer
 from gearshift.settings import Settings
-from gearshift.storage import TrajectoryRepository, create_store_engine, upgrade_to_head
+from gearshift.storage import SchemaMismatch, TrajectoryRepository, check_schema, create_store_engine, upgrade_to_head
 
 FULL_NAME = store_pb2.DESCRIPTOR.services_by_name["TrajectoryStore"].full_name
 
@@ -20,8 +21,12 @@ log = logging.getLogger("gearshift.store")
 async def build(settings: Settings) -> Service:
     url = settings.store_database_url()
     engine = create_store_engine(url, pool_size=settings.store.db_threads)
-    if settings.store.migrate_on_start:
-        await asyncio.to_thread(upgrade_to_head, engine)
+    try:
+        await asyncio.to_thread(upgrade_to_head if settings.store.migrate_on_start else check_schema, engine)
+    except SchemaMismatch as exc:
+        engine.dispose()
+        # A deployment error, not a bug: one line and exit 1 (uvloop.run lets SystemExit through).
+        raise SystemExit(f"store: {exc}") from None
     log.info("store database: %s", engine.url.render_as_string(hide_password=True))
     store = TrajectoryStore(TrajectoryRepository(engine), settings.limits, settings.store)
     handler = Handler(store_pb2_grpc.add_TrajectoryStoreServicer_to_server, TrajectoryStoreServicer(store), FULL_NAME)

@@ -10,9 +10,9 @@ import asyncio
 import itertools
 import os
 import signal
-import time
 
 import grpc
+import httpx
 import pytest
 from gearshift.api.common.v1.common_pb2 import Mode, TrajectoryStatus
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
@@ -150,6 +150,36 @@ async def slow_policy(body: dict) -> str:
 async def test_sigterm_to_an_executor_finishes_every_episode_it_holds(tmp_path):
     async with serve_scripted(slow_policy, model="smollm2") as url:
         await drain_executor(tmp_path, Settings().with_policy(url))
+
+
+async def test_sigterm_to_the_gateway_finishes_every_stream_it_holds(tmp_path):
+    async with serve_scripted(slow_policy, model="smollm2") as url:
+        stack = Stack(Settings().with_policy(url), data_dir=str(tmp_path / "data"), base_port=BASE_PORT + 40, with_policy=False)
+        stack.start()
+        try:
+            states = await asyncio.to_thread(stack.wait_ready, 120)
+            assert all(state == "SERVING" for _, state in states.values()), states
+            base = f"http://{stack.client_settings().gateway_addr}/v1"
+            body = {"model": "gearshift-agentic", "messages": [{"role": "user", "content": "Capital of France?"}], "stream": True}
+
+            async def stream(http: httpx.AsyncClient) -> str:
+                async with http.stream("POST", "/chat/completions", json=body) as reply:
+                    assert reply.status_code == 200
+                    return "".join([line async for line in reply.aiter_lines()])
+
+            async with httpx.AsyncClient(base_url=base, timeout=120) as http:
+                streams = [asyncio.ensure_future(stream(http)) for _ in range(8)]
+                await asyncio.sleep(3.0)  # every stream is running its episode
+                gateway = stack.processes["gateway"]
+                gateway.send_signal(signal.SIGTERM)
+                await asyncio.sleep(0.5)
+                with pytest.raises(httpx.ConnectError):  # a request made during the drain
+                    await httpx.AsyncClient(base_url=base).post("/chat/completions", json=body)
+                texts = await asyncio.gather(*streams)
+            assert gateway.wait(timeout=60) == 0
+            assert all("Paris" in text and text.endswith("data: [DONE]") for text in texts), texts
+        finally:
+            stack.stop()
 
 
 async def drain_executor(tmp_path, settings: Settings) -> None:

@@ -1,4 +1,5 @@
-"""Reading what the store holds: trajectories and checkpoints; publishing a checkpoint."""
+"""Reading what the store holds: trajectories and checkpoints; publishing a checkpoint; migrating
+the store's database schema."""
 
 from __future__ import annotations
 
@@ -146,3 +147,26 @@ def publish_startup_adapters(output: Path) -> None:
     partial.write_text(" ".join(shlex.quote(a) for a in arguments))
     partial.replace(output)
     click.echo(" ".join(arguments) or "no published adapter: the pod starts with its own arguments")
+
+
+@main.command()
+@click.option("--check", is_flag=True, help="Only say whether the schema is this version's; exit 1 when it is not")
+def migrate(check: bool) -> None:
+    """Bring the store's database (GEARSHIFT_DATABASE_URL, or the embedded SQLite file) to this
+    version's schema: run before the services of a new version start (the chart's pre-upgrade
+    Job). A database a newer version migrated is left alone, and the command fails."""
+    from gearshift.cli.common import one_line_errors
+    from gearshift.storage import check_schema, create_store_engine, upgrade_to_head
+
+    engine = create_store_engine(get_settings().store_database_url(), pool_size=1)
+    click.echo(f"database: {engine.url.render_as_string(hide_password=True)}")
+    try:
+        with one_line_errors():
+            if check:
+                click.echo(f"schema: {check_schema(engine).current} (current)")
+                return
+            before, after = upgrade_to_head(engine)
+    finally:
+        engine.dispose()
+    click.echo(f"schema was: {before.current or 'empty'}")
+    click.echo(f"schema now: {after.current}" + ("" if after != before else " (already current: nothing to do)"))

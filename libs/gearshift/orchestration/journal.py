@@ -5,21 +5,28 @@ acks_late redelivers a task whose worker died) then finds the row: finished work
 stored result; work another worker is still doing (fresh heartbeat) is left to it; work whose
 worker is gone (stale heartbeat) is taken over, and the new attempt finds the `external_id` the
 first one recorded (a Job name, a run directory) so it re-attaches instead of starting again.
+A worker keeps its heartbeat fresh for as long as it works (`kept`), however long that is.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from sqlalchemy import Engine, insert, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from gearshift.storage.database import WRITE
 from gearshift.storage.models import job_runs
+
+logger = logging.getLogger(__name__)
 
 MAX_LOG_CHARS = 64_000  # the tail of a run's log kept in the row; the whole log stays on disk
 
@@ -120,6 +127,28 @@ class JobJournal:
         if log is not None:
             values["log"] = log[-MAX_LOG_CHARS:]
         self._update(key, values)
+
+    @contextmanager
+    def kept(self, key: str) -> Iterator[None]:
+        """Heartbeats the key from a thread, three times a lease, while the block runs: work that
+        reports no progress of its own (an evaluation, a rollout) keeps its lease, so a copy of
+        its task handed to another worker meanwhile finds it busy rather than crashed."""
+        stop = threading.Event()
+
+        def keep() -> None:
+            while not stop.wait(self.lease_us / 3e6):
+                try:
+                    self.heartbeat(key)
+                except SQLAlchemyError as error:  # the database briefly away: the next beat may reach it
+                    logger.warning("heartbeat of %s failed: %s", key, error)
+
+        thread = threading.Thread(target=keep, name=f"lease {key}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
     def succeed(self, key: str, result: dict, log: str | None = None) -> None:
         values = {"status": RunStatus.SUCCEEDED.value, "result": result, "finished_at_us": now_us(), "heartbeat_at_us": now_us()}

@@ -5,25 +5,34 @@ any side effect (see journal.py), so delivering a task twice does its work once:
 
 `start_round` chains them; `check_trigger` (Celery beat) starts a round once
 orchestration.trigger_new_scored scored trajectories arrived since the last round.
+
+A copy of a task whose key a live worker holds (Redis hands out a task again after the
+visibility timeout, however long it runs) raises Busy and is retried after a pause: it starts
+nothing and returns nothing to its chain, and it stays on the broker, so when the holder dies it
+finds the lease stale and takes the work over (a training run: re-attaching to it). The holder
+keeps its lease fresh while it works (JobJournal.kept).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import Callable
 from functools import lru_cache
 
+import redis
 from celery import chain
 
 from gearshift.api.common.v1.common_pb2 import CheckpointStatus
 from gearshift.orchestration import steps
 from gearshift.orchestration.app import app
 from gearshift.orchestration.evaluators import GateEvaluator
-from gearshift.orchestration.journal import Claim, JobJournal
+from gearshift.orchestration.journal import Claim, JobJournal, this_worker
 from gearshift.orchestration.promotion import Evaluator
 from gearshift.orchestration.runners import Runner, RunSpec, make_runner
-from gearshift.settings import Settings, get_settings
+from gearshift.settings import OrchestrationSettings, Settings, get_settings
 from gearshift.storage import create_store_engine, upgrade_to_head
 
 log = logging.getLogger(__name__)
@@ -34,9 +43,18 @@ evaluator_factory: Callable[[Settings], Evaluator] = GateEvaluator
 
 @lru_cache(maxsize=1)
 def journal() -> JobJournal:
+    """The job journal on the store's database, migrated first as the store does at start-up, or
+    only checked where a migration Job runs them: SchemaMismatch (one line naming both revisions)
+    fails the task, and the next task checks again."""
+    from gearshift.storage import check_schema
+
     settings = get_settings()
     engine = create_store_engine(settings.store_database_url(), pool_size=2)
-    upgrade_to_head(engine)
+    try:
+        (upgrade_to_head if settings.store.migrate_on_start else check_schema)(engine)
+    except Exception:
+        engine.dispose()
+        raise
     return JobJournal(engine, settings.orchestration.lease_seconds)
 
 
@@ -44,17 +62,40 @@ class TaskFailed(Exception):
     """A task's work failed; the message names the original error (also in job_runs.error)."""
 
 
+class Busy(Exception):
+    """Another live worker holds the key (its lease is fresh): this copy checks again later."""
+
+    def __init__(self, key: str, owner: str):
+        super().__init__(key, owner)  # args that rebuild it from the result backend's JSON
+        self.key, self.owner = key, owner
+
+    def __str__(self) -> str:
+        return f"{self.key} is being run by {self.owner}"
+
+
+def busy_retry_seconds(orchestration: OrchestrationSettings) -> float:
+    """How long a Busy copy waits before it checks again: at most a lease, so a dead holder's
+    work is taken over within two leases; under half the visibility timeout, because a worker
+    holding a countdown message longer than that gets it handed to a second worker too."""
+    return min(orchestration.lease_seconds, orchestration.visibility_timeout_seconds / 2)
+
+
+# Every task that claims a journal key: a Busy copy is retried for as long as the holder lives.
+JOURNALED = {"autoretry_for": (Busy,), "max_retries": None, "default_retry_delay": busy_retry_seconds(get_settings().orchestration)}
+
+
 def once(key: str, kind: str, params: dict, work: Callable[[JobJournal, str], dict]) -> dict:
-    """Runs work(journal, key) unless the journal says it is done or being done elsewhere;
-    records its result or its error."""
+    """Runs work(journal, key) unless the journal says it is done (its stored result) or being
+    done by a live worker (Busy); keeps the lease while it works; records its result or error."""
     book = journal()
     claim, run = book.claim(key, kind, params)
     if claim is Claim.DONE:
         return run.result | {"deduplicated": True}
     if claim is Claim.BUSY:
-        return {"key": key, "busy": True, "owner": run.owner}
+        raise Busy(key, run.owner)
     try:
-        result = work(book, run.external_id)
+        with book.kept(key):
+            result = work(book, run.external_id)
     except Exception as exc:
         message = f"{type(exc).__name__}: {exc}"
         book.fail(key, message)
@@ -64,7 +105,7 @@ def once(key: str, kind: str, params: dict, work: Callable[[JobJournal, str], di
     return result | {"key": key}
 
 
-@app.task(name="gearshift.orchestration.tasks.score_new")
+@app.task(name="gearshift.orchestration.tasks.score_new", **JOURNALED)
 def score_new(limit: int = 500) -> dict:
     """Scores completed trajectories that have a reference and no reward yet."""
     settings = get_settings()
@@ -76,7 +117,7 @@ def score_new(limit: int = 500) -> dict:
                 lambda *_: {"scored": asyncio.run(steps.score(settings, pending))})
 
 
-@app.task(name="gearshift.orchestration.tasks.build_snapshot")
+@app.task(name="gearshift.orchestration.tasks.build_snapshot", **JOURNALED)
 def build_snapshot(previous: dict | None = None, data: dict | None = None) -> dict:
     """Freezes the trajectories a data filter matches (default: scored, correct, completed)."""
     settings = get_settings()
@@ -85,7 +126,7 @@ def build_snapshot(previous: dict | None = None, data: dict | None = None) -> di
     return once(f"snapshot:{result['snapshot']}", "snapshot", {"data": data}, lambda *_: result)
 
 
-@app.task(name="gearshift.orchestration.tasks.train")
+@app.task(name="gearshift.orchestration.tasks.train", **JOURNALED)
 def train(previous: dict | None = None, job: str = "sft", config: dict | None = None, parent_id: str = "", key: str = "") -> dict:
     """Runs one training job to its end (local subprocess or Kubernetes Job)."""
     settings = get_settings()
@@ -115,7 +156,7 @@ def run_training(book: JobJournal, key: str, runner: Runner, spec: RunSpec, time
     return result
 
 
-@app.task(name="gearshift.orchestration.tasks.promote")
+@app.task(name="gearshift.orchestration.tasks.promote", **JOURNALED)
 def promote(previous: dict | None = None, checkpoint_id: str = "") -> dict:
     """The promotion gate on a candidate: evaluate, compare with the published checkpoint,
     then publish it or mark it rejected."""
@@ -136,12 +177,15 @@ def promote(previous: dict | None = None, checkpoint_id: str = "") -> dict:
         if not decision.promote:
             asyncio.run(steps.update_checkpoint(settings, checkpoint_id, CheckpointStatus.CHECKPOINT_STATUS_REJECTED, {}))
             return result
-        return result | publish.run(checkpoint_id=checkpoint_id)
+        try:
+            return result | publish.run(checkpoint_id=checkpoint_id)
+        except Busy as busy:  # an operator's publish of this checkpoint is under way: it finishes it
+            return result | {"busy": True, "owner": busy.owner}
 
     return once(f"promote:{checkpoint_id}", "promote", {"checkpoint_id": checkpoint_id}, work)
 
 
-@app.task(name="gearshift.orchestration.tasks.publish")
+@app.task(name="gearshift.orchestration.tasks.publish", **JOURNALED)
 def publish(checkpoint_id: str) -> dict:
     """Switches serving to the checkpoint and marks it PUBLISHED (the previous one stays
     PUBLISHED in history; the newest published is the one served)."""
@@ -170,20 +214,38 @@ def start_round(job: str | None = None, config: dict | None = None, data: dict |
     return {"chain": round_chain(settings, job, config, data).apply_async().id}
 
 
+@lru_cache(maxsize=1)
+def broker() -> redis.Redis:
+    return redis.Redis.from_url(app.conf.broker_url)
+
+
+def claim_interval(interval: float) -> tuple[bool, int]:
+    """(whether this trigger is the first of its interval window, the window's number): a Redis
+    key per window, set only if absent (SET NX) and expiring after two windows. Two beats (a
+    rollout's old and new pod, a second `gearshift up`) then check the trigger once per interval."""
+    window = int(time.time() // interval)
+    first = broker().set(f"gearshift:trigger:{window}", this_worker(), nx=True, ex=max(1, math.ceil(2 * interval)))
+    return bool(first), window
+
+
 @app.task(name="gearshift.orchestration.tasks.check_trigger")
 def check_trigger() -> dict:
-    """Starts a round when enough new scored trajectories arrived since the last round."""
+    """Starts a round when enough new scored trajectories arrived since the last round (once
+    per trigger interval, however many beats send it)."""
     settings = get_settings()
+    first, window = claim_interval(settings.orchestration.trigger_interval_seconds)
+    if not first:
+        return {"window": window, "skipped": True}
     last = journal().latest("round")
     since = int(last.params.get("watermark_us", 0)) if last else 0
     needed = settings.orchestration.trigger_new_scored
     count, newest = asyncio.run(steps.count_scored_since(settings, since, needed))
     if count < needed:
-        return {"new_scored": count, "needed": needed, "started": False}
+        return {"window": window, "new_scored": count, "needed": needed, "started": False}
     key = f"round:{newest}"
     claim, _ = journal().claim(key, "round", {"watermark_us": newest, "job": settings.orchestration.round_job})
     if claim is not Claim.NEW:
-        return {"new_scored": count, "started": False, "key": key}
+        return {"window": window, "new_scored": count, "started": False, "key": key}
     chain_id = round_chain(settings, settings.orchestration.round_job, settings.orchestration.round_config).apply_async().id
     journal().succeed(key, {"chain": chain_id, "watermark_us": newest})
-    return {"new_scored": count, "started": True, "key": key, "chain": chain_id}
+    return {"window": window, "new_scored": count, "started": True, "key": key, "chain": chain_id}
