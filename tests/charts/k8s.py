@@ -1,6 +1,8 @@
 """Rendering the gearshift chart with the real helm binary, walking what it renders, and
 validating every rendered object strictly (`python -m tests.charts.k8s < rendered.yaml` is
-scripts/check-chart.sh's validation step)."""
+scripts/check-chart.sh's validation step): built-in kinds with kubernetes-validate, KEDA's
+ScaledObjects and TriggerAuthentications against KEDA's own CRD schemas (tests/charts/schemas),
+ServiceMonitors and TrainJobs against theirs."""
 
 from __future__ import annotations
 
@@ -27,10 +29,12 @@ RELEASE = "gearshift"  # release name == chart name, so objects are named gearsh
 # The chart lists them too (gearshift.grpcServices, gearshift.httpServices); the tests check both agree.
 GRPC_SERVICES = GRPC_SERVICE_NAMES
 HTTP_SERVICES = tuple(name for name in SERVICE_NAMES if name not in GRPC_SERVICE_NAMES)
-COMPONENTS = (*SERVICE_NAMES, "worker", "policy")
+COMPONENTS = (*SERVICE_NAMES, "worker", "beat", "policy")
 POD_KINDS = ("Deployment", "StatefulSet", "Job", "CronJob", "Pod")
 TRAINER_API = "trainer.kubeflow.org/v1alpha1"
 SERVICE_MONITOR_SCHEMA = json.loads((ROOT / "tests" / "charts" / "servicemonitor.schema.json").read_text())
+SCHEMAS = ROOT / "tests" / "charts" / "schemas"  # upstream schemas, their origin in its README.md
+KEDA_API = "keda.sh/v1alpha1"
 API_VERSIONS_LINE = "# api-versions:"  # a values file's first line may name the CRD API versions its cluster serves
 
 
@@ -198,8 +202,47 @@ def validate_trainjob(doc: dict) -> None:
         raise ValueError(f"TrainJob {name}: {difference}")
 
 
+def closed(schema):
+    """A CRD's structural schema made strict: every object that lists its properties refuses
+    others (the API server would prune them silently), unless it says it keeps unknown fields."""
+    if isinstance(schema, list):
+        return [closed(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: closed(value) for key, value in schema.items()}
+    if "properties" in out and "additionalProperties" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+        out["additionalProperties"] = False
+    return out
+
+
+@lru_cache(maxsize=None)
+def crd_validator(kind: str, file: str) -> jsonschema.protocols.Validator:
+    """A validator for one CRD kind: its own openAPIV3Schema, closed, and the kind's apiVersion,
+    kind and a metadata name pinned (the CRD schema leaves those to the API server)."""
+    schema = closed(json.loads((SCHEMAS / file).read_text()))
+    schema["properties"] |= {
+        "apiVersion": {"const": KEDA_API},
+        "kind": {"const": kind},
+        "metadata": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"}}},
+    }
+    schema["required"] = sorted({*schema.get("required", []), "apiVersion", "kind", "metadata", "spec"})
+    validator = jsonschema.validators.validator_for(schema)
+    validator.check_schema(schema)
+    return validator(schema)
+
+
+def validate_crd(kind: str, file: str):
+    def validate(doc: dict) -> None:
+        error = jsonschema.exceptions.best_match(crd_validator(kind, file).iter_errors(doc))
+        if error is not None:
+            raise error
+    return validate
+
+
 CUSTOM_KINDS = {
     "ServiceMonitor": lambda doc: jsonschema.validate(doc, SERVICE_MONITOR_SCHEMA),
+    "ScaledObject": validate_crd("ScaledObject", "keda-scaledobject.json"),
+    "TriggerAuthentication": validate_crd("TriggerAuthentication", "keda-triggerauthentication.json"),
     "TrainJob": validate_trainjob,
 }
 

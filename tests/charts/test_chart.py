@@ -45,6 +45,7 @@ GATEWAY_INGRESS = "ci/gateway-ingress-values.yaml"
 COMMON_KEYS = {
     "enabled", "image", "replicaCount", "resources", "autoscaling", "pdb", "serviceMonitor",
     "securityContext", "nodeSelector", "tolerations", "affinity", "env", "envFromSecret",
+    "terminationGracePeriodSeconds", "podAnnotations", "topologySpreadConstraints", "priorityClassName",
 }
 
 
@@ -58,6 +59,16 @@ def rendered(scenario: str):
 
 def name(component: str) -> str:
     return f"{RELEASE}-{component}"
+
+
+def grpc_address(service: str) -> str:
+    """Where the chart points in-cluster clients of a gRPC service: its headless Service's DNS name."""
+    return f"dns:///{name(service)}-headless.{RELEASE}.svc.cluster.local:50051"
+
+
+def training_jobs(docs) -> list[dict]:
+    """The training runs' Jobs (not the store's migration hook)."""
+    return [doc for doc in of_kind(docs, "Job") if component_of(doc) == "training"]
 
 
 def test_matrix_is_not_trivial():
@@ -270,10 +281,15 @@ def test_pdb_min_available_wins_over_the_default_max_unavailable():
     }
 
 
+def autoscaled(docs) -> set[str]:
+    """Deployments an HPA or a KEDA ScaledObject (which makes its own HPA) scales."""
+    return {doc["spec"]["scaleTargetRef"]["name"] for doc in [*of_kind(docs, "HorizontalPodAutoscaler"), *of_kind(docs, "ScaledObject")]}
+
+
 @matrix()
 def test_pdbs_guard_only_deployments_that_can_keep_a_pod_up(scenario):
     docs = rendered(scenario)
-    scaled = {hpa["spec"]["scaleTargetRef"]["name"] for hpa in of_kind(docs, "HorizontalPodAutoscaler")}
+    scaled = autoscaled(docs)
     for pdb in of_kind(docs, "PodDisruptionBudget"):
         deployment = named(docs, "Deployment", pdb["metadata"]["name"])
         assert deployment["metadata"]["name"] in scaled or deployment["spec"]["replicas"] > 1
@@ -287,6 +303,12 @@ def test_autoscaled_deployments_leave_replicas_to_the_hpa(scenario):
         assert "replicas" not in deployment["spec"]
         assert hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
         assert hpa["spec"]["metrics"]
+    for scaled in of_kind(docs, "ScaledObject"):
+        deployment = named(docs, "Deployment", scaled["spec"]["scaleTargetRef"]["name"])
+        assert "replicas" not in deployment["spec"]
+        assert named(docs, "HorizontalPodAutoscaler", deployment["metadata"]["name"]) is None, "KEDA makes its own HPA"
+        assert scaled["spec"]["minReplicaCount"] <= scaled["spec"]["maxReplicaCount"]
+        assert scaled["spec"]["triggers"]
 
 
 @matrix()
@@ -367,7 +389,7 @@ def test_vllm_policy_runs_on_gpu_nodes_with_configurable_parsers_and_weights_fro
         (("router.securityContext.runAsNonRoot=false",), "runAsNonRoot"),
         (("router.securityContext.allowPrivilegeEscalation=true",), "allowPrivilegeEscalation"),
         (("podSecurityContext.runAsUser=0",), "runAsUser"),
-        (("router.replicas=2",), "additional properties 'replicas' not allowed"),
+        (("router.replicas=2",), "at '/router/replicas'"),  # an unknown key (unevaluatedProperties)
         (("policy.engine=sglang",), "engine"),
         (("policy.publishTarget=vllm_lora",), "vllm_lora loads LoRA adapters into vLLM: it needs policy.engine=vllm"),
         (("policy.engine=vllm", "policy.image.repository=vllm/vllm-openai", "policy.image.tag=v0.33.0", "policy.vllm.weights.create=true",
@@ -382,7 +404,7 @@ def test_values_that_would_break_the_platform_are_refused(sets, message):
 
 def training_runs(docs) -> list[tuple[list[str], list[dict]]]:
     """(the train command's args, the pod's volumes) of every Job, CronJob and TrainJob."""
-    runs = [(s["containers"][0]["args"], s["volumes"]) for d, s in workloads(docs) if d["kind"] in ("Job", "CronJob")]
+    runs = [(s["containers"][0]["args"], s["volumes"]) for d, s in workloads(docs) if d["kind"] in ("Job", "CronJob") and component_of(d) == "training"]
     return runs + [(d["spec"]["trainer"]["args"], node_pod(d)["spec"]["volumes"]) for d in of_kind(docs, "TrainJob")]
 
 
@@ -399,12 +421,12 @@ def test_every_rendered_training_config_is_valid_for_its_job(values):
         config_map = next(v["configMap"]["name"] for v in volumes if v["name"] == "config")
         text = named(docs, "ConfigMap", config_map)["data"]["config.yaml"]
         config = BY_NAME[args[0]].config_class().model_validate(yaml.safe_load(text))
-        assert str(config.output.dir).startswith("/checkpoints/") and config.store_addr == f"{name('store')}:50051"
+        assert str(config.output.dir).startswith("/checkpoints/") and config.store_addr == grpc_address("store")
 
 
 def test_training_jobs_and_cronjobs_mount_checkpoints_and_use_torchrun_for_several_gpus():
     docs = render(("ci/gpu-agents-a1-values.yaml",))
-    (job,) = of_kind(docs, "Job")
+    (job,) = training_jobs(docs)
     (container,) = job["spec"]["template"]["spec"]["containers"]
     assert container["command"][:4] == ["torchrun", "--standalone", "--nproc-per-node", "4"]
     assert container["args"] == ["distill", "--config", "/etc/gearshift/train/config.yaml"]
@@ -415,7 +437,7 @@ def test_training_jobs_and_cronjobs_mount_checkpoints_and_use_torchrun_for_sever
         "optim": {"max_steps": 200},
         # Defaults every job needs: its checkpoint directory on the claim, and this release's store.
         "output": {"dir": "/checkpoints/distill"},
-        "store_addr": f"{name('store')}:50051",
+        "store_addr": grpc_address("store"),
     }
 
     cpu = render(("ci/cpu-training-values.yaml",))
@@ -423,7 +445,7 @@ def test_training_jobs_and_cronjobs_mount_checkpoints_and_use_torchrun_for_sever
     assert cron["spec"]["schedule"] == "0 3 * * *" and cron["spec"]["concurrencyPolicy"] == "Forbid"
     cron_container = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
     assert cron_container["command"] == ["gearshift", "train"] and cron_container["args"][0] == "apo"
-    for _, spec in [(d, s) for d, s in workloads(cpu) if d["kind"] in ("Job", "CronJob")]:
+    for _, spec in [(d, s) for d, s in workloads(cpu) if d["kind"] in ("Job", "CronJob") and component_of(d) == "training"]:
         claims = [v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"] if "persistentVolumeClaim" in v]
         assert claims == ["shared-checkpoints"]
 
@@ -431,7 +453,7 @@ def test_training_jobs_and_cronjobs_mount_checkpoints_and_use_torchrun_for_sever
 def train_container(values_files: tuple[str, ...] = (), sets: tuple[str, ...] = ()) -> tuple[dict, dict, dict]:
     """(container, its env as name -> value, the dshm volume) of the one training Job rendered."""
     docs = render(values_files, ("training.jobs[0].name=check", "training.jobs[0].algorithm=sft", *sets))
-    (job,) = of_kind(docs, "Job")
+    (job,) = training_jobs(docs)
     pod = job["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     env = {item["name"]: item.get("value") for item in container["env"]}
@@ -526,7 +548,7 @@ def test_worker_may_manage_jobs_and_read_pod_logs_and_is_the_only_pod_with_an_ap
 
 def test_trainjob_scenario_runs_each_run_as_a_trainjob_across_nodes_with_the_jobs_pod():
     docs = rendered(TRAINJOB)
-    assert not of_kind(docs, "Job") and not of_kind(docs, "CronJob")
+    assert not training_jobs(docs) and not of_kind(docs, "CronJob")
     (trainjob,) = of_kind(docs, "TrainJob")
     assert trainjob["apiVersion"] == TRAINER_API and trainjob["metadata"]["labels"]["gearshift.io/training-run"] == "sft-multinode"
     spec = trainjob["spec"]
@@ -658,7 +680,7 @@ def test_vllm_replicas_load_published_adapters_at_startup_through_an_init_contai
     assert init["command"] == ["gearshift", "publish-startup-adapters", "--output", "/var/run/gearshift/lora/args"]
     assert split_image(init["image"])[0] == "gearshift-training-cuda"
     env = {item["name"]: item for item in init["env"]}
-    assert env["GEARSHIFT_STORE_ADDR"]["value"] == f"{name('store')}:50051"
+    assert env["GEARSHIFT_STORE_ADDR"]["value"] == grpc_address("store")
     assert env["GEARSHIFT_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == name("auth")
     assert env["GEARSHIFT_POLICY_CLIENT__MODEL"]["value"] == "smollm2"
     assert not {"GEARSHIFT_REDIS_URL", "GEARSHIFT_DATABASE_URL"} & set(env)
@@ -708,7 +730,7 @@ def test_the_builtin_server_drains_on_sigterm_after_leaving_the_endpoints():
     pod = policy_pod(render())
     (server,) = pod["containers"]
     assert pod["terminationGracePeriodSeconds"] == 120
-    assert server["lifecycle"] == {"preStop": {"exec": {"command": ["sleep", "5"]}}}
+    assert server["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}
     env = {e["name"]: e.get("value") for e in server["env"]}
     assert env["GEARSHIFT_GRACE_SECONDS"] == "110"  # uvicorn's drain: the grace less the pause and a margin
     own = policy_pod(render((), ("env.GEARSHIFT_GRACE_SECONDS=30",)))["containers"][0]["env"]
@@ -766,7 +788,7 @@ def test_helm_test_pod_checks_every_enabled_service():
     pod = named(render(), "Pod", name("health-check"))
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     (container,) = pod["spec"]["containers"]
-    assert container["args"] == [f"{s}={name(s)}:50051" for s in GRPC_SERVICES] + [f"gateway=http://{name('gateway')}:8100/ready"]
+    assert container["args"] == [f"{s}={grpc_address(s)}" for s in GRPC_SERVICES] + [f"gateway=http://{name('gateway')}:8100/ready"]
     assert HTTP_SERVICES == ("gateway",)
     fewer = named(render((), ("reward.enabled=false", "gateway.enabled=false")), "Pod", name("health-check"))
     assert "reward" not in " ".join(fewer["spec"]["containers"][0]["args"])
@@ -853,7 +875,7 @@ def test_gateway_serves_http_probed_on_health_and_ready_with_the_platform_token(
     assert len(env) == len(container["env"]), "each variable once"
     (port,) = named(docs, "Service", name("gateway"))["spec"]["ports"]
     assert port == {"name": "http", "port": 8100, "targetPort": "http", "protocol": "TCP", "appProtocol": "http"}
-    assert container["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
+    assert container["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}
 
 
 def test_gateway_settings_from_its_pod_environment_listen_where_the_probes_look_and_call_the_executor(monkeypatch):
@@ -869,9 +891,9 @@ def test_gateway_settings_from_its_pod_environment_listen_where_the_probes_look_
     listens = settings.gateway.port if settings.gateway.port is not None else settings.service_port("gateway")
     assert listens == port["containerPort"] == 9123
     assert named(docs, "Service", name("gateway"))["spec"]["ports"][0]["port"] == 9123
-    executor = named(docs, "Service", name("executor"))["spec"]["ports"][0]
-    assert settings.address_of("executor") == f"{name('executor')}:{executor['port']}"
-    assert settings.address_of("store") == f"{name('store')}:50051" and settings.address_of("reward") == f"{name('reward')}:50051"
+    executor = named(docs, "Service", f"{name('executor')}-headless")["spec"]["ports"][0]
+    assert settings.address_of("executor") == f"dns:///{name('executor')}-headless.{RELEASE}.svc.cluster.local:{executor['port']}"
+    assert settings.address_of("store") == grpc_address("store") and settings.address_of("reward") == grpc_address("reward")
     assert settings.token() == "from-a-secret"
     (router,) = named(docs, "Deployment", name("router"))["spec"]["template"]["spec"]["containers"]
     assert {"name": "GEARSHIFT_GATEWAY_ADDR", "value": f"{name('gateway')}:9123"} in router["env"]
@@ -946,14 +968,16 @@ def test_notes_say_how_to_reach_the_gateway_with_the_openai_client():
 
 
 def test_every_component_has_its_folder_and_identical_value_sub_keys():
+    """Every component's values have the common sub-keys, and its schema is the one component
+    definition (which declares them) plus its own keys, closed to any other."""
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     schema = json.loads((CHART / "values.schema.json").read_text())
+    assert COMMON_KEYS <= set(schema["$defs"]["component"]["properties"])
     for component in COMPONENTS:
         assert (CHART / "templates" / component).is_dir(), component
         assert COMMON_KEYS <= set(values[component]), component
         properties = schema["properties"][component]
-        properties = properties.get("properties") or schema["$defs"]["component"]["properties"]
-        assert COMMON_KEYS <= set(properties), component
+        assert properties["$ref"] == "#/$defs/component" and properties["unevaluatedProperties"] is False, component
 
 
 def test_every_component_template_goes_through_the_one_helper():

@@ -16,7 +16,8 @@ import pytest
 import yaml
 from gearshift.topology import SERVICE_NAMES
 
-from tests.charts.k8s import CHART, ROOT, apply_patches, find_helm, image_references, render, split_image
+from tests.charts import skaffold
+from tests.charts.k8s import CHART, ROOT, SCHEMAS, find_helm, image_references, render, split_image
 
 DOCKERFILES = sorted((ROOT / "docker").glob("*Dockerfile"))
 SKAFFOLD = yaml.safe_load((ROOT / "skaffold.yaml").read_text())
@@ -71,11 +72,7 @@ def artifacts(profile: str | None) -> list[dict]:
 
 
 def effective_skaffold(profile: str | None) -> dict:
-    config = copy.deepcopy(SKAFFOLD)
-    if profile:
-        (chosen,) = [p for p in config["profiles"] if p["name"] == profile]
-        apply_patches(config, copy.deepcopy(chosen.get("patches", [])))
-    return config
+    return skaffold.effective(SKAFFOLD, profile)
 
 
 def final_stages() -> list[tuple[str, Stage]]:
@@ -244,3 +241,61 @@ def test_install_script_is_idempotent_once_the_tools_are_there(tmp_path):
         (tmp_path / tool).symlink_to(source)
     result = subprocess.run(["bash", str(script)], env={**os.environ, "TOOLS_BIN": str(tmp_path)}, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "already" in result.stdout
+
+
+def test_skaffold_yaml_and_each_profile_validate_against_skaffolds_schema_for_its_api_version():
+    assert SKAFFOLD["apiVersion"] == "skaffold/v4beta11"
+    assert skaffold.schema_problems(SKAFFOLD) == []
+
+
+def test_the_stored_skaffold_schema_is_skaffolds_own_file():
+    """Byte for byte the upstream blob tests/charts/schemas/README.md names (git's blob hash)."""
+    import hashlib
+
+    data = (SCHEMAS / "skaffold-v4beta11.json").read_bytes()
+    blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+    assert blob == "c03e49403ab798413acec2cefdb7837ab57120e8"
+    assert blob in (SCHEMAS / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "breaking, message",
+    [
+        (lambda c: c["build"]["artifacts"][0].update(dockr={}), "profile (none): build/artifacts/0: Additional properties"),
+        (lambda c: c["deploy"]["helm"]["releases"][0].update(wait="yes"), "profile (none): deploy/helm/releases/0/wait: 'yes' is not of type 'boolean'"),
+        # A profile's patch that breaks the file only once applied.
+        (lambda c: c["profiles"][0]["patches"].append({"op": "add", "path": "/build/artifacts/0/docker/target", "value": 3}),
+         "profile cpu: build/artifacts/0/docker/target: 3 is not of type 'string'"),
+        (lambda c: c.update(apiVersion="skaffold/v9"), "apiVersion 'skaffold/v9': no skaffold schema"),
+        # An artifact removed under the gpu profile's patches, which address artifacts by index.
+        (lambda c: c["build"].update(artifacts=c["build"]["artifacts"][:5]), "profile gpu: its patches do not apply"),
+    ],
+)
+def test_a_skaffold_yaml_that_breaks_the_schema_fails(breaking, message):
+    config = copy.deepcopy(SKAFFOLD)
+    breaking(config)
+    problems = skaffold.schema_problems(config)
+    assert any(message in problem for problem in problems), problems
+
+
+def test_every_gearshift_image_the_charts_values_name_has_a_skaffold_artifact():
+    assert skaffold.image_problems(SKAFFOLD) == []
+    named = {repository for file in skaffold.values_files() for _, repository in skaffold.named_images(yaml.safe_load(file.read_text()) or {})}
+    assert {"gearshift-worker", "gearshift-store", "gearshift-training", "gearshift-training-cuda", "gearshift-policy-server"} <= named
+    assert {"gearshift-training-cuda"} <= skaffold.built_images(SKAFFOLD) - {a["image"] for a in artifacts(None)}  # the gpu profile's
+
+
+def test_an_image_without_an_artifact_fails(tmp_path):
+    config = copy.deepcopy(SKAFFOLD)
+    config["build"]["artifacts"] = [a for a in config["build"]["artifacts"] if a["image"] != "gearshift-worker"]
+    problems = skaffold.image_problems(config)
+    assert "charts/gearshift/values.yaml: worker.image.repository gearshift-worker has no skaffold artifact" in problems
+    assert "charts/gearshift/values.yaml: beat.image.repository gearshift-worker has no skaffold artifact" in problems
+    extra = CHART / "ci" / "unbuilt-image-test.yaml"
+    values = {"training": {"jobs": []}, "policy": {"image": {"repository": "gearshift-new-thing"}}}
+    try:
+        extra.write_text(yaml.safe_dump(values))
+        problems = skaffold.image_problems(SKAFFOLD, [extra])
+    finally:
+        extra.unlink()
+    assert problems == ["charts/gearshift/ci/unbuilt-image-test.yaml: policy.image.repository gearshift-new-thing has no skaffold artifact"]

@@ -1,8 +1,9 @@
 {{/*
 The one parameterised helper behind every platform component: ServiceAccount, Deployment,
-Service, HorizontalPodAutoscaler, PodDisruptionBudget and ServiceMonitor, all from the
-component's values (the same sub-keys for every component) plus what only the component
-knows (its container's command, ports, probes and volumes).
+Service (and a headless one), HorizontalPodAutoscaler or KEDA ScaledObject, PodDisruptionBudget
+and ServiceMonitor, all from the component's values (the same sub-keys for every component) plus
+what only the component knows (its container's command, ports, probes and volumes, how it
+drains, what measures its load).
 
 Args (a dict):
   root            the chart's root context ($)
@@ -13,11 +14,21 @@ Args (a dict):
   initContainers  list of complete init containers, run before the component's (optional)
   volumes         list of extra pod volumes
   servicePorts    list of Service ports ({name, port, targetPort, appProtocol}); none: no Service
+  headlessPorts   list of ports of a headless Service <name>-headless beside it, whose DNS name
+                  resolves to every ready pod (gRPC clients balance calls over them); none: none
   metricsPort     name of the Service port Prometheus scrapes ("" when there is none)
   automountToken  mount the ServiceAccount token (only the worker, which calls the API server)
-  strategy        Deployment strategy (optional)
+  strategy        Deployment strategy (optional; default: roll with a surge pod and none
+                  unavailable, so a rollout never lowers the capacity)
   podLabels       extra pod labels (optional)
-  terminationGracePeriodSeconds  how long a stopping pod may take (optional; Kubernetes: 30)
+  drain           the pod serves requests that must finish: a preStop sleep of preStopSeconds
+                  (unless container.lifecycle is given) lets the endpoints drop it, then the
+                  process drains for GEARSHIFT_GRACE_SECONDS, what terminationGracePeriodSeconds
+                  leaves after the sleep and a 5 s margin (unless env sets it)
+  scaleOn         what KEDA scales the component on (autoscaling.keda): dict with `metric` (a
+                  Prometheus series the component exports, summed over this release's pods as its
+                  ServiceMonitor labels them) or `trigger` (a complete KEDA trigger; its metadata's
+                  threshold key `thresholdKey`, default threshold); none: KEDA is refused
 */}}
 {{- define "gearshift.component" -}}
 {{- $root := .root -}}
@@ -28,6 +39,21 @@ Args (a dict):
 {{- $labels := include "gearshift.labels" (dict "root" $root "name" $name) -}}
 {{- $selector := include "gearshift.selectorLabels" (dict "root" $root "name" $name) -}}
 {{- $container := .container | default dict -}}
+{{- if .drain }}
+{{- $preStop := int $root.Values.preStopSeconds -}}
+{{- if not $container.lifecycle }}
+{{- $_ := set $container "lifecycle" (dict "preStop" (dict "sleep" (dict "seconds" $preStop))) }}
+{{- end }}
+{{- $env := $container.env | default list -}}
+{{- $named := list -}}
+{{- range $env }}{{ $named = append $named .name }}{{ end }}
+{{- if not (has "GEARSHIFT_GRACE_SECONDS" $named) }}
+{{- $grace := max 1 (sub (int $v.terminationGracePeriodSeconds) (add $preStop 5)) -}}
+{{- $_ := set $container "env" (append $env (dict "name" "GEARSHIFT_GRACE_SECONDS" "value" (toString $grace))) }}
+{{- end }}
+{{- end }}
+{{- $strategy := .strategy | default (dict "type" "RollingUpdate" "rollingUpdate" (dict "maxSurge" 1 "maxUnavailable" 0)) -}}
+{{- $keda := include "gearshift.kedaWanted" (dict "root" $root "name" $name "values" $v "scaleOn" .scaleOn) -}}
 {{- $pdbWanted := and $v.pdb.enabled (or (gt (int $v.replicaCount) 1) $v.autoscaling.enabled) -}}
 {{- if and $v.serviceMonitor.enabled (not .metricsPort) }}
 {{- fail (printf "%s.serviceMonitor: %s exposes no metrics port" $name $name) }}
@@ -52,10 +78,8 @@ spec:
   replicas: {{ $v.replicaCount }}
   {{- end }}
   revisionHistoryLimit: 5
-  {{- with .strategy }}
   strategy:
-    {{- toYaml . | nindent 4 }}
-  {{- end }}
+    {{- toYaml $strategy | nindent 4 }}
   selector:
     matchLabels:
       {{- $selector | nindent 6 }}
@@ -66,6 +90,10 @@ spec:
         {{- with .podLabels }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
+      {{- with $v.podAnnotations }}
+      annotations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
     spec:
       serviceAccountName: {{ $fullname }}
       automountServiceAccountToken: {{ .automountToken | default false }}
@@ -82,7 +110,10 @@ spec:
       imagePullSecrets:
         {{- toYaml . | nindent 8 }}
       {{- end }}
-      {{- with .terminationGracePeriodSeconds }}
+      {{- with $v.priorityClassName }}
+      priorityClassName: {{ . }}
+      {{- end }}
+      {{- with $v.terminationGracePeriodSeconds }}
       terminationGracePeriodSeconds: {{ . }}
       {{- end }}
       {{- with .initContainers }}
@@ -161,6 +192,16 @@ spec:
                   matchLabels:
                     {{- $selector | nindent 20 }}
         {{- end }}
+      {{- with $v.topologySpreadConstraints }}
+      topologySpreadConstraints:
+        {{- range . }}
+        {{- $constraint := deepCopy . }}
+        {{- if not (hasKey $constraint "labelSelector") }}
+        {{- $_ := set $constraint "labelSelector" (dict "matchLabels" (fromYaml $selector)) }}
+        {{- end }}
+        - {{- toYaml $constraint | nindent 10 }}
+        {{- end }}
+      {{- end }}
 {{- with .servicePorts }}
 ---
 apiVersion: v1
@@ -176,7 +217,28 @@ spec:
   ports:
     {{- toYaml . | nindent 4 }}
 {{- end }}
-{{- if $v.autoscaling.enabled }}
+{{- with .headlessPorts }}
+---
+# One DNS name for every ready pod: gRPC clients resolve it (dns:///) and balance calls over the
+# pods round_robin; a pod leaves the answers as it stops being ready. It has no metrics port, so
+# the ServiceMonitor, whose selector matches it too, scrapes nothing twice.
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ include "gearshift.headlessName" (dict "root" $root "name" $name) }}
+  labels:
+    {{- $labels | nindent 4 }}
+spec:
+  clusterIP: None
+  publishNotReadyAddresses: false
+  selector:
+    {{- $selector | nindent 4 }}
+  ports:
+    {{- toYaml . | nindent 4 }}
+{{- end }}
+{{- if $keda }}
+{{- include "gearshift.scaledObject" (dict "root" $root "name" $name "values" $v "scaleOn" .scaleOn) }}
+{{- else if $v.autoscaling.enabled }}
 ---
 apiVersion: autoscaling/v2
 kind: HorizontalPodAutoscaler
@@ -208,6 +270,10 @@ spec:
           type: Utilization
           averageUtilization: {{ . }}
     {{- end }}
+  {{- with $v.autoscaling.behavior }}
+  behavior:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
 {{- end }}
 {{- if $pdbWanted }}
 ---
@@ -253,13 +319,15 @@ spec:
 
 {{/*
 A gRPC platform service (router, planner, executor, sandbox, reward, store): `gearshift serve
-<name>` with native gRPC probes, the gRPC and metrics ports, on the one component helper.
-Args: root, name, database (bool: the service gets the database URL).
+<name>` with native gRPC probes, the gRPC and metrics ports, a headless Service for the gRPC
+port, and a drain on stop, on the one component helper.
+Args: root, name, database (bool: the service gets the database URL), env (extra variables,
+before the component's own), metric (the Prometheus series KEDA scales it on; none: none).
 */}}
 {{- define "gearshift.grpcService" -}}
 {{- $root := .root -}}
 {{- $v := index $root.Values .name -}}
-{{- $env := concat (fromYamlArray (include "gearshift.platformEnv" (dict "root" $root "database" .database))) (fromYamlArray (include "gearshift.componentEnv" (dict "values" $v) | default "[]")) -}}
+{{- $env := concat (fromYamlArray (include "gearshift.platformEnv" (dict "root" $root "database" .database))) (.env | default list) (fromYamlArray (include "gearshift.componentEnv" (dict "values" $v) | default "[]")) -}}
 {{- $probes := fromYaml (include "gearshift.grpcProbes" $root) -}}
 {{- $container := dict
   "command" (list "gearshift" "serve" .name)
@@ -270,10 +338,78 @@ Args: root, name, database (bool: the service gets the database URL).
   "readinessProbe" $probes.readinessProbe
   "volumeMounts" (list (dict "name" "data" "mountPath" "/var/lib/gearshift"))
 -}}
-{{- $servicePorts := list
-  (dict "name" "grpc" "port" $root.Values.ports.grpc "targetPort" "grpc" "protocol" "TCP" "appProtocol" "grpc")
-  (dict "name" "metrics" "port" $root.Values.ports.metrics "targetPort" "metrics" "protocol" "TCP")
--}}
+{{- $grpcPort := dict "name" "grpc" "port" $root.Values.ports.grpc "targetPort" "grpc" "protocol" "TCP" "appProtocol" "grpc" -}}
+{{- $servicePorts := list $grpcPort (dict "name" "metrics" "port" $root.Values.ports.metrics "targetPort" "metrics" "protocol" "TCP") -}}
 {{- $volumes := list (dict "name" "data" "emptyDir" (dict "sizeLimit" "1Gi")) -}}
-{{- include "gearshift.component" (dict "root" $root "name" .name "values" $v "container" $container "volumes" $volumes "servicePorts" $servicePorts "metricsPort" "metrics") }}
+{{- $scaleOn := dict -}}
+{{- with .metric }}{{ $scaleOn = dict "metric" . }}{{ end }}
+{{- include "gearshift.component" (dict "root" $root "name" .name "values" $v "container" $container "volumes" $volumes "servicePorts" $servicePorts "headlessPorts" (list $grpcPort) "metricsPort" "metrics" "drain" true "scaleOn" $scaleOn) }}
+{{- end }}
+
+{{/*
+"true" when the component scales with a KEDA ScaledObject: autoscaling.keda.enabled and a cluster
+that serves keda.sh/v1alpha1 (elsewhere the HPA stands in). Refuses what cannot work: KEDA
+without autoscaling, a component with nothing to scale on, a Prometheus metric nobody scrapes.
+Args: root, name, values, scaleOn (see gearshift.component).
+*/}}
+{{- define "gearshift.kedaWanted" -}}
+{{- $a := .values.autoscaling -}}
+{{- if and .values.enabled $a.keda.enabled }}
+{{- if not $a.enabled }}
+{{- fail (printf "%s.autoscaling.keda.enabled needs %s.autoscaling.enabled (KEDA takes minReplicas, maxReplicas and behavior from it)" .name .name) }}
+{{- end }}
+{{- if not .scaleOn }}
+{{- fail (printf "%s.autoscaling.keda: the %s has no load metric for KEDA to scale on; autoscale it on CPU (keda.enabled=false)" .name .name) }}
+{{- end }}
+{{- if and .scaleOn.metric (not .values.serviceMonitor.enabled) }}
+{{- fail (printf "%s.autoscaling.keda scales on %s, which Prometheus has only with %s.serviceMonitor.enabled" .name .scaleOn.metric .name) }}
+{{- end }}
+{{- if kindIs "invalid" $a.keda.threshold }}
+{{- fail (printf "%s.autoscaling.keda needs a threshold (the load per replica to aim at)" .name) }}
+{{- end }}
+{{- if .root.Capabilities.APIVersions.Has "keda.sh/v1alpha1/ScaledObject" }}true{{ end }}
+{{- end }}
+{{- end }}
+
+{{/*
+A KEDA ScaledObject for a component's Deployment: its autoscaling's replica bounds and behavior,
+one trigger on its load (scaleOn). KEDA makes and owns the HPA. A metric is summed over this
+release's pods, as their ServiceMonitor labels the series (namespace, service).
+Args: root, name, values, scaleOn.
+*/}}
+{{- define "gearshift.scaledObject" -}}
+{{- $root := .root -}}
+{{- $a := .values.autoscaling -}}
+{{- $fullname := include "gearshift.componentName" (dict "root" $root "name" .name) -}}
+{{- $threshold := toString $a.keda.threshold -}}
+{{- $trigger := dict -}}
+{{- if .scaleOn.metric }}
+{{- $query := printf "sum(%s{namespace=%q,service=%q})" .scaleOn.metric $root.Release.Namespace $fullname -}}
+{{- $trigger = dict "type" "prometheus" "metricType" "AverageValue" "metadata" (dict "serverAddress" $root.Values.keda.prometheusServerAddress "query" $query "threshold" $threshold) -}}
+{{- else }}
+{{- $trigger = deepCopy .scaleOn.trigger -}}
+{{- $_ := set $trigger.metadata (.scaleOn.thresholdKey | default "threshold") $threshold -}}
+{{- end }}
+---
+apiVersion: keda.sh/v1alpha1
+kind: ScaledObject
+metadata:
+  name: {{ $fullname }}
+  labels:
+    {{- include "gearshift.labels" (dict "root" $root "name" .name) | nindent 4 }}
+spec:
+  scaleTargetRef:
+    apiVersion: apps/v1
+    kind: Deployment
+    name: {{ $fullname }}
+  minReplicaCount: {{ $a.minReplicas }}
+  maxReplicaCount: {{ $a.maxReplicas }}
+  {{- with $a.behavior }}
+  advanced:
+    horizontalPodAutoscalerConfig:
+      behavior:
+        {{- toYaml . | nindent 8 }}
+  {{- end }}
+  triggers:
+    - {{- toYaml $trigger | nindent 6 }}
 {{- end }}

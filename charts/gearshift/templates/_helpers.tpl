@@ -232,10 +232,63 @@ gateway
 {{ include "gearshift.grpcServices" . }} {{ include "gearshift.httpServices" . }}
 {{- end }}
 
-{{/* host:port of a service inside the cluster (GEARSHIFT_<NAME>_ADDR): the gRPC port for the
-gRPC services, an HTTP service's own `port`. Args: root, name. */}}
+{{/* A gRPC service's headless Service: one DNS name for all its ready pods. Args: root, name. */}}
+{{- define "gearshift.headlessName" -}}
+{{- include "gearshift.componentName" (dict "root" .root "name" (printf "%s-headless" .name)) }}
+{{- end }}
+
+{{/* Where in-cluster clients reach a service (GEARSHIFT_<NAME>_ADDR). A gRPC service: the gRPC
+target dns:///<headless Service>.<namespace>.svc.<clusterDomain>:<grpc port>, which resolves to
+every ready pod, so clients balance their calls over the replicas (round_robin) and re-resolve as
+pods come and go. An HTTP service (the gateway): host:port of its ClusterIP Service. Args: root,
+name. */}}
 {{- define "gearshift.serviceAddress" -}}
-{{- $http := has .name (include "gearshift.httpServices" .root | splitList " ") -}}
-{{- $port := ternary (index .root.Values .name | default dict).port .root.Values.ports.grpc $http -}}
-{{- printf "%s:%v" (include "gearshift.componentName" (dict "root" .root "name" .name)) $port }}
+{{- $root := .root -}}
+{{- if has .name (include "gearshift.httpServices" $root | splitList " ") }}
+{{- printf "%s:%v" (include "gearshift.componentName" (dict "root" $root "name" .name)) (index $root.Values .name).port }}
+{{- else }}
+{{- printf "dns:///%s.%s.svc.%s:%v" (include "gearshift.headlessName" (dict "root" $root "name" .name)) $root.Release.Namespace $root.Values.clusterDomain $root.Values.ports.grpc }}
+{{- end }}
+{{- end }}
+
+{{/*
+What KEDA scales the worker on (gearshift.component's scaleOn): the length of Celery's training
+queue. The bundled Redis is read directly (KEDA's redis scaler: the chart knows its address, and
+its password Secret authenticates through worker/keda.yaml's TriggerAuthentication); an external
+Redis, whose URL only its Secret holds, through the gauge gearshift_celery_queue_length: every
+worker reports the same length (LLEN of the list), hence max, not sum.
+*/}}
+{{- define "gearshift.workerScaleOn" -}}
+{{- if .Values.redis.bundled }}
+thresholdKey: listLength
+trigger:
+  type: redis
+  metadata:
+    address: {{ printf "%s-redis.%s.svc.%s:6379" (include "gearshift.fullname" .) .Release.Namespace .Values.clusterDomain | quote }}
+    listName: training
+    databaseIndex: "0"
+  authenticationRef:
+    name: {{ include "gearshift.componentName" (dict "root" . "name" "worker") }}
+{{- else }}
+trigger:
+  type: prometheus
+  metricType: AverageValue
+  metadata:
+    serverAddress: {{ .Values.keda.prometheusServerAddress | quote }}
+    query: {{ printf "max(gearshift_celery_queue_length{namespace=%q,queue=\"training\"})" .Release.Namespace | quote }}
+{{- end }}
+{{- end }}
+
+{{/* "true" when KEDA reads the worker's queue in the bundled Redis (its TriggerAuthentication,
+and the Redis NetworkPolicy letting the KEDA operator in). */}}
+{{- define "gearshift.kedaReadsBundledRedis" -}}
+{{- $v := .Values.worker -}}
+{{- if and $v.enabled .Values.redis.bundled (include "gearshift.kedaWanted" (dict "root" . "name" "worker" "values" $v "scaleOn" (fromYaml (include "gearshift.workerScaleOn" .)))) }}true{{ end }}
+{{- end }}
+
+{{/* The hook events of the store's migration Job (store/migrate-job.yaml says why), "" when off. */}}
+{{- define "gearshift.migrationHook" -}}
+{{- if and .Values.store.enabled .Values.store.migrations.enabled }}
+{{- ternary "pre-upgrade" "pre-install,pre-upgrade" .Values.postgresql.bundled }}
+{{- end }}
 {{- end }}

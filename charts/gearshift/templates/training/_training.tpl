@@ -300,7 +300,7 @@ Args: root, name, run (the run's name), config.
 {{- define "gearshift.trainingConfigMap" -}}
 {{- $defaults := dict
   "output" (dict "dir" (printf "%s/%s" .root.Values.training.checkpoints.mountPath .run))
-  "store_addr" (printf "%s:%v" (include "gearshift.componentName" (dict "root" .root "name" "store")) .root.Values.ports.grpc)
+  "store_addr" (include "gearshift.serviceAddress" (dict "root" .root "name" "store"))
 -}}
 {{- $config := merge (deepCopy (.config | default dict)) $defaults -}}
 apiVersion: v1
