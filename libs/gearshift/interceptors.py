@@ -1,10 +1,8 @@
 """The one server interceptor every service runs: request ids, bearer-token auth, domain
-error -> status mapping, undecodable requests -> INVALID_ARGUMENT, Prometheus metrics, and the
-count of calls in flight that a drain waits for (new calls refused with UNAVAILABLE meanwhile)."""
+error -> status mapping, undecodable requests -> INVALID_ARGUMENT, and Prometheus metrics."""
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import hmac
 import logging
@@ -46,35 +44,7 @@ LATENCY = Histogram(
     ["service", "method"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
-IN_FLIGHT = Gauge("grpc_server_in_flight", "RPCs being handled, health checks aside", ["service", "method"])
-
-
-class CallsInFlight:
-    """The calls a server is handling (health checks aside), and whether it is draining: a
-    draining server refuses new calls with UNAVAILABLE, which clients retry on another replica."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.draining = False
-        self._idle = asyncio.Event()
-        self._idle.set()
-
-    def enter(self) -> None:
-        self.count += 1
-        self._idle.clear()
-
-    def leave(self) -> None:
-        self.count -= 1
-        if self.count == 0:
-            self._idle.set()
-
-    async def wait_idle(self, timeout: float) -> bool:
-        """True once no call is in flight, False when timeout passed first."""
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except TimeoutError:
-            return False
-        return True
+IN_FLIGHT = Gauge("grpc_server_in_flight", "RPCs being handled (health watches included)", ["service", "method"])
 
 
 class _Undecodable:
@@ -98,9 +68,8 @@ def _tolerant(deserializer):
 
 
 class RequestInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, auth_token: str | None = None, calls: CallsInFlight | None = None):
+    def __init__(self, auth_token: str | None = None):
         self._token = f"Bearer {auth_token}".encode() if auth_token else None
-        self.calls = calls or CallsInFlight()
 
     async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
         handler = await continuation(details)
@@ -112,15 +81,11 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
         authorized = self._authorized(method, metadata)
         service, _, name = method.rpartition("/")
         service = service.lstrip("/")
-        # Health checks are answered while draining (they say NOT_SERVING then) and a drain does not wait for them.
-        calls = None if method.startswith(HEALTH_METHODS) else self.calls
         in_flight = IN_FLIGHT.labels(service, name)
 
         async def prologue(request, context) -> None:
             request_id.set(rid)
             context.set_trailing_metadata(((REQUEST_ID_KEY, rid),))
-            if calls and calls.draining:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "this replica is draining; call another")
             if not authorized:
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
             if isinstance(request, _Undecodable):
@@ -136,15 +101,11 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error (request id {rid})")
 
         def begin() -> float:
-            if calls:
-                calls.enter()
-                in_flight.inc()
+            in_flight.inc()
             return time.perf_counter()
 
         def record(started: float, context) -> None:
-            if calls:
-                calls.leave()
-                in_flight.dec()
+            in_flight.dec()
             code = context.code() if hasattr(context, "code") else None
             HANDLED.labels(service, name, (code or grpc.StatusCode.OK).name if code else "OK").inc()
             LATENCY.labels(service, name).observe(time.perf_counter() - started)

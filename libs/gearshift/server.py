@@ -19,10 +19,14 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from gearshift.interceptors import CallsInFlight, RequestInterceptor
+from gearshift.interceptors import RequestInterceptor
 from gearshift.settings import Settings, get_settings
 
 log = logging.getLogger("gearshift.server")
+
+# A draining replica keeps serving this long after it says NOT_SERVING, while its clients' health
+# watches (pushed at once) take it out of their pick: calls sent meanwhile are served, not cut.
+HEALTH_NOTICE_SECONDS = 1.0
 
 
 @dataclass
@@ -65,42 +69,60 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
     ]
 
 
+class DrainingHealth(health.aio.HealthServicer):
+    """The standard health service, whose watches end once the server drains (after telling the
+    client NOT_SERVING): a client's health watch would otherwise hold the drain open to its end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._draining = asyncio.Event()
+
+    async def enter_graceful_shutdown(self) -> None:
+        await super().enter_graceful_shutdown()
+        self._draining.set()
+
+    async def Watch(self, request, context) -> None:
+        watching = asyncio.ensure_future(super().Watch(request, context))
+        draining = asyncio.ensure_future(self._draining.wait())
+        await asyncio.wait({watching, draining}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (watching, draining):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # the client may have gone
+                await task
+        if self._draining.is_set():
+            with contextlib.suppress(Exception):
+                await context.write(health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.NOT_SERVING))
+
+
 class RunningServer:
     """A started server: its bound port and a way to drain it."""
 
-    def __init__(self, server: grpc.aio.Server, health_servicer: health.aio.HealthServicer, port: int, service: Service,
-                 calls: CallsInFlight):
+    def __init__(self, server: grpc.aio.Server, health_servicer: DrainingHealth, port: int, service: Service):
         self.server = server
         self.health = health_servicer
         self.port = port
         self.service = service
-        self.calls = calls
 
-    async def stop(self, grace: float) -> None:
-        """Drains: health says NOT_SERVING (clients that watch it stop picking this replica), the
-        listener closes and connections are told to go away, new calls are refused with UNAVAILABLE
-        (retried elsewhere), and calls in flight finish within grace; what is left then (health
-        watches, calls past the grace) is cancelled."""
-        self.calls.draining = True
+    async def stop(self, grace: float, notice: float = 0.0) -> None:
+        """Drains: health says NOT_SERVING and, for `notice` seconds, calls are still served while
+        the clients watching it stop picking this replica; then the listener closes, connections
+        are told to go away (new calls go to other replicas; one that arrived but had not started
+        would be cancelled) and the calls in flight finish within grace; those still running then
+        are cancelled."""
         await self.health.enter_graceful_shutdown()
-        stopping = asyncio.ensure_future(self.server.stop(grace))
-        finished = await self.calls.wait_idle(grace)
-        if not finished:
-            log.warning("%s: %d call(s) still running after the %.1fs drain; cancelling them", self.service.name, self.calls.count, grace)
-        await self.server.stop(0)
-        await stopping
+        await asyncio.sleep(notice)
+        await self.server.stop(grace)
         for close in self.service.on_close:
             await close()
 
 
 async def start(service: Service, settings: Settings, port: int | None = None) -> RunningServer:
     """Starts the service on settings.host; port 0 picks a free one (tests)."""
-    calls = CallsInFlight()
-    server = grpc.aio.server(interceptors=[RequestInterceptor(settings.token(), calls)], options=grpc_options(settings))
+    server = grpc.aio.server(interceptors=[RequestInterceptor(settings.token())], options=grpc_options(settings))
     for handler in service.handlers:
         handler.register(handler.servicer, server)
 
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = DrainingHealth()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [h.full_name for h in service.handlers]
     for name in ["", *names]:
@@ -116,7 +138,7 @@ async def start(service: Service, settings: Settings, port: int | None = None) -
     if bound == 0:
         raise OSError(f"{service.name}: cannot listen on {settings.host}:{port} (is the port in use?)")
     await server.start()
-    return RunningServer(server, health_servicer, bound, service, calls)
+    return RunningServer(server, health_servicer, bound, service)
 
 
 @contextlib.asynccontextmanager
@@ -147,8 +169,8 @@ async def serve(build: Callable[[Settings], Awaitable[Service]], settings: Setti
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     grace = settings.drain_seconds(service.name)
-    log.info("%s draining %d call(s) for up to %.1fs", service.name, server.calls.count, grace)
-    await server.stop(grace)
+    log.info("%s draining for up to %.1fs", service.name, grace)
+    await server.stop(grace, notice=HEALTH_NOTICE_SECONDS)
     log.info("%s stopped", service.name)
 
 

@@ -56,6 +56,7 @@ TOOL_ERRORS = {
     grpc.StatusCode.NOT_FOUND: lambda exc: exc.details() or "not found",
     grpc.StatusCode.UNAVAILABLE: lambda exc: f"the sandbox is unavailable ({exc.details()}); the call did not run",
     grpc.StatusCode.DEADLINE_EXCEEDED: lambda exc: "the sandbox did not answer in time; the call was abandoned",
+    grpc.StatusCode.CANCELLED: lambda exc: "the sandbox replica stopped before the call finished",
 }
 
 
