@@ -269,8 +269,21 @@ def test_migrations_run_in_a_hook_job_in_the_stores_image_with_its_database_url(
     assert component_of(job) != "store"  # its pod joins neither the store's Service nor its PDB
     env = env_of(container)
     assert env["GEARSHIFT_STORE__DB_THREADS"]["value"] == "4"
-    # The store's pods skip their own migration.
-    assert env_of(store)["GEARSHIFT_STORE__MIGRATE_ON_START"]["value"] == "false"
+    # Every pod that opens the database skips its own migration (and only checks the schema).
+    for component in ("store", "worker", "beat"):
+        (container,) = pod(docs, component)["containers"]
+        assert env_of(container)["GEARSHIFT_STORE__MIGRATE_ON_START"]["value"] == "false", component
+    (api,) = pod(docs, "router")["containers"]
+    assert "GEARSHIFT_STORE__MIGRATE_ON_START" not in env_of(api)
+
+
+def test_the_sandbox_advertises_its_pods_own_address_for_sessions():
+    (container,) = pod(render(), "sandbox")["containers"]
+    env = env_of(container)
+    assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    names = [item["name"] for item in container["env"]]
+    assert names.index("POD_IP") < names.index("GEARSHIFT_SANDBOX__ADVERTISE_ADDRESS")  # $(POD_IP) expands only then
+    assert env["GEARSHIFT_SANDBOX__ADVERTISE_ADDRESS"]["value"] == "$(POD_IP):50051"
 
 
 def test_a_url_given_in_values_reaches_the_pre_install_job_through_a_hook_secret_created_first():

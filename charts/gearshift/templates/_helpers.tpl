@@ -292,3 +292,17 @@ and the Redis NetworkPolicy letting the KEDA operator in). */}}
 {{- ternary "pre-upgrade" "pre-install,pre-upgrade" .Values.postgresql.bundled }}
 {{- end }}
 {{- end }}
+
+{{/*
+The environment of a pod that opens the database (store, worker, beat): when the hook Job migrates
+it before any pod starts, install included, the pods only check the schema (and refuse to start
+on one they do not match) instead of migrating it themselves, unless the values set it.
+Args: root, values (the component's values). A YAML list, maybe empty.
+*/}}
+{{- define "gearshift.migrationEnv" -}}
+{{- $own := or (hasKey .root.Values.env "GEARSHIFT_STORE__MIGRATE_ON_START") (hasKey .values.env "GEARSHIFT_STORE__MIGRATE_ON_START") -}}
+{{- if and (has "pre-install" (include "gearshift.migrationHook" .root | splitList ",")) (not $own) }}
+- name: GEARSHIFT_STORE__MIGRATE_ON_START
+  value: "false"
+{{- end }}
+{{- end }}
