@@ -3,8 +3,8 @@ and stop them all (`gearshift up`). Services start in the table's order and stop
 each drained by SIGTERM; if `gearshift up` itself dies, even by SIGKILL, the kernel sends its
 children SIGTERM (a parent-death signal), so nothing is left running.
 
-With the loop (`gearshift up` when Redis answers), a Celery worker and one beat start after the
-services: the beat checks the training trigger, the worker runs the rounds it queues."""
+With the loop (`gearshift up --loop`, when Redis answers), a Celery worker and one beat start
+after the services: the beat checks the training trigger, the worker runs the rounds it queues."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ class Stack:
     """Starts, watches and stops the service processes of the embedded default."""
 
     def __init__(self, settings: Settings, data_dir: str | None = None, base_port: int | None = None, with_policy: bool = True,
-                 elsewhere: dict[str, str] | None = None, with_loop: bool | None = False):
+                 elsewhere: dict[str, str] | None = None, with_loop: bool = False):
         self.settings = settings
         self.data_dir = Path(data_dir).expanduser() if data_dir else settings.data_dir
         self.ports = {spec.name: (base_port + i if base_port else spec.port) for i, spec in enumerate(SERVICES)}
@@ -97,7 +97,7 @@ class Stack:
         self.elsewhere = elsewhere or {}
         self.policy_port = base_port + len(SERVICES) if base_port else settings.policy_server.port
         self.with_policy = with_policy
-        self.with_loop = with_loop  # the Celery worker and beat: True, False, or None = when Redis answers
+        self.with_loop = with_loop  # the Celery worker and beat, when Redis answers
         self.loop = ""  # what start() decided about them, in words
         self.processes: dict[str, subprocess.Popen] = {}
 
@@ -135,14 +135,13 @@ class Stack:
         self._start_loop(env)
 
     def _start_loop(self, env: dict[str, str]) -> None:
-        """A Celery worker on both queues and exactly one beat, when wanted and Redis answers."""
+        """A Celery worker on both queues and exactly one beat, when asked for and Redis answers
+        (without Redis the stack runs as it would without them)."""
         url, orchestration = self.settings.redis_url, self.settings.orchestration
-        if self.with_loop is False:
-            self.loop = "off"
+        if not self.with_loop:
+            self.loop = "off (--loop starts a Celery worker and beat)"
             return
         if not redis_answers(url):
-            if self.with_loop:
-                raise RuntimeError(f"the loop needs Redis, and {url} does not answer")
             self.loop = f"off: Redis at {url} does not answer"
             return
         from gearshift.orchestration.app import APP, QUEUES

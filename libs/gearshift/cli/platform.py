@@ -41,11 +41,12 @@ def serve_policy(model: str | None, port: int | None) -> None:
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Where the SQLite store lives")
 @click.option("--base-port", type=int, default=None, help=f"First of {len(SERVICE_NAMES) + 1} consecutive ports (services, then the policy server)")
 @click.option("--no-policy", is_flag=True, help="Do not start the built-in policy server")
-def up(data_dir: str | None, base_port: int | None, no_policy: bool) -> None:
-    """Start every service on localhost; Ctrl-C stops them all."""
+@click.option("--loop", is_flag=True, help="Also start a Celery worker and beat for the training loop, if Redis (GEARSHIFT_REDIS_URL) answers")
+def up(data_dir: str | None, base_port: int | None, no_policy: bool, loop: bool) -> None:
+    """Start every service on localhost (and the loop's worker and beat); Ctrl-C stops them all."""
     from gearshift.stack import Stack
 
-    stack = Stack(get_settings(), data_dir=data_dir, base_port=base_port, with_policy=not no_policy)
+    stack = Stack(get_settings(), data_dir=data_dir, base_port=base_port, with_policy=not no_policy, with_loop=loop)
     sys.exit(stack.run_foreground())
 
 
