@@ -385,7 +385,6 @@ def test_vllm_policy_runs_on_gpu_nodes_with_configurable_parsers_and_weights_fro
         (("policy.engine=vllm", "policy.image.repository=vllm/vllm-openai", "policy.image.tag=v0.33.0"), "reads weights from a PVC"),
         (("policy.vllm.enableAutoToolChoice=true", "policy.engine=vllm", "policy.image.repository=vllm/vllm-openai",
           "policy.image.tag=v0.33.0", "policy.vllm.weights.create=true"), "needs policy.vllm.toolCallParser"),
-        (("worker.serviceMonitor.enabled=true",), "worker exposes no metrics port"),
         (("router.securityContext.runAsNonRoot=false",), "runAsNonRoot"),
         (("router.securityContext.allowPrivilegeEscalation=true",), "allowPrivilegeEscalation"),
         (("podSecurityContext.runAsUser=0",), "runAsUser"),

@@ -400,9 +400,21 @@ def test_with_an_external_redis_the_worker_scales_on_the_queue_gauge():
     (trigger,) = scaled_objects(docs)["worker"]["spec"]["triggers"]
     assert trigger["type"] == "prometheus"
     # Every worker reports the queue's one length: the largest, not the sum.
-    assert trigger["metadata"]["query"] == f'max(gearshift_celery_queue_length{{namespace="{RELEASE}",queue="training"}})'
+    assert trigger["metadata"]["query"] == (
+        f'max(gearshift_celery_queue_length{{namespace="{RELEASE}",service="{name("worker")}",queue="training"}})')
     assert trigger["metadata"]["threshold"] == "2"
     assert not of_kind(docs, "TriggerAuthentication")
+
+
+def test_the_worker_serves_its_queue_gauge_on_the_metrics_port_for_a_service_monitor():
+    docs = render((), ("worker.serviceMonitor.enabled=true",))
+    (container,) = pod(docs, "worker")["containers"]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9090, "protocol": "TCP"}]
+    assert env_of(container)["GEARSHIFT_ORCHESTRATION__METRICS_PORT"]["value"] == "9090"
+    service = named(docs, "Service", name("worker"))
+    assert [p["name"] for p in service["spec"]["ports"]] == ["metrics"]
+    monitor = named(docs, "ServiceMonitor", name("worker"))
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
 
 
 def test_the_builtin_policy_scales_on_its_generations_in_flight():

@@ -275,7 +275,7 @@ trigger:
   metricType: AverageValue
   metadata:
     serverAddress: {{ .Values.keda.prometheusServerAddress | quote }}
-    query: {{ printf "max(gearshift_celery_queue_length{namespace=%q,queue=\"training\"})" .Release.Namespace | quote }}
+    query: {{ printf "max(gearshift_celery_queue_length{namespace=%q,service=%q,queue=\"training\"})" .Release.Namespace (include "gearshift.componentName" (dict "root" . "name" "worker")) | quote }}
 {{- end }}
 {{- end }}
 
