@@ -17,13 +17,11 @@ from gearshift.api.store.v1 import store_pb2
 from gearshift.interceptors import REQUEST_ID_KEY, request_id
 from gearshift.settings import RpcSettings, Settings, get_settings
 
-# Each gRPC service of the platform by its name in the services table.
+# Each gRPC service of the platform (the one service of its proto file) by its name in the services table.
 FULL_NAMES = {
-    name: module.DESCRIPTOR.services_by_name[service].full_name
-    for name, module, service in (
-        ("router", router_pb2, "Router"), ("planner", planner_pb2, "Planner"), ("executor", executor_pb2, "Executor"),
-        ("sandbox", sandbox_pb2, "Sandbox"), ("reward", reward_pb2, "Reward"), ("store", store_pb2, "TrajectoryStore"),
-    )
+    name: next(iter(module.DESCRIPTOR.services_by_name.values())).full_name
+    for name, module in (("router", router_pb2), ("planner", planner_pb2), ("executor", executor_pb2),
+                         ("sandbox", sandbox_pb2), ("reward", reward_pb2), ("store", store_pb2))
 }
 # Methods that may run again on another replica when one answers UNAVAILABLE: they read, compute
 # from their request alone, or write under a key the request names (Put by trajectory id,

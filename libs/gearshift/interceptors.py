@@ -22,7 +22,7 @@ request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", d
 
 REQUEST_ID_KEY = "x-request-id"
 # Kubernetes gRPC probes cannot send a token, so health checks stay open.
-HEALTH_METHODS = ("/grpc.health.v1.Health/",)
+UNAUTHENTICATED_METHODS = ("/grpc.health.v1.Health/",)
 
 # Downstream statuses that describe the caller's request or availability, passed on as they are;
 # anything else from downstream (auth, internal) is this service's fault: INTERNAL.
@@ -154,7 +154,7 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
         return handler  # client-streaming rpcs: gearshift defines none
 
     def _authorized(self, method: str, metadata: dict[str, Any]) -> bool:
-        if self._token is None or method.startswith(HEALTH_METHODS):
+        if self._token is None or method.startswith(UNAUTHENTICATED_METHODS):
             return True
         given = metadata.get("authorization", "")
         given = given.encode() if isinstance(given, str) else given

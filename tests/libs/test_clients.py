@@ -13,7 +13,7 @@ import pytest
 from gearshift.api.common.v1.common_pb2 import Cost
 from gearshift.api.reward.v1 import reward_pb2, reward_pb2_grpc
 from gearshift.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
-from gearshift.clients import RETRIED, channel, service_config
+from gearshift.clients import FULL_NAMES, RETRIED, channel, service_config
 from gearshift.server import Handler, Service, start
 from gearshift.settings import RpcSettings, Settings
 
@@ -41,9 +41,8 @@ class StandInSandbox(sandbox_pb2_grpc.SandboxServicer):
         await context.abort(grpc.StatusCode.UNAVAILABLE, "stand-in refusal")
 
 
-async def serve(servicer, register, name: str, settings: Settings, host: str = "127.0.0.1"):
-    full_name = {"reward": "gearshift.reward.v1.Reward", "sandbox": "gearshift.sandbox.v1.Sandbox"}[name]
-    return await start(Service(name, [Handler(register, servicer, full_name)]), settings.model_copy(update={"host": host}), port=0)
+async def serve(servicer, register, name: str, settings: Settings, host: str = "127.0.0.1", port: int = 0):
+    return await start(Service(name, [Handler(register, servicer, FULL_NAMES[name])]), settings.model_copy(update={"host": host}), port=port)
 
 
 def settings_with(**rpc) -> Settings:
@@ -56,7 +55,6 @@ def test_every_retried_method_exists_and_the_config_names_each_service():
     named = {(n["service"], n.get("method")) for entry in config["methodConfig"] for n in entry["name"]}
     for service in ("router", "planner", "reward", "sandbox", "store", "executor"):
         assert any(s.startswith(f"gearshift.{service}.") and m is None for s, m in named), service
-    from gearshift.clients import FULL_NAMES
     from google.protobuf import descriptor_pool
 
     for service, methods in RETRIED.items():
@@ -115,8 +113,7 @@ async def test_round_robin_spreads_calls_and_skips_a_replica_that_says_not_servi
     servers = []
     port = 0
     for index, servicer in enumerate(replicas):  # one port on three loopback addresses
-        server = await start(Service("reward", [Handler(reward_pb2_grpc.add_RewardServicer_to_server, servicer, "gearshift.reward.v1.Reward")]),
-                             settings.model_copy(update={"host": f"127.0.0.{index + 2}"}), port=port)
+        server = await serve(servicer, reward_pb2_grpc.add_RewardServicer_to_server, "reward", settings, f"127.0.0.{index + 2}", port)
         port = server.port
         servers.append(server)
     try:

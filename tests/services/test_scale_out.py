@@ -14,8 +14,9 @@ import signal
 import grpc
 import httpx
 import pytest
-from gearshift.api.common.v1.common_pb2 import Mode, TrajectoryStatus
+from gearshift.api.common.v1.common_pb2 import Mode, ToolCall, TrajectoryStatus
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
+from gearshift.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
 from gearshift.settings import Settings
@@ -110,13 +111,10 @@ async def test_calls_spread_over_replicas_and_a_killed_replica_fails_no_episode(
     assert sum(replicas.calls_served(i, "Score") for i in survivors) >= sum(served[i] for i in survivors) + 60
 
 
-async def test_a_session_call_on_another_replica_is_refused_not_run_empty(reward_replicas, tmp_path):
+async def test_a_session_call_on_another_replica_is_refused_not_run_empty(tmp_path):
     """Sandbox sessions live in one replica: through a balanced target a later call either reaches
     it (its address comes back with every reply) or is refused; it never runs in an empty one."""
-    from gearshift.api.common.v1.common_pb2 import ToolCall
-    from gearshift.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
-
-    _, settings = reward_replicas
+    settings = Settings()
     sandboxes = Replicas("sandbox", REPLICA_PORT + 1, slots=2, env=dict(os.environ, GEARSHIFT_DATA_DIR=str(tmp_path / "sb"),
                                                                           GEARSHIFT_SANDBOX__WARM_WORKERS="1"))
     with sandboxes:
