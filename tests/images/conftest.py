@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from tests.charts.k8s import render
-from tests.images.pods import container_runs
+from tests.images.pods import cluster_domain, container_runs
 from tests.images.stack import Stack, docker, docker_ready
 
 VALUES = Path(__file__).with_name("values.yaml")
 DEPS_IMAGE = "gearshift-test-deps"
 # Start order: what others call first. The policy server loads the model while nothing waits on it.
-ORDER = ("postgresql", "redis", "policy", "store", "sandbox", "reward", "planner", "router", "executor", "gateway", "worker")
+ORDER = ("postgresql", "redis", "policy", "store", "sandbox", "reward", "planner", "router", "executor", "gateway", "worker", "beat")
 PUBLISHED = {"gateway": "http"}  # component -> the port clients outside reach, published on loopback
 # Figures for docs/images.md: `docker run` to ready, per component, written at the end of a run.
 FIGURES = Path(tempfile.gettempdir()) / "gearshift-image-startup.json"
@@ -38,7 +38,7 @@ def stack(docs):
     why = docker_ready()
     if why:
         pytest.fail(why)
-    runs = container_runs(docs, Path(tempfile.mkdtemp(prefix="gearshift-images-")))
+    runs = container_runs(docs, Path(tempfile.mkdtemp(prefix="gearshift-images-")), domain=cluster_domain((str(VALUES),)))
     assert set(ORDER) == set(runs), f"the chart renders {sorted(runs)}; the tests start {sorted(ORDER)}"
     for component, port in PUBLISHED.items():
         runs[component].publish = [p["containerPort"] for p in runs[component].spec["ports"] if p["name"] == port]

@@ -4,7 +4,10 @@ volumes, resource limits) turned into the engine's flags, so the image tests run
 renders rather than a copy of it.
 
 What has no engine equivalent is left out on purpose: probes (tests/images runs them itself),
-Services (a network alias with the Service's name stands in), Ingresses (a port published on
+Services (network aliases stand in: every Service selecting the pod gives it the names a pod of
+the namespace resolves, <name> through <name>.<namespace>.svc.<clusterDomain>; containers
+sharing an alias are all answered by the engine's DNS, round robin, as a headless Service's
+name resolves to every ready pod), Ingresses (a port published on
 loopback stands in, for the components a test names), NetworkPolicies, `hostUsers`
 (user namespaces are daemon-wide in the engine) and the scheduling fields.
 """
@@ -17,6 +20,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from tests.charts.k8s import CHART, pod_spec
 
 # Where the kubelet would find a Localhost seccomp profile: the chart ships its own under files/.
@@ -28,7 +33,7 @@ _QUANTITY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M"
 class ContainerRun:
     """One pod's container as the engine runs it: `docker run` + flags + image + arguments."""
 
-    name: str  # the workload's name (gearshift-router): container name and network alias
+    name: str  # the workload's name (gearshift-router), the container's name; a replica's is <name>-<replica>
     component: str
     image: str
     entrypoint: list[str] | None  # the container's `command` (replaces the image's ENTRYPOINT)
@@ -42,21 +47,61 @@ class ContainerRun:
     # Container ports published on a free loopback port of the host: what clients outside the
     # cluster reach (the gateway, as through its Ingress); every other port stays on the network.
     publish: list[int] = field(default_factory=list)
+    # Network aliases: the DNS names of the Services that select the pod (service_aliases).
+    # Replicas of one workload share them, so each name answers with every replica.
+    aliases: list[str] = field(default_factory=list)
 
-    def command(self, network: str, prefix: str, image: str | None = None) -> list[str]:
-        """The `docker run` command line; names and volumes carry the prefix, so a test run owns them."""
+    @property
+    def needs_ip(self) -> bool:
+        """Whether its environment names the pod's IP (status.podIP), so the address is chosen before the run."""
+        return any(POD_IP in value for value in self.env.values())
+
+    def command(self, network: str, prefix: str, image: str | None = None, ip: str | None = None) -> list[str]:
+        """The `docker run` command line; names and volumes carry the prefix, so a test run owns
+        them. ip: the container's address on the network (the pod IP its environment names)."""
+        assert ip or not self.needs_ip, f"{self.name}: its environment names the pod's IP; give the container one"
         run = ["docker", "run", "-d", "--name", f"{prefix}{self.name}", "--network", network,
-               "--network-alias", self.name, "--label", f"gearshift-test={prefix}", *self.flags, *self.mounts]
+               "--label", f"gearshift-test={prefix}", *self.flags, *self.mounts]
+        if ip:
+            run += ["--ip", ip]
+        for alias in self.aliases:
+            run += ["--network-alias", alias]
         for volume, path in self.volumes.items():
             run += ["--mount", f"type=volume,source={prefix}{volume},target={path}"]
         for port in self.publish:
             run += ["--publish", f"127.0.0.1::{port}"]
         for key, value in self.env.items():
-            run += ["-e", f"{key}={value}"]
+            run += ["-e", f"{key}={value.replace(POD_IP, ip) if ip else value}"]
         if self.entrypoint:
             run += ["--entrypoint", self.entrypoint[0]]
         run.append(image or self.image)
         return run + (self.entrypoint or [])[1:] + self.args
+
+
+def cluster_domain(values_files: tuple[str, ...] = ()) -> str:
+    """The chart's clusterDomain as these values files (last wins) over its defaults set it."""
+    domain = yaml.safe_load((CHART / "values.yaml").read_text())["clusterDomain"]
+    for name in values_files:
+        domain = (yaml.safe_load((CHART / name).read_text()) or {}).get("clusterDomain", domain)
+    return domain
+
+
+def service_aliases(docs, pod_labels: dict, namespace: str, domain: str) -> list[str]:
+    """The names a pod with these labels is reached by: for every rendered Service whose selector
+    the labels match (the ClusterIP Service and the headless one beside it), each name a pod of
+    the namespace resolves it by, <name>, <name>.<namespace>, <name>.<namespace>.svc and
+    <name>.<namespace>.svc.<domain> (what the chart's gRPC addresses name: dns:///<headless
+    Service>.<namespace>.svc.<domain>:<port>)."""
+    aliases: list[str] = []
+    for doc in docs:
+        selector = doc.get("spec", {}).get("selector") if doc["kind"] == "Service" else None
+        if not selector or any(pod_labels.get(key) != value for key, value in selector.items()):
+            continue
+        name = doc["metadata"]["name"]
+        for alias in (name, f"{name}.{namespace}", f"{name}.{namespace}.svc", f"{name}.{namespace}.svc.{domain}"):
+            if alias not in aliases:
+                aliases.append(alias)
+    return aliases
 
 
 def quantity(text: str | int) -> int:
@@ -88,24 +133,36 @@ def secret_values(docs) -> dict[tuple[str, str], str]:
     return found
 
 
+# A pod's own IP (fieldRef status.podIP) is known only once the engine gives the container one:
+# env values carry this mark until Stack.start chooses the address (ContainerRun.command's ip).
+POD_IP = "$(status.podIP)"
+_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def _expand(value: str, env: dict[str, str]) -> str:
+    """The kubelet's expansion of an env value: $(VAR) becomes the value of a variable defined
+    before it (left as written when there is none), $$ a literal $."""
+    return _REFERENCE.sub(lambda m: "$" if m[0] == "$$" else env.get(m[1], m[0]), value)
+
+
 def _env(container: dict, secrets: dict, namespace: str, pod_name: str) -> dict[str, str]:
     env = {}
+    for source in container.get("envFrom", []):  # env entries win over envFrom, as in a pod
+        name = source["secretRef"]["name"]
+        env |= {key: value for (secret, key), value in secrets.items() if secret == name}
     for item in container.get("env", []):
         source = item.get("valueFrom")
         if source is None:
-            env[item["name"]] = str(item.get("value", ""))
+            env[item["name"]] = _expand(str(item.get("value", "")), env)
         elif "secretKeyRef" in source:
             ref = source["secretKeyRef"]
             assert (ref["name"], ref["key"]) in secrets, f"{item['name']}: the chart renders no Secret {ref['name']} with key {ref['key']}"
             env[item["name"]] = secrets[ref["name"], ref["key"]]
         elif "fieldRef" in source:
             path = source["fieldRef"]["fieldPath"]
-            env[item["name"]] = {"metadata.namespace": namespace, "metadata.name": pod_name}[path]
+            env[item["name"]] = {"metadata.namespace": namespace, "metadata.name": pod_name, "status.podIP": POD_IP}[path]
         else:
             raise AssertionError(f"{item['name']}: unsupported env source {source}")
-    for source in container.get("envFrom", []):
-        name = source["secretRef"]["name"]
-        env |= {key: value for (secret, key), value in secrets.items() if secret == name}
     return env
 
 
@@ -165,9 +222,12 @@ def _volumes(pod: dict, container: dict, docs, files_dir: Path, workload: str) -
     return mounts, named, files
 
 
-def container_runs(docs, files_dir: Path, namespace: str = "gearshift", kinds=("Deployment", "StatefulSet")) -> dict[str, ContainerRun]:
-    """component -> ContainerRun for every workload of these kinds the chart renders."""
+def container_runs(docs, files_dir: Path, namespace: str = "gearshift", kinds=("Deployment", "StatefulSet"),
+                   domain: str | None = None) -> dict[str, ContainerRun]:
+    """component -> ContainerRun for every workload of these kinds the chart renders; domain: the
+    clusterDomain the chart was rendered with (default: the chart's own)."""
     secrets = secret_values(docs)
+    domain = domain or cluster_domain()
     runs = {}
     for doc in docs:
         if doc["kind"] not in kinds:
@@ -188,5 +248,6 @@ def container_runs(docs, files_dir: Path, namespace: str = "gearshift", kinds=("
             name=name, component=component, image=container["image"], entrypoint=container.get("command"),
             args=container.get("args", []), env=_env(container, secrets, namespace, f"{name}-0"),
             flags=flags, mounts=mounts, volumes=named, files=files, spec=container,
+            aliases=service_aliases(docs, doc["spec"].get("template", {}).get("metadata", {}).get("labels", {}), namespace, domain),
         )
     return runs

@@ -4,10 +4,13 @@ test fails). Every wait has a deadline and says what it waited for and what the 
 
 from __future__ import annotations
 
+import dataclasses
+import ipaddress
 import shutil
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +56,8 @@ class Stack:
     prefix: str = field(default_factory=lambda: f"gs-{uuid.uuid4().hex[:6]}-")
     started: list[str] = field(default_factory=list)
     ready_seconds: dict[str, float] = field(default_factory=dict)  # component -> docker run to ready
+    retired_logs: dict[str, str] = field(default_factory=dict)  # replica -> its log, kept for close()
+    _pod_ips: Iterator[str] = field(default_factory=lambda: iter(()), repr=False)  # create_network() fills it
 
     @property
     def network(self) -> str:
@@ -62,7 +67,20 @@ class Stack:
         return f"{self.prefix}{self.runs[component].name}"
 
     def create_network(self) -> None:
-        docker("network", "create", "--label", f"gearshift-test={self.prefix}", self.network)
+        """The run's network, on a subnet the engine picks as it would for any new network: the
+        engine assigns addresses from its first half, pod_ip() hands out the second (the engine
+        takes an address given with --ip only on a network whose subnet was given)."""
+        label = f"gearshift-test={self.prefix}"
+        docker("network", "create", "--label", label, f"{self.prefix}probe")
+        subnet = docker("network", "inspect", "-f", "{{(index .IPAM.Config 0).Subnet}}", f"{self.prefix}probe").stdout.strip()
+        docker("network", "rm", f"{self.prefix}probe")
+        engine, ours = ipaddress.ip_network(subnet).subnets(prefixlen_diff=1)
+        docker("network", "create", "--label", label, "--subnet", subnet, "--ip-range", str(engine), self.network)
+        self._pod_ips = (str(address) for address in ours.hosts())
+
+    def pod_ip(self) -> str:
+        """An address on the network for a container whose environment names its pod IP."""
+        return next(self._pod_ips)
 
     def start(self, component: str, image: str | None = None, timeout: float = READY_TIMEOUT) -> float:
         """docker run the component's pod and wait for its startup (else readiness) probe; returns the seconds that took."""
@@ -72,12 +90,33 @@ class Stack:
             path.write_text(text)
         docker("rm", "-f", self.container(component), check=False)
         started = time.monotonic()
-        docker(*run.command(self.network, self.prefix, image)[1:])
+        docker(*run.command(self.network, self.prefix, image, ip=self.pod_ip() if run.needs_ip else None)[1:])
         if component not in self.started:
             self.started.append(component)
         self.wait_ready(component, timeout, since=started)
         self.ready_seconds[component] = time.monotonic() - started
         return self.ready_seconds[component]
+
+    def add_replica(self, component: str, replica: str, env: dict[str, str] | None = None, **changes) -> str:
+        """Another pod of the component's workload, as a Deployment scaled out runs it: the same
+        settings (env overridden by `env`, other ContainerRun fields by `changes`) and the same
+        network aliases, so its Services' names answer with it too; the container is named
+        <workload>-<replica>. Returns its key in runs, for start(), address() and the rest."""
+        run = self.runs[component]
+        key = f"{component}-{replica}"
+        assert key not in self.runs, f"{key} exists"
+        self.runs[key] = dataclasses.replace(run, name=f"{run.name}-{replica}", env={**run.env, **(env or {})}, publish=[], **changes)
+        return key
+
+    def retire(self, key: str, timeout: int = 30) -> None:
+        """Stops a replica add_replica made (SIGTERM, its drain, then removed) and forgets it; its
+        log is kept for close()."""
+        docker("stop", "-t", str(timeout), self.container(key), timeout=timeout + 60, check=False)
+        self.retired_logs[key] = self.logs(key, tail=2000)
+        docker("rm", "-f", "-v", self.container(key), check=False)
+        self.runs.pop(key)
+        if key in self.started:
+            self.started.remove(key)
 
     def wait_ready(self, component: str, timeout: float = READY_TIMEOUT, since: float | None = None) -> None:
         spec = self.runs[component].spec
@@ -158,10 +197,12 @@ class Stack:
             logs_dir.mkdir(parents=True, exist_ok=True)
             for component in self.started:
                 (logs_dir / f"{component}.log").write_text(self.logs(component, tail=2000))
+            for replica, text in self.retired_logs.items():
+                (logs_dir / f"{replica}.log").write_text(text)
         containers = docker("ps", "-aq", "--filter", f"label=gearshift-test={self.prefix}", check=False).stdout.split()
         if containers:
             docker("rm", "-f", "-v", *containers, check=False)
-        docker("network", "rm", self.network, check=False)
+        docker("network", "rm", self.network, f"{self.prefix}probe", check=False)
         volumes = docker("volume", "ls", "-q", "--filter", f"name={self.prefix}", check=False).stdout.split()
         if volumes:
             docker("volume", "rm", "-f", *volumes, check=False)

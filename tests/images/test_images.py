@@ -126,7 +126,9 @@ def test_the_training_job_runs_its_config_in_the_training_image(stack: Stack, do
     command[command.index("-d")] = "--rm"
     result = docker(*command[1:], check=False, timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.split() == ["/checkpoints/images-sft", "gearshift-store:50051", "SERVING"], result.stdout
+    # The store as every in-cluster client names it (the chart's gearshift.serviceAddress).
+    store = stack.runs["executor"].env["GEARSHIFT_STORE_ADDR"]
+    assert result.stdout.split() == ["/checkpoints/images-sft", store, "SERVING"], result.stdout
 
 
 async def test_a_solve_runs_through_the_containers_and_is_stored_in_postgres(stack: Stack):
@@ -210,6 +212,14 @@ async def test_the_sandbox_container_isolates_python(sandbox_stub):
     """Namespaces work under the chart's seccomp profile: python runs (it is refused where they do not)."""
     result = await run_python(sandbox_stub, "import os\nprint(os.getuid(), os.getpid())")
     assert not result.is_error and result.output.split() == ["1000", "1"], (result.error, result.output)
+
+
+async def test_the_sandbox_names_its_pod_address_in_each_reply(stack: Stack, sandbox_stub):
+    """The chart gives the sandbox its pod IP (status.podIP, in GEARSHIFT_SANDBOX__ADVERTISE_ADDRESS):
+    each reply names it, where a python session's later calls reach this replica past the balancing."""
+    call = ToolCall(id="c", name="python", arguments_json='{"code": "print(1)"}')
+    reply = await sandbox_stub.Execute(sandbox_pb2.ExecuteRequest(call=call), timeout=30)
+    assert not reply.result.is_error and reply.replica == stack.address("sandbox"), (reply.result.error, reply.replica)
 
 
 @pytest.mark.parametrize("program", BATTERY, ids=[h.name for h in BATTERY])
