@@ -243,5 +243,6 @@ async def test_a_cancelled_call_leaves_nothing_running(service: RunningSandbox):
 
 def _python_request(code: str, session_id: str) -> sandbox_pb2.ExecuteRequest:
     return sandbox_pb2.ExecuteRequest(
-        call=ToolCall(id="c", name="python", arguments_json=json.dumps({"code": code})), session_id=session_id, timeout_seconds=5
+        call=ToolCall(id="c", name="python", arguments_json=json.dumps({"code": code})), session_id=session_id,
+        open_session=bool(session_id), timeout_seconds=5,
     )
