@@ -32,7 +32,10 @@ pytestmark = pytest.mark.slow
 WORKER = Path(__file__).with_name("ranks_worker.py")
 ROOT = Path(__file__).parents[2]
 PRODUCTS = [(12, 34), (7, 8), (123, 45), (5, 6), (81, 27), (1234, 56)]
-WEIGHTS_TOLERANCE = 1e-5
+# Reduction order differs between 2 ranks and 1 process, and between CPUs: DDP distillation on
+# one AMD EPYC (stop 47) ended 1.22e-5 apart after 3 AdamW steps at lr 1e-3, whose normalised
+# updates amplify float32 noise on near-zero gradients; ranks that diverge differ by ~lr.
+WEIGHTS_TOLERANCE = 2e-5
 
 
 def products_policy(body: dict) -> str:
