@@ -45,8 +45,9 @@ async def test_the_beat_fires_the_trigger_on_schedule_and_the_round_it_queues_ru
         running.beat("beat")
         await running.ready("worker")
 
-        rounds = await until(lambda: running.journal.list("round"), 40, "a round")
-        assert len(rounds) == 1 and rounds[0].status == "succeeded"
+        # A round's row appears when it starts and succeeds once it has queued its chain.
+        rounds = await until(lambda: (runs := running.journal.list("round")) and runs[0].status == "succeeded" and runs, 40, "a round")
+        assert len(rounds) == 1
         snapshot = await until(lambda: (runs := running.journal.list("snapshot")) and runs[0].status == "succeeded" and runs[0], 30, "the snapshot")
         assert snapshot.result["count"] == 2
         trained = await until(lambda: (runs := running.journal.list("train")) and runs[0].status == "succeeded" and runs[0], 30, "the training run")
