@@ -84,11 +84,13 @@ class DrainingHealth(health.aio.HealthServicer):
     async def Watch(self, request, context) -> None:
         watching = asyncio.ensure_future(super().Watch(request, context))
         draining = asyncio.ensure_future(self._draining.wait())
-        await asyncio.wait({watching, draining}, return_when=asyncio.FIRST_COMPLETED)
-        for task in (watching, draining):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):  # the client may have gone
-                await task
+        try:
+            await asyncio.wait({watching, draining}, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # also when the watch itself is cancelled (the client went away, the server stopped)
+            for task in (watching, draining):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):  # the client may have gone
+                    await task
         if self._draining.is_set():
             with contextlib.suppress(Exception):
                 await context.write(health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.NOT_SERVING))
