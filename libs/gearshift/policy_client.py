@@ -92,6 +92,7 @@ class Completion:
     finish_reason: str | None
     usage: Usage
     token_ids: list[int] | None = None  # the sampled ids, where the server returns them
+    logprobs: list[float] | None = None  # each sampled id's log-probability, where the server returns them
 
 
 @dataclass
@@ -125,6 +126,7 @@ class ChatCompletion:
     usage: Usage
     message: dict = field(default_factory=dict)  # the raw assistant message, to append to the history
     token_ids: list[int] | None = None  # the sampled ids, where the server returns them
+    logprobs: list[float] | None = None  # each sampled id's log-probability, where the server returns them
 
 
 @dataclass
@@ -138,6 +140,7 @@ class StreamChunk:
     finish_reason: str | None = None
     usage: Usage | None = None
     token_ids: list[int] | None = None
+    logprobs: list[float] | None = None  # one per token_ids entry, where the server returned them all
 
 
 def _error_message(text: str, reason: str) -> str:
@@ -197,6 +200,7 @@ class PolicyClient:
         backoff: float = 0.5,
         connect_timeout: float = 5.0,
         token_ids: bool = False,
+        logprobs: bool = False,
         chat_template: str | None = None,
     ):
         self.base_url = base_url.rstrip("/")
@@ -206,6 +210,7 @@ class PolicyClient:
         self.retries = retries
         self.backoff = backoff
         self._token_ids = {"return_token_ids": True} if token_ids else {}
+        self._logprobs = logprobs  # ask for each sampled token's log-probability (the behaviour policy's)
         self.chat_template = chat_template  # the native protocol's requests carry it (None: the server's)
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=timeout)
@@ -223,6 +228,7 @@ class PolicyClient:
             retries=client.retries,
             backoff=client.backoff_seconds,
             token_ids=client.return_token_ids,
+            logprobs=client.return_logprobs,
             chat_template=vllm_plugins.chat_template_text(client.chat_template),
         )
 
@@ -374,8 +380,11 @@ class PolicyClient:
             else:
                 response.close()
 
-    def _body(self, max_tokens: int, temperature: float, top_p: float, stop, seed, extra: dict) -> dict:
-        body = {"model": self.served_model, "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, **self._token_ids, **extra}
+    def _body(self, max_tokens: int, temperature: float, top_p: float, stop, seed, extra: dict, chat: bool = False) -> dict:
+        body = {"model": self.served_model, "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, **self._token_ids}
+        if self._logprobs:  # the sampled token's alone: completions' logprobs 0, chat's logprobs true (top_logprobs 0)
+            body |= {"logprobs": True, "top_logprobs": 0} if chat else {"logprobs": 0}
+        body |= extra
         if stop:
             body["stop"] = list(stop)
         if seed is not None:
@@ -399,7 +408,8 @@ class PolicyClient:
         body = self._body(max_tokens, temperature, top_p, stop, seed, extra) | {"prompt": prompt}
         reply = await self._post("/completions", body)
         choice = (reply.get("choices") or [{}])[0]
-        return Completion(choice.get("text") or "", choice.get("finish_reason"), Usage.of(reply.get("usage")), choice.get("token_ids"))
+        return Completion(choice.get("text") or "", choice.get("finish_reason"), Usage.of(reply.get("usage")), choice.get("token_ids"),
+                          _sampled_logprobs(choice, choice.get("token_ids")))
 
     async def chat(
         self,
@@ -415,7 +425,7 @@ class PolicyClient:
         **extra,
     ) -> ChatCompletion:
         """Chat completion; tool calls and reasoning come back parsed by the server."""
-        body = self._body(max_tokens, temperature, top_p, stop, seed, extra) | {"messages": messages}
+        body = self._body(max_tokens, temperature, top_p, stop, seed, extra, chat=True) | {"messages": messages}
         body |= _tool_fields(tools, tool_choice)
         reply = await self._post("/chat/completions", body)
         choice = (reply.get("choices") or [{}])[0]
@@ -428,6 +438,7 @@ class PolicyClient:
             usage=Usage.of(reply.get("usage")),
             message=message,
             token_ids=choice.get("token_ids"),
+            logprobs=_sampled_logprobs(choice, choice.get("token_ids")),
         )
 
     async def render_chat(self, messages: list[dict], *, tools: list[dict] | None = None, chat_template_kwargs: dict | None = None,
@@ -466,7 +477,7 @@ class PolicyClient:
                 ids.add(choice)
                 if choice.get("text"):
                     yield StreamChunk(text=choice["text"])
-        yield StreamChunk(finish_reason=finish, usage=usage, token_ids=ids.all)
+        yield StreamChunk(finish_reason=finish, usage=usage, token_ids=ids.all, logprobs=ids.matching_logprobs)
 
     async def stream_chat(
         self,
@@ -483,7 +494,7 @@ class PolicyClient:
     ) -> AsyncIterator[StreamChunk]:
         """Streams a chat completion: content and reasoning as they come; a last chunk has the
         assembled tool calls, the finish reason and the usage."""
-        body = self._body(max_tokens, temperature, top_p, stop, seed, extra)
+        body = self._body(max_tokens, temperature, top_p, stop, seed, extra, chat=True)
         body |= {"messages": messages, "stream": True, "stream_options": {"include_usage": True}}
         body |= _tool_fields(tools, tool_choice)
         finish, usage, ids = None, None, _TokenIds()
@@ -500,7 +511,7 @@ class PolicyClient:
                 if text or reasoning:
                     yield StreamChunk(text=text, reasoning=reasoning)
         calls = [ToolCall.of(call) for _, call in sorted(pending.items())]
-        yield StreamChunk(tool_calls=calls, finish_reason=finish, usage=usage, token_ids=ids.all)
+        yield StreamChunk(tool_calls=calls, finish_reason=finish, usage=usage, token_ids=ids.all, logprobs=ids.matching_logprobs)
 
     async def models(self) -> list[str]:
         """The model names the server serves."""
@@ -652,14 +663,38 @@ def requested_sampling(request):
 
 
 class _TokenIds:
-    """A streamed reply's sampled ids: each chunk's token_ids are the ones new since the last."""
+    """A streamed reply's sampled ids and their log-probabilities: each chunk's token_ids (and
+    logprobs) are the ones new since the last."""
 
     def __init__(self):
         self.all: list[int] | None = None
+        self.logprobs: list[float] = []
 
     def add(self, choice: dict) -> None:
         if choice.get("token_ids") is not None:
             self.all = (self.all or []) + list(choice["token_ids"])
+        self.logprobs += _logprob_values(choice.get("logprobs"))
+
+    @property
+    def matching_logprobs(self) -> list[float] | None:
+        """The log-probabilities when there is one for every sampled id, else None."""
+        return list(self.logprobs) if self.all and len(self.logprobs) == len(self.all) else None
+
+
+def _logprob_values(logprobs: dict | None) -> list[float]:
+    """The sampled tokens' log-probabilities of an OpenAI choice's logprobs: chat's content[].logprob
+    or completions' token_logprobs (vLLM and the built-in server both)."""
+    if not logprobs:
+        return []
+    if logprobs.get("content") is not None:
+        return [float(entry["logprob"]) for entry in logprobs["content"]]
+    return [float(value) for value in logprobs.get("token_logprobs") or []]
+
+
+def _sampled_logprobs(choice: dict, token_ids: list[int] | None) -> list[float] | None:
+    """A finished choice's log-probabilities when there is one for every sampled id, else None."""
+    values = _logprob_values(choice.get("logprobs"))
+    return values if token_ids and len(values) == len(token_ids) else None
 
 
 def _tool_fields(tools: list[dict] | None, tool_choice: str | dict | None) -> dict:

@@ -111,6 +111,12 @@ class PolicyClientSettings(BaseModel):
         description="Ask for the sampled token ids (vLLM's return_token_ids; the built-in server honours it too), which "
         "trajectories keep for training on exactly the sampled tokens; turn off for a server that rejects the field",
     )
+    return_logprobs: bool = Field(
+        True,
+        description="Ask for each sampled token's log-probability (OpenAI logprobs, the sampled token's alone), which "
+        "trajectories keep beside the token ids: the behaviour policy of asynchronous on-policy training (its clipped ratio); "
+        "turn off for a server that rejects the field",
+    )
     protocol: Literal["text", "native"] = Field(
         "text",
         description='How the executor speaks to the policy: "text", the A^2FM text protocol (one growing assistant message, '

@@ -326,7 +326,7 @@ class EpisodeRunner:
         if not remaining:  # planning spent the output budget: the turn is cut where it starts
             state.last_finish = "length"
             return
-        text, finish, usage, token_ids = [], None, None, None
+        text, finish, usage, token_ids, logprobs = [], None, None, None, None
         async for chunk in self.policy.stream_chat(
             prompts.messages(state.trajectory.query, state.transcript, state.trajectory.conversation),
             max_tokens=remaining,
@@ -339,12 +339,13 @@ class EpisodeRunner:
                 text.append(chunk.text)
                 yield event(turn.index, chunk=executor_pb2.OutputChunk(text=chunk.text))
             finish, usage, token_ids = chunk.finish_reason or finish, chunk.usage or usage, chunk.token_ids or token_ids
+            logprobs = chunk.logprobs or logprobs
         output = "".join(text)
         if finish == "stop":
             output += _closing_tag(state.transcript + output, stop)  # the stop word the model sampled
         state.last_finish = finish
         state.transcript += output
-        span = sampled_span(len(turn.output), len(turn.output) + len(output), token_ids)
+        span = sampled_span(len(turn.output), len(turn.output) + len(output), token_ids, logprobs)
         if span is not None:
             turn.sampled.append(span)
         turn.output += output

@@ -82,7 +82,7 @@ class NativeEpisodeRunner(EpisodeRunner):
         if not remaining:  # planning spent the output budget: the turn is cut where it starts
             state.last_finish = "length"
             return
-        content, reasoning, finish, usage, token_ids = [], [], None, None, None
+        content, reasoning, finish, usage, token_ids, logprobs = [], [], None, None, None, None
         opened = native.opening_message(turn) is not None
         async for chunk in self.policy.stream_chat(
             native.messages(trajectory, upcoming=turn),
@@ -102,9 +102,12 @@ class NativeEpisodeRunner(EpisodeRunner):
                 yield event(turn.index, chunk=executor_pb2.OutputChunk(reasoning=chunk.reasoning))
             calls += chunk.tool_calls
             finish, usage, token_ids = chunk.finish_reason or finish, chunk.usage or usage, chunk.token_ids or token_ids
+            logprobs = chunk.logprobs or logprobs
         state.last_finish = finish
         turn.output, turn.reasoning_content = "".join(content), "".join(reasoning)
         turn.token_ids.extend(token_ids or [])
+        if token_ids and logprobs is not None and len(logprobs) == len(token_ids):
+            turn.token_logprobs.extend(logprobs)
         if usage is not None:
             state.account(turn, usage.tokens())
 

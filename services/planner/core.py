@@ -71,12 +71,13 @@ class Continuation:
     text: str
     usage: TokenUsage
     token_ids: list[int] | None
+    logprobs: list[float] | None = None  # one per token id, where the server returned them
 
     @classmethod
     def of(cls, reply) -> Continuation:
         """A chat completion's or a completion's reply."""
         text = reply.text if hasattr(reply, "text") else reply.content or ""
-        return cls(text, reply.usage.tokens(), reply.token_ids)
+        return cls(text, reply.usage.tokens(), reply.token_ids, reply.logprobs)
 
 
 @dataclass
@@ -164,7 +165,7 @@ class SimulativePlanner:
         if usable:
             rationale = f"policy chose {PlanDecision.Name(decision)}"
             if belief.in_context:  # the policy continued its own "Plan:": the block's decision is its sample
-                sampled = sampled_span(len(PLAN_HEAD), len(decision_text(decision)), reply.token_ids)
+                sampled = sampled_span(len(PLAN_HEAD), len(decision_text(decision)), reply.token_ids, reply.logprobs)
         else:
             decision = rule_decision(belief)
             rationale = f"policy reply {reply.text!r:.40} was not a usable decision; rule chose {PlanDecision.Name(decision)}"
@@ -186,7 +187,7 @@ class SimulativePlanner:
         parsed = parse_plan_block(text)
         plan = complete_steps(parsed.plan, horizon) if parsed else Plan()
         # In the agent's message the plan is its own sample, up to the line plan_block ends it with.
-        sampled = sampled_span(len(opener), len(render_plan(plan)) + 1, reply.token_ids) if belief.in_context and plan.steps else None
+        sampled = sampled_span(len(opener), len(render_plan(plan)) + 1, reply.token_ids, reply.logprobs) if belief.in_context and plan.steps else None
         return PlanResult(plan, text, reply.usage, sampled)
 
     async def _continue(self, belief: Belief, opener: str, **options) -> Continuation:

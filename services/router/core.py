@@ -105,7 +105,7 @@ class ModeRouter:
                 head = len(prefix) - len(prompts.MODE_OPENERS[mode])  # rationale and classification block
                 return ModeDecision(mode, RoutingStrategy.ROUTING_STRATEGY_MODEL, rationale, prefix,
                                     usage=usage, attempts=attempt,
-                                    sampled=sampled_span(len(opening), head, reply.token_ids))
+                                    sampled=sampled_span(len(opening), head, reply.token_ids, reply.logprobs))
         mode = MODE_OF[self.config.fallback_mode]
         note = f"No known label after {self.config.max_attempts} attempts; fell back to {self.config.fallback_mode}."
         return ModeDecision(mode, RoutingStrategy.ROUTING_STRATEGY_FALLBACK, note, a2fm.episode_prefix(mode, note),

@@ -31,6 +31,7 @@ Its routing head is not in that conversation (the router asks its own prompt), s
 from __future__ import annotations
 
 import functools
+import math
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -44,26 +45,37 @@ from gearshift.protocol import a2fm, native, prompts
 @dataclass(frozen=True)
 class Segment:
     """A piece of the assistant turn, whether the loss learns it, and the token ids the policy
-    sampled from its start, where kept."""
+    sampled from its start, where kept (with their log-probabilities under the sampling policy,
+    where kept: one per id)."""
 
     text: str
     target: bool
     sampled: tuple[int, ...] | None = None
+    logprobs: tuple[float, ...] | None = None
 
 
 @dataclass
 class Encoded:
     """Token ids of prompt + assistant turn; target[i] says token i is learned (predicted from i-1).
     unsampled counts the tokens of learned pieces that the policy did not sample (re-tokenised
-    text; masked when encoded exact)."""
+    text; masked when encoded exact). behaviour[i] is token i's log-probability under the policy
+    that sampled it (NaN where not kept: text the policy did not sample, a server that did not
+    return them); None when no token has one."""
 
     input_ids: list[int]
     target: list[bool]
     unsampled: int = 0
+    behaviour: list[float] | None = None
 
     @property
     def target_count(self) -> int:
         return sum(self.target)
+
+    def target_behaviour(self) -> list[float] | None:
+        """The behaviour log-probabilities of the target tokens, in order (NaN where not kept)."""
+        if self.behaviour is None:
+            return None
+        return [value for value, learned in zip(self.behaviour, self.target) if learned]
 
 
 def route_targets(trajectories: Iterable[Trajectory]) -> set[str]:
@@ -114,11 +126,11 @@ def turn_segments(turn) -> list[Segment]:
 def _cut(text: str, target: bool, sampled, injected: list[tuple[int, int]]) -> list[Segment]:
     """text in pieces: the injected spans masked, the sampled spans with their ids, the rest as
     target says. The spans do not overlap (each is a different call's text)."""
-    spans = [(start, end, False, None) for start, end in injected]
-    spans += [(span.start, span.end, target, tuple(span.token_ids)) for span in sampled]
+    spans = [(start, end, False, None, None) for start, end in injected]
+    spans += [(span.start, span.end, target, tuple(span.token_ids), tuple(span.logprobs) or None) for span in sampled]
     pieces, at = [], 0
-    for start, end, learned, ids in sorted(spans, key=lambda span: span[0]):
-        pieces += [Segment(text[at:start], target), Segment(text[start:end], learned, ids)]
+    for start, end, learned, ids, logprobs in sorted(spans, key=lambda span: span[0]):
+        pieces += [Segment(text[at:start], target), Segment(text[start:end], learned, ids, logprobs)]
         at = end
     return pieces + [Segment(text[at:], target)]
 
@@ -154,16 +166,19 @@ def encode_pieces(tokenizer, pieces: list[Segment], max_length: int | None = Non
     as far as they decode to its text; exact: only sampled tokens are learned."""
     ids: list[int] = []
     target: list[bool] = []
+    behaviour: list[float] = []
     unsampled = 0
     for piece in pieces:
         sampled, chars = sampled_prefix(tokenizer, piece.sampled or (), piece.text)
         rest = _ids(tokenizer, piece.text[chars:]) if chars < len(piece.text) else []
         ids += sampled + rest
         target += [piece.target] * len(sampled) + [piece.target and not exact] * len(rest)
+        behaviour += list(piece.logprobs[: len(sampled)]) if piece.logprobs else [math.nan] * len(sampled)
+        behaviour += [math.nan] * len(rest)
         unsampled += len(rest) if piece.target else 0
     if max_length is not None:
-        ids, target = ids[:max_length], target[:max_length]
-    return Encoded(ids, target, unsampled)
+        ids, target, behaviour = ids[:max_length], target[:max_length], behaviour[:max_length]
+    return Encoded(ids, target, unsampled, behaviour if any(value == value for value in behaviour) else None)
 
 
 def sampled_prefix(tokenizer, sampled: tuple[int, ...], text: str) -> tuple[list[int], int]:
@@ -229,7 +244,8 @@ def native_segments(tokenizer, trajectory: Trajectory) -> list[Segment]:
         if not (through.startswith(before) and whole.startswith(ended) and len(ended) > len(before)):
             raise ValueError(f"trajectory {trajectory.id}: the chat template renders message {index} apart from the rest")
         end = len(ended)
-        pieces += [Segment(whole[at:len(before)], False), Segment(whole[len(before):end], True, tuple(message.generated_by.token_ids) or None)]
+        pieces += [Segment(whole[at:len(before)], False), Segment(whole[len(before):end], True, tuple(message.generated_by.token_ids) or None,
+                                                               tuple(message.generated_by.token_logprobs) or None)]
         at = end
     pieces.append(Segment(whole[at:], False))
     return [piece for piece in pieces if piece.text]

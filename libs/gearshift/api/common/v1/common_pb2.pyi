@@ -201,7 +201,7 @@ class Plan(_message.Message):
     def __init__(self, steps: _Optional[_Iterable[_Union[PlanStep, _Mapping]]] = ...) -> None: ...
 
 class Turn(_message.Message):
-    __slots__ = ("index", "plan_decision", "plan", "output", "tool_calls", "tool_results", "usage", "wall_seconds", "injected_spans", "sampled", "reasoning_content", "token_ids")
+    __slots__ = ("index", "plan_decision", "plan", "output", "tool_calls", "tool_results", "usage", "wall_seconds", "injected_spans", "sampled", "reasoning_content", "token_ids", "token_logprobs")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     PLAN_DECISION_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
@@ -214,6 +214,7 @@ class Turn(_message.Message):
     SAMPLED_FIELD_NUMBER: _ClassVar[int]
     REASONING_CONTENT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     index: int
     plan_decision: PlanDecision
     plan: Plan
@@ -226,17 +227,20 @@ class Turn(_message.Message):
     sampled: _containers.RepeatedCompositeFieldContainer[SampledSpan]
     reasoning_content: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, index: _Optional[int] = ..., plan_decision: _Optional[_Union[PlanDecision, str]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., output: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_results: _Optional[_Iterable[_Union[ToolResult, _Mapping]]] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., wall_seconds: _Optional[float] = ..., injected_spans: _Optional[_Iterable[int]] = ..., sampled: _Optional[_Iterable[_Union[SampledSpan, _Mapping]]] = ..., reasoning_content: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    token_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, index: _Optional[int] = ..., plan_decision: _Optional[_Union[PlanDecision, str]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., output: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_results: _Optional[_Iterable[_Union[ToolResult, _Mapping]]] = ..., usage: _Optional[_Union[TokenUsage, _Mapping]] = ..., wall_seconds: _Optional[float] = ..., injected_spans: _Optional[_Iterable[int]] = ..., sampled: _Optional[_Iterable[_Union[SampledSpan, _Mapping]]] = ..., reasoning_content: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., token_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SampledSpan(_message.Message):
-    __slots__ = ("start", "end", "token_ids")
+    __slots__ = ("start", "end", "token_ids", "logprobs")
     START_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     start: int
     end: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class NativeRequest(_message.Message):
     __slots__ = ("tools_json", "chat_template_kwargs_json")
