@@ -12,7 +12,9 @@ import math
 import os
 import random
 import shutil
+import struct
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,10 +23,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict, set_state_dict  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
 
 from gearshift import weights  # noqa: E402
-from gearshift.training.config import ModelConfig  # noqa: E402
+from gearshift.training import distributed, loading  # noqa: E402
+from gearshift.training.config import ModelConfig, RuntimeConfig  # noqa: E402
 from gearshift.training.distributed import Ranks  # noqa: E402
 from gearshift.training.results import ADAPTER_DIR  # noqa: E402
 
@@ -32,57 +35,64 @@ log = logging.getLogger("gearshift.training")
 
 LATEST = "latest"  # names the newest complete resume state in the resume directory
 TRAINER_STATE = "trainer.json"
+MAX_FILE_BYTES = 5 * 2**30  # per exported safetensors file, as transformers' save_pretrained splits them
+
+
+Wrap = Callable[[torch.nn.Module], torch.nn.Module]
 
 
 @dataclass
 class LoadedPolicy:
-    """The model being trained, its tokenizer and where its starting weights came from."""
+    """The model being trained, its tokenizer, where its starting weights came from, and module:
+    the model inside what wrap made of it (a TargetForward), wrapped for the ranks (FSDP, DDP)."""
 
     model: torch.nn.Module
     tokenizer: object
     source_path: Path
+    module: torch.nn.Module | None = None
 
     @property
     def is_lora(self) -> bool:
         return hasattr(self.model, "peft_config")
 
 
-def load_policy(config: ModelConfig, models_dir: Path, compute_dtype: torch.dtype = torch.float32) -> LoadedPolicy:
-    """Loads the starting weights on the CPU: in float32, the master weights of what trains; under
-    LoRA the frozen base in compute_dtype (it needs no master copy), the adapters in float32
-    (peft's autocast_adapter_dtype)."""
+def load_policy(config: ModelConfig, models_dir: Path, compute_dtype: torch.dtype = torch.float32, ranks: Ranks | None = None,
+                runtime: RuntimeConfig | None = None, wrap: Wrap | None = None) -> LoadedPolicy:
+    """Loads the starting weights on the rank's device (default: one process on the CPU): in
+    float32, the master weights of what trains; under LoRA the frozen base in compute_dtype (it
+    needs no master copy), the adapters in float32 (peft's autocast_adapter_dtype). Built on the
+    meta device and sharded before any weight is read: a rank holds only its shards
+    (gearshift.training.loading)."""
     path = weights.resolve(config.base, models_dir)
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    dtype = compute_dtype if config.lora else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
-    if config.gradient_checkpointing:
-        # Non-reentrant: correct with frozen inputs (LoRA) and with FSDP's hooks outside the checkpoint.
-        # transformers renamed the method (and its argument) in 5.2x; older releases have only the first.
-        if hasattr(model, "activation_checkpointing_enable"):
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if config.lora:
-        from peft import LoraConfig, get_peft_model
-
-        lora = LoraConfig(
-            r=config.lora_rank,
-            lora_alpha=config.lora_alpha,
-            lora_dropout=config.lora_dropout,
-            target_modules=config.lora_target_modules,
-            task_type="CAUSAL_LM",
-        )
-        with weights.peft_wrapping():
-            model = get_peft_model(model, lora)
-    return LoadedPolicy(model, tokenizer, path)
+    model, init = loading.build(path, compute_dtype if config.lora else torch.float32, config)
+    module = _load(model, path, init, ranks or Ranks(), runtime or RuntimeConfig(), compute_dtype, wrap)
+    return LoadedPolicy(model, tokenizer, path, module)
 
 
-def load_frozen(source: str, models_dir: Path, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    """A model used only for inference (a teacher, a reference policy) on device in dtype, gradients
-    off. Each rank holds it whole: no master weights, and no collectives in its forward."""
+def load_frozen(source: str, models_dir: Path, dtype: torch.dtype, ranks: Ranks | None = None, runtime: RuntimeConfig | None = None,
+                wrap: Wrap | None = None) -> torch.nn.Module:
+    """A model used only for inference (a teacher, a reference policy) in dtype, gradients off, as
+    wrap makes it (default: the model itself), on the rank's device: sharded with FSDP across the
+    ranks (is_sharded: then every rank must call it in lockstep), else whole on every rank."""
     path = weights.resolve(source, models_dir)
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=dtype)
-    return model.to(device).eval().requires_grad_(False)
+    model, _ = loading.build(path, dtype)
+    model.eval().requires_grad_(False)
+    runtime = (runtime or RuntimeConfig()).model_copy(update={"compile": False})
+    return _load(model, path, {}, ranks or Ranks(), runtime, dtype, wrap, frozen=True)
+
+
+def _load(model: torch.nn.Module, path: Path, init: dict, ranks: Ranks, runtime: RuntimeConfig, compute_dtype: torch.dtype,
+          wrap: Wrap | None, frozen: bool = False) -> torch.nn.Module:
+    """wrap(model) sharded (FSDP) or compiled, then given its weights, then replicated (DDP)."""
+    module = wrap(model) if wrap else model
+    replicated = ranks.distributed and runtime.parallelism == "ddp"
+    if not replicated:
+        module = distributed.parallelize(module, ranks, runtime, compute_dtype)
+    loading.materialise(module, model, path, ranks.device, init)
+    if replicated and not frozen:
+        module = distributed.parallelize(module, ranks, runtime, compute_dtype)
+    return module
 
 
 def full_state(model: torch.nn.Module, ranks: Ranks, trainable_only: bool = False) -> dict[str, torch.Tensor]:
@@ -138,27 +148,32 @@ def lora_scaling(model) -> float:
     return config.lora_alpha / (math.sqrt(config.r) if config.use_rslora else config.r)
 
 
-def save_weights(policy: LoadedPolicy, directory: Path, ranks: Ranks, dtype: torch.dtype = torch.float32, merged: bool = True) -> None:
-    """Writes a loadable Hugging Face checkpoint of the policy into directory, in dtype, from rank 0
-    (every rank calls it: gathering the shards is a collective). For LoRA: the adapter in
-    directory/adapter, and with merged the adapter folded into the base weights in directory.
-    Atomic: a sibling folder renamed into place; other files already in directory are kept."""
-    state = full_state(policy.model, ranks)
+def save_weights(policy: LoadedPolicy, directory: Path, ranks: Ranks, dtype: torch.dtype = torch.float32, merged: bool = True,
+                 max_file_bytes: int = MAX_FILE_BYTES) -> None:
+    """Writes a loadable Hugging Face checkpoint of the policy into directory, in dtype (every rank
+    calls it: gathering the shards is a collective). For LoRA: the adapter in directory/adapter,
+    and with merged the adapter folded into the base weights in directory. The weights stream to
+    disk a tensor at a time (write_safetensors): no process holds the whole model. Atomic: a
+    sibling folder renamed into place; other files already in directory are kept."""
+    partial = directory / ".weights.partial"
+    if ranks.main:
+        directory.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+    if policy.is_lora:
+        adapter = full_state(policy.model, ranks, trainable_only=True)  # small: the adapters alone
+        if ranks.main:
+            policy.model.save_pretrained(partial / ADAPTER_DIR, state_dict=adapter)
+    if merged or not policy.is_lora:
+        base = policy.model.get_base_model() if policy.is_lora else policy.model
+        write_safetensors(partial, _export_tensors(policy, dtype), ranks, max_file_bytes)
+        if ranks.main:
+            base.config.save_pretrained(partial)
+            if base.can_generate() and base.generation_config is not None:
+                base.generation_config.save_pretrained(partial)
+            _record_dtype(partial, dtype)
     if not ranks.main:
         return
-    state = {key: value.to(dtype) if value.is_floating_point() else value for key, value in state.items()}
-    directory.mkdir(parents=True, exist_ok=True)
-    partial = directory / ".weights.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    if policy.is_lora:
-        policy.model.save_pretrained(partial / ADAPTER_DIR, state_dict=state)
-        if merged:
-            base = policy.model.get_base_model()
-            base.save_pretrained(partial, state_dict=merged_lora_state(state, lora_scaling(policy.model)))
-            _record_dtype(partial, dtype)
-    else:
-        policy.model.save_pretrained(partial, state_dict=state)
-        _record_dtype(partial, dtype)
     policy.tokenizer.save_pretrained(partial)
     for item in partial.iterdir():
         target = directory / item.name
@@ -166,6 +181,98 @@ def save_weights(policy: LoadedPolicy, directory: Path, ranks: Ranks, dtype: tor
             shutil.rmtree(target)
         os.replace(item, target)
     partial.rmdir()
+
+
+SAFETENSORS_NAMES = {dtype: name for name, dtype in loading.SAFETENSORS_DTYPES.items()}
+
+
+@dataclass
+class ExportedTensor:
+    """A tensor of the exported checkpoint: its name, shape and dtype, and how to make it whole (a
+    collective under FSDP: every rank calls gather in the same order)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    gather: Callable[[], torch.Tensor]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def _whole(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A parameter made whole on the CPU in dtype (gathered from every rank's shard)."""
+    tensor = tensor.detach()
+    tensor = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+    return tensor.to("cpu", dtype) if tensor.is_floating_point() else tensor.cpu()
+
+
+def _export_tensors(policy: LoadedPolicy, dtype: torch.dtype) -> list[ExportedTensor]:
+    """The checkpoint's tensors under the base model's names, a tied weight once; under LoRA each
+    adapted weight W + scaling * B @ A (merged_lora_state, one module at a time)."""
+    model = policy.model
+    state = {name: value for name, value in model.state_dict().items() if name not in _tied_aliases(model)}
+    exported = []
+    for name, value in state.items():
+        if ".lora_" in name:
+            continue
+        out_dtype = dtype if value.is_floating_point() else value.dtype
+        if policy.is_lora and name.endswith(".base_layer.weight"):
+            module = name.removesuffix(".base_layer.weight")
+            parts = {key: state[key] for key in (name, f"{module}.lora_A.default.weight", f"{module}.lora_B.default.weight")}
+
+            def gather(parts=parts, scaling=lora_scaling(model)) -> torch.Tensor:
+                return next(iter(merged_lora_state({k: _whole(v, dtype) for k, v in parts.items()}, scaling).values()))
+        else:
+            def gather(value=value, out_dtype=out_dtype) -> torch.Tensor:
+                return _whole(value, out_dtype)
+        exported.append(ExportedTensor(loading.file_key(name), tuple(value.shape), out_dtype, gather))
+    return exported
+
+
+def write_safetensors(directory: Path, tensors: list[ExportedTensor], ranks: Ranks, max_file_bytes: int = MAX_FILE_BYTES) -> None:
+    """tensors as safetensors files in directory (model.safetensors, or model-0000k-of-0000n files
+    of at most max_file_bytes each and the index transformers reads), rank 0 writing each tensor as
+    soon as it is gathered: a process holds one whole tensor at a time, never the model. The
+    headers come first, from the shapes and dtypes alone."""
+    files: list[list[ExportedTensor]] = [[]]
+    for tensor in tensors:
+        if files[-1] and sum(t.nbytes for t in files[-1]) + tensor.nbytes > max_file_bytes:
+            files.append([])
+        files[-1].append(tensor)
+    names = ["model.safetensors"] if len(files) == 1 else [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))]
+    for name, members in zip(names, files):
+        handle = open(directory / name, "wb") if ranks.main else None
+        try:
+            if handle:
+                handle.write(_safetensors_header(members))
+            for tensor in members:
+                value = tensor.gather()
+                if handle:
+                    if tuple(value.shape) != tensor.shape or value.dtype != tensor.dtype:
+                        raise ValueError(f"{tensor.name}: gathered {tuple(value.shape)} {value.dtype}, announced {tensor.shape} {tensor.dtype}")
+                    handle.write(value.contiguous().view(torch.uint8).numpy().tobytes() if value.numel() else b"")
+                del value
+        finally:
+            if handle:
+                handle.close()
+    if ranks.main and len(files) > 1:
+        index = {"metadata": {"total_size": sum(t.nbytes for t in tensors)},
+                 "weight_map": {t.name: name for name, members in zip(names, files) for t in members}}
+        (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _safetensors_header(tensors: list[ExportedTensor]) -> bytes:
+    """The 8-byte length and the JSON header of a safetensors file holding tensors in this order
+    (padded with spaces to 8 bytes, as the safetensors library writes it)."""
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for tensor in tensors:
+        header[tensor.name] = {"dtype": SAFETENSORS_NAMES[tensor.dtype], "shape": list(tensor.shape), "data_offsets": [offset, offset + tensor.nbytes]}
+        offset += tensor.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text
 
 
 def _record_dtype(directory: Path, dtype: torch.dtype) -> None:

@@ -130,6 +130,13 @@ class RuntimeConfig(Strict):
     parallelism: Literal["fsdp", "ddp"] = Field(
         "fsdp", description="With more than one rank: FSDP2 (parameters, gradients and optimizer state sharded, per decoder layer) or DDP (replicated; small models)"
     )
+    mesh_shape: tuple[int, int] | None = Field(
+        None, description="FSDP's device mesh as (replicas, shards): HSDP, each replica a group of ranks sharding the model, gradients all-reduced across replicas; unset: one replica per node (WORLD_SIZE / LOCAL_WORLD_SIZE) when the job spans several nodes, else plain FSDP over every rank"
+    )
+    compile: bool = Field(False, description="torch.compile each decoder layer (the first steps take longer while it compiles)")
+    compile_backend: Literal["inductor", "aot_eager"] = Field(
+        "inductor", description="torch.compile's backend: inductor (generated kernels), or aot_eager (graphs captured and run by eager kernels: checks a model compiles, fast to build)"
+    )
     micro_batch_tokens: int = Field(
         8192, ge=0, description="Most padded tokens in one forward; a rank's share of the batch is split into micro-batches whose gradients accumulate (0: one forward)"
     )

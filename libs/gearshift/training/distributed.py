@@ -128,25 +128,71 @@ def decoder_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def parallelize(module: torch.nn.Module, ranks: Ranks, runtime: RuntimeConfig, dtype: torch.dtype) -> torch.nn.Module:
-    """The module on the rank's device, wrapped for data parallelism across more than one rank.
+    """The module on the rank's device, wrapped for data parallelism across more than one rank,
+    each decoder layer compiled when runtime.compile asks.
 
-    FSDP2 shards every decoder layer, then the root (the embeddings, the final norm and the head);
-    in bf16 its parameters are gathered in bf16 for compute while the float32 shards stay the
-    master weights and gradients are reduced in float32. DDP replicates the module (bf16 compute
-    then comes from autocast, see autocast())."""
-    module = module.to(ranks.device)
+    FSDP2 (shard()) works on a module whose parameters are still on the meta device: they get
+    storage later (loading.materialise), a shard per rank. DDP replicates a module that already
+    has its weights (bf16 compute then comes from autocast, see autocast())."""
+    if runtime.compile:
+        for layer in decoder_layers(module):
+            layer.compile(backend=runtime.compile_backend)
+    if not any(param.is_meta for param in module.parameters()):
+        module = module.to(ranks.device)
     if not ranks.distributed:
         return module
     if runtime.parallelism == "ddp":
+        if any(param.is_meta for param in module.parameters()):
+            raise ValueError("DDP wraps a module whose weights are loaded: materialise it first")
         device_ids = [ranks.local_rank] if ranks.device.type == "cuda" else None
         return torch.nn.parallel.DistributedDataParallel(module, device_ids=device_ids, gradient_as_bucket_view=True)
+    return shard(module, ranks, runtime, dtype)
+
+
+def shard(module: torch.nn.Module, ranks: Ranks, runtime: RuntimeConfig, dtype: torch.dtype) -> torch.nn.Module:
+    """FSDP2 groups, as torchtitan lays them out: every decoder layer, the input embeddings, the
+    head (one group with the embeddings when they are the same tied weight: a parameter belongs to
+    one group), then the root (the final norm and whatever is left). In bf16 the parameters are
+    gathered in bf16 for compute while the float32 shards stay the master weights and gradients
+    are reduced in float32. On a 2-D mesh (mesh()), HSDP: shards within a row, replicas across."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mixed = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    options = {"mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32), "mesh": mesh(ranks, runtime)}
     for layer in decoder_layers(module):
-        fully_shard(layer, mp_policy=mixed)
-    fully_shard(module, mp_policy=mixed)
+        fully_shard(layer, **options)
+    model = getattr(module, "model", module)
+    embeddings, head = model.get_input_embeddings(), getattr(module, "head", None) or model.get_output_embeddings()
+    if head is not None and head.weight is embeddings.weight:
+        fully_shard([embeddings, head], **options)
+    else:
+        fully_shard(embeddings, **options)
+        if head is not None:
+            fully_shard(head, **options)
+    fully_shard(module, **options)
     return module
+
+
+def mesh_shape(ranks: Ranks, runtime: RuntimeConfig) -> tuple[int, ...]:
+    """(replicas, shards) for HSDP, or (ranks,) for FSDP: runtime.mesh_shape when set, else a
+    replica per node (WORLD_SIZE over LOCAL_WORLD_SIZE) when the job spans more than one node."""
+    if runtime.mesh_shape:
+        replicas, shards = runtime.mesh_shape
+        if replicas * shards != ranks.world_size:
+            raise ValueError(f"runtime.mesh_shape {replicas} x {shards} does not hold the job's {ranks.world_size} ranks")
+        return replicas, shards
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", ranks.world_size))
+    if 0 < per_node < ranks.world_size and ranks.world_size % per_node == 0:
+        return ranks.world_size // per_node, per_node
+    return (ranks.world_size,)
+
+
+def mesh(ranks: Ranks, runtime: RuntimeConfig):
+    """The device mesh FSDP shards over (mesh_shape)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    shape = mesh_shape(ranks, runtime)
+    names = ("replicate", "shard") if len(shape) == 2 else ("shard",)
+    return init_device_mesh(ranks.device.type, shape, mesh_dim_names=names)
 
 
 def is_sharded(module: torch.nn.Module) -> bool:

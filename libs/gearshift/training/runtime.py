@@ -58,6 +58,11 @@ def intra_op_threads(optim: OptimConfig) -> int:
     return max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
+def target_forward(config: PolicyJobConfig) -> checkpoints.Wrap:
+    """What a loaded model becomes: a TargetForward."""
+    return lambda model: forward.TargetForward(model)
+
+
 @dataclass(frozen=True)
 class Frozen:
     """A model scored beside the policy: a TargetForward of its own, or None for the policy's base
@@ -67,7 +72,9 @@ class Frozen:
 
     @property
     def lockstep(self) -> bool:
-        return self.module is None
+        """Whether every rank must call it on every micro-batch, as often: the policy's base (the
+        wrapped policy) or a model sharded across the ranks (FSDP gathers each layer at each call)."""
+        return self.module is None or distributed.is_sharded(self.module)
 
 
 @dataclass
@@ -97,9 +104,9 @@ class Run:
         torch.manual_seed(config.optim.seed)  # the same initialisation (LoRA's) on every rank
         torch.set_num_threads(intra_op_threads(config.optim))
         dtype = distributed.compute_dtype(config.runtime, ranks.device)
-        policy = checkpoints.load_policy(config.model, Settings().models_dir, dtype)
+        policy = checkpoints.load_policy(config.model, Settings().models_dir, dtype, ranks, config.runtime, target_forward(config))
         policy.model.train()
-        module = distributed.parallelize(forward.TargetForward(policy.model), ranks, config.runtime, dtype)
+        module = policy.module  # the TargetForward, sharded (FSDP) or replicated (DDP) before or after its weights came
         optimizer, scheduler = build_optimizer(policy.model, config.optim)  # after sharding: it holds the shards
         output = config.output.dir
         output.mkdir(parents=True, exist_ok=True)
@@ -175,11 +182,12 @@ class Run:
     def frozen(self, source: str) -> Frozen:
         """source as a model scored beside the policy (a teacher, a KL reference). Under LoRA the
         base under the adapter is the policy itself with the adapter off, not a second copy; any
-        other source is loaded whole on every rank's device, in the run's precision."""
+        other source is loaded in the run's precision, sharded across the ranks under FSDP (then
+        called in lockstep), whole on every rank's device otherwise."""
         models_dir = Settings().models_dir
         if self.policy.is_lora and weights.resolve(source, models_dir) == self.policy.source_path:
             return Frozen(None)
-        return Frozen(forward.TargetForward(checkpoints.load_frozen(source, models_dir, self.ranks.device, self.dtype)))
+        return Frozen(checkpoints.load_frozen(source, models_dir, self.dtype, self.ranks, self.config.runtime, target_forward(self.config)))
 
     def score(self, frozen: Frozen, micro: batching.MicroBatch) -> forward.TargetLogits:
         """A frozen model's target logits on a micro-batch, without gradients. The policy's own base
