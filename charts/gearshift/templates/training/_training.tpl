@@ -45,7 +45,8 @@ Whole CPUs in a CPU quantity ("4", 4, "2.5", "500m"), rounded down; 0 when it ca
 The environment torchrun's processes need, under training.env (which wins). OMP_NUM_THREADS:
 the CPU limit shared by the processes (torchrun would set 1, starving a lone CPU process).
 TORCH_NCCL_ASYNC_ERROR_HANDLING: when a rank dies the others fail fast instead of hanging in a
-collective. Args: values (training), processes, cpu (the CPU limit).
+collective. NCCL's network variables from training.network.nccl, those given.
+Args: values (training), processes, cpu (the CPU limit).
 */}}
 {{- define "gearshift.trainingEnv" -}}
 {{- $cpus := include "gearshift.wholeCPUs" .cpu | atoi -}}
@@ -53,6 +54,12 @@ collective. Args: values (training), processes, cpu (the CPU limit).
 {{- if gt (int .values.gpus) 0 }}
 {{- $_ := set $env "NCCL_DEBUG" "WARN" }}
 {{- $_ := set $env "TORCH_NCCL_ASYNC_ERROR_HANDLING" "1" }}
+{{- end }}
+{{- $nccl := dict "socketIfname" "NCCL_SOCKET_IFNAME" "ibHca" "NCCL_IB_HCA" "ibGidIndex" "NCCL_IB_GID_INDEX" "ibDisable" "NCCL_IB_DISABLE" "netGdrLevel" "NCCL_NET_GDR_LEVEL" }}
+{{- range $key, $value := (dig "network" "nccl" dict .values) }}
+{{- if and (toString $value) (hasKey $nccl $key) }}
+{{- $_ := set $env (get $nccl $key) (toString $value) }}
+{{- end }}
 {{- end }}
 {{- range $name, $value := .values.env }}
 {{- $_ := set $env $name $value }}
@@ -62,8 +69,8 @@ collective. Args: values (training), processes, cpu (the CPU limit).
 
 {{/*
 What a training pod is made of under either launcher, from the training values: the processes
-per pod (GPUs, at least one), resources (GPUs in the limits), the train container's env and
-volume mounts, and the pod's volumes (the run's config from configMap, checkpoints on the shared
+per pod (GPUs, at least one), resources (GPUs in the limits, RDMA devices in both), the train
+container's env, security context (IPC_LOCK for RDMA when asked) and volume mounts, and the pod's volumes (the run's config from configMap, checkpoints on the shared
 claim, /tmp and /dev/shm as emptyDirs). Args: root, configMap.
 */}}
 {{- define "gearshift.trainingPodParts" -}}
@@ -75,9 +82,20 @@ claim, /tmp and /dev/shm as emptyDirs). Args: root, configMap.
 {{- if gt $gpus 0 }}
 {{- $_ := set $resources "limits" (merge (dict "nvidia.com/gpu" $gpus) ($resources.limits | default dict)) }}
 {{- end -}}
+{{- $rdma := dig "network" "rdma" dict $t -}}
+{{- with $rdma.resources }}
+{{- $_ := set $resources "limits" (merge (deepCopy .) ($resources.limits | default dict)) }}
+{{- $_ := set $resources "requests" (merge (deepCopy .) ($resources.requests | default dict)) }}
+{{- end -}}
+{{- $security := dict -}}
+{{- if $rdma.ipcLock }}
+{{- $security = dict "securityContext" (dict "capabilities" (dict "add" (list "IPC_LOCK"))) }}
+{{- end -}}
 processes: {{ $processes }}
 resources:
   {{- toYaml $resources | nindent 2 }}
+securityContext:
+  {{- include "gearshift.containerSecurityContext" (dict "root" $root "values" $security) | nindent 2 }}
 env:
   {{- include "gearshift.platformEnv" (dict "root" $root "database" true "dataDir" $t.checkpoints.mountPath) | nindent 2 }}
   - name: USER
@@ -166,7 +184,7 @@ template:
         resources:
           {{- toYaml $parts.resources | nindent 10 }}
         securityContext:
-          {{- include "gearshift.containerSecurityContext" (dict "root" $root "values" dict) | nindent 10 }}
+          {{- toYaml $parts.securityContext | nindent 10 }}
         volumeMounts:
           {{- toYaml $parts.volumeMounts | nindent 10 }}
     volumes:
@@ -255,7 +273,7 @@ runtimePatches:
                       containers:
                         - name: node
                           securityContext:
-                            {{- include "gearshift.containerSecurityContext" (dict "root" $root "values" dict) | nindent 28 }}
+                            {{- toYaml $parts.securityContext | nindent 28 }}
                           volumeMounts:
                             {{- toYaml $parts.volumeMounts | nindent 28 }}
 {{- end }}
