@@ -8,24 +8,35 @@ synthetic rows of token ids, the prompt masked and the completion learned:
 - TRL SFTTrainer on the same model directory and rows (completion-only loss, bf16 autocast over
   float32 weights, the same batch, AdamW), or a plain transformers loop where TRL is missing;
 - one APO update: 12 rollouts of one group (rho = gamma = 3), the policy-gradient loss over
-  their sampled tokens, through apo_update as the job runs it.
+  their sampled tokens, through apo_update as the job runs it;
+- load: a 7B-shaped random checkpoint (Llama-2-7B's layers, bf16 files) loaded as a run loads it
+  (meta device, then each tensor read straight into its place), full fine-tune (float32 master
+  weights) and LoRA (the base in bf16): peak GPU and host memory against the weights' own size;
+- fsdp: with two GPUs or more, the SFT phase again as one job across all of them (torchrun, FSDP2).
 For each: tokens/s (median over timed steps after warm-up), model FLOPs utilisation, peak GPU
 memory. MFU counts model FLOPs as PaLM does (6 per weight per token, plus 12 * layers * hidden *
 sequence for attention; the head only on target tokens, since only they need it) against both the
 H200 datasheet's dense bf16 peak and this run's own measured bf16 matrix product.
 
-    python benchmarks/gpu_training.py --tokenizer .gpu/tokenizer --out OUT [--shape 1b] [--steps 6]
+Every phase's figures reach OUT/report.json as the phase ends; a phase that fails is recorded
+there with its error and the next one runs; memory is freed between phases.
+
+    python benchmarks/gpu_training.py --tokenizer .gpu/tokenizer --out OUT [--shape 1b] [--steps 6] [--phases sft,apo]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -35,6 +46,7 @@ import torch  # noqa: E402
 DATASHEET_BF16_TFLOPS = {"H200": 989.4, "H100": 989.4, "A100": 312.0}  # dense, SXM
 SHAPES = {
     "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4),
+    "7b": dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2),
 }
 
@@ -122,6 +134,7 @@ def job_config(job: str, model_dir: Path, args, scratch: Path, learning_rate: fl
 
 
 def gearshift_sft(model_dir: Path, examples, args, scratch: Path) -> list[float]:
+    """The SFT job's steps; under torchrun each rank its share of the rows, as the job does."""
     from gearshift.jobs.sft.trainer import sft_loss_of
     from gearshift.training.runtime import Run
 
@@ -132,7 +145,7 @@ def gearshift_sft(model_dir: Path, examples, args, scratch: Path) -> list[float]
     for step in run.steps():
         sync(run.ranks.device)
         started = time.perf_counter()
-        run.update(step, run.micro_batches(examples), sft_loss_of(total), {}, started)
+        run.update(step, run.micro_batches(run.ranks.shard(examples)), sft_loss_of(run, total), {}, started)
         sync(run.ranks.device)
         seconds.append(time.perf_counter() - started)
     return seconds[args.warmup:]
@@ -227,12 +240,133 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def random_checkpoint(shape: str, tokenizer_dir: Path, folder: Path) -> int:
+    """A seeded random Llama of the shape in bf16 safetensors, one file per decoder layer, written
+    tensor by tensor (never whole in memory, as a 7B model's 13 GiB would be); returns its
+    parameters."""
+    from gearshift.training import loading
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer, LlamaConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=4096, tie_word_embeddings=False,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, dtype="bfloat16", **SHAPES[shape])
+    folder.mkdir(parents=True)
+    config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    from transformers import LlamaForCausalLM
+
+    with loading.parameters_on_meta():
+        meta = LlamaForCausalLM(config)
+    files: dict[str, dict[str, torch.Tensor]] = {}
+    for name, param in meta.named_parameters():
+        layer = name.split(".")[2] if ".layers." in name else "rest"
+        files.setdefault(f"model-{layer}.safetensors", {})[name] = param
+    generator = torch.Generator().manual_seed(0)
+    weight_map, total = {}, 0
+    for file, members in files.items():
+        tensors = {name: (torch.randn(param.shape, generator=generator) * 0.02).to(torch.bfloat16) for name, param in members.items()}
+        save_file(tensors, folder / file, metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(tensors, file)
+        total += sum(t.numel() for t in tensors.values())
+        del tensors
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 2 * total}, "weight_map": weight_map}))
+    return total
+
+
+def peak_host_gib() -> float:
+    """This process's peak resident memory since reset_host_peak()."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 2**20
+    return float("nan")
+
+
+def reset_host_peak() -> None:
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def load_memory(args, scratch: Path) -> dict:
+    """A checkpoint of --load-shape (7B) loaded as a run loads it, full fine-tune then LoRA: peak GPU and host
+    memory (the latter above what the process held before) against the weights' own size."""
+    from gearshift.training import checkpoints
+    from gearshift.training.config import ModelConfig, RuntimeConfig
+
+    folder = scratch / f"load-{args.load_shape}"
+    started = time.perf_counter()
+    parameters = random_checkpoint(args.load_shape, args.tokenizer, folder)
+    figures = {"parameters": parameters, "write_seconds": round(time.perf_counter() - started, 1)}
+    device = device_of(args)
+    for lora in (False, True):
+        before = peak_host_gib()
+        reset_host_peak()
+        with Memory(device) as memory:
+            started = time.perf_counter()
+            policy = checkpoints.load_policy(ModelConfig(base=str(folder), lora=lora), folder.parent, torch.bfloat16,
+                                             runtime=RuntimeConfig(device=args.device))
+            sync(device)
+            seconds = time.perf_counter() - started
+        weights_gib = parameters * (2 if lora else 4) / 2**30  # the bf16 base, or float32 master weights
+        figures["lora" if lora else "full"] = {
+            "seconds": round(seconds, 1), "weights_gib": round(weights_gib, 2),
+            "peak_gpu_gib": memory.peak_gib and round(memory.peak_gib, 2),
+            "peak_gpu_over_weights": memory.peak_gib and round(memory.peak_gib / weights_gib, 3),
+            "host_peak_gib": round(peak_host_gib(), 2), "host_before_gib": round(before, 2),
+        }
+        print(json.dumps(figures), flush=True)
+        del policy
+        free()
+    return figures
+
+
+def fsdp_sft(args, model_dir: Path) -> dict:
+    """The SFT phase as one job across every GPU of this machine (torchrun, FSDP2)."""
+    gpus = torch.cuda.device_count()
+    if gpus < 2:
+        return {"skipped": f"{gpus} GPU: FSDP across GPUs needs two or more"}
+    out = args.out / "fsdp"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}", __file__,
+               "--tokenizer", str(args.tokenizer), "--out", str(out), "--model-dir", str(model_dir), "--phases", "sft",
+               "--shape", args.shape, "--rows", str(args.rows * gpus), "--length", str(args.length), "--steps", str(args.steps),
+               "--warmup", str(args.warmup), "--micro-batch-tokens", str(args.micro_batch_tokens)] + (["--checkpointing"] if args.checkpointing else [])
+    subprocess.run(command, check=True, timeout=1200)
+    return {"gpus": gpus, **json.loads((out / "report.json").read_text())["sft"][0]}
+
+
+def free() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def attempt(report: dict, name: str, phase, out: Path) -> None:
+    """Runs a phase into report[name]; a failure is recorded (report["failed"]) and the next phase
+    runs. The report is written after every phase, on rank 0."""
+    try:
+        report[name] = phase()
+        print(json.dumps({name: report[name]}), flush=True)
+    except Exception as exc:  # noqa: BLE001 - every phase's failure is a finding for the report
+        traceback.print_exc()
+        report.setdefault("failed", {})[name] = f"{type(exc).__name__}: {exc}"
+    finally:
+        free()
+        if int(os.environ.get("RANK", "0")) == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "report.json").write_text(json.dumps(report, indent=2))
+
+
+PHASES = ("sft", "trl", "apo", "load", "fsdp")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokenizer", type=Path, required=True, help="a tokenizer directory (scripts/gpu-check.sh prepare saves SmolLM2's)")
     parser.add_argument("--out", type=Path, required=True, help="folder for report.json")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="1b")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated, of {', '.join(PHASES)}")
+    parser.add_argument("--load-shape", choices=sorted(SHAPES), default="7b", help="the load phase's model")
+    parser.add_argument("--model-dir", type=Path, help="train this checkpoint instead of making one (the fsdp phase's ranks)")
     parser.add_argument("--rows", type=int, default=8, help="SFT rows per step")
     parser.add_argument("--length", type=int, default=2048, help="tokens per SFT row (a quarter of them the masked prompt)")
     parser.add_argument("--rollouts", type=int, default=12, help="APO rollouts (one group)")
@@ -242,9 +376,13 @@ def main() -> None:
     parser.add_argument("--micro-batch-tokens", type=int, default=16384)
     parser.add_argument("--checkpointing", action="store_true", help="activation checkpointing in every trainer")
     args = parser.parse_args()
+    phases = args.phases.split(",")
+    if unknown := set(phases) - set(PHASES):
+        parser.error(f"unknown phases {sorted(unknown)}: choose among {', '.join(PHASES)}")
     device = device_of(args)
     report: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "torch": torch.__version__,
-                    "shape": args.shape, "rows": args.rows, "length": args.length, "checkpointing": args.checkpointing}
+                    "gpus": torch.cuda.device_count(), "shape": args.shape, "rows": args.rows, "length": args.length,
+                    "checkpointing": args.checkpointing, "phases": phases}
     measured = matmul_tflops(device)
     peaks = {name: tflops for name, tflops in DATASHEET_BF16_TFLOPS.items() if name in report["device"]}
     peaks = {f"{name.lower()}_datasheet": tflops for name, tflops in peaks.items()} | ({"measured_matmul": measured} if measured else {})
@@ -252,31 +390,42 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         os.environ["GEARSHIFT_DATA_DIR"] = str(scratch / "data")
-        model_dir, parameters = make_model(args.shape, args.tokenizer, scratch / "model")
+        if args.model_dir:
+            model_dir = args.model_dir
+        else:
+            model_dir, report["parameters"] = make_model(args.shape, args.tokenizer, scratch / "model")
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(model_dir)
-        report["parameters"] = parameters
         sft_rows = rows(config.vocab_size, args.rows, args.length, args.length // 4)
         tokens, targets = args.rows * args.length, sum(e.target_count for e in sft_rows)
         flops = model_flops(config, tokens, targets, args.length)
-        with Memory(device) as memory:
-            seconds = gearshift_sft(model_dir, sft_rows, args, scratch)
-        report["sft"] = [figures("gearshift", seconds, tokens, flops, memory, peaks)]
-        print(json.dumps(report["sft"][-1]), flush=True)
-        with Memory(device) as memory:
-            name, seconds = trl_sft(model_dir, sft_rows, args, scratch)
-        report["sft"].append(figures(name, seconds, tokens, flops, memory, peaks))
-        print(json.dumps(report["sft"][-1]), flush=True)
-        report["sft_gearshift_vs_reference"] = round(report["sft"][0]["tokens_per_second"] / report["sft"][1]["tokens_per_second"], 2)
-        apo_rows = rows(config.vocab_size, args.rollouts, args.rollout_length, args.rollout_length // 4, seed=1)
-        apo_tokens, apo_targets = args.rollouts * args.rollout_length, sum(e.target_count for e in apo_rows)
-        with Memory(device) as memory:
-            seconds = gearshift_apo(model_dir, apo_rows, args, scratch)
-        report["apo_update"] = figures("gearshift", seconds, apo_tokens, model_flops(config, apo_tokens, apo_targets, args.rollout_length), memory, peaks)
-        print(json.dumps(report["apo_update"]), flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "report.json").write_text(json.dumps(report, indent=2))
+
+        def timed(trainer):
+            with Memory(device) as memory:
+                name, seconds = trainer()
+            return figures(name, seconds, tokens, flops, memory, peaks)
+
+        if "sft" in phases:
+            attempt(report, "sft", lambda: [timed(lambda: ("gearshift", gearshift_sft(model_dir, sft_rows, args, scratch)))], args.out)
+        if "trl" in phases:
+            attempt(report, "sft_reference", lambda: timed(lambda: trl_sft(model_dir, sft_rows, args, scratch)), args.out)
+        if report.get("sft") and report.get("sft_reference"):
+            report["sft_gearshift_vs_reference"] = round(report["sft"][0]["tokens_per_second"] / report["sft_reference"]["tokens_per_second"], 2)
+        if "apo" in phases:
+            apo_rows = rows(config.vocab_size, args.rollouts, args.rollout_length, args.rollout_length // 4, seed=1)
+            apo_tokens, apo_targets = args.rollouts * args.rollout_length, sum(e.target_count for e in apo_rows)
+
+            def apo():
+                with Memory(device) as memory:
+                    seconds = gearshift_apo(model_dir, apo_rows, args, scratch)
+                return figures("gearshift", seconds, apo_tokens, model_flops(config, apo_tokens, apo_targets, args.rollout_length), memory, peaks)
+
+            attempt(report, "apo_update", apo, args.out)
+        if "load" in phases:
+            attempt(report, f"load_{args.load_shape}", lambda: load_memory(args, scratch), args.out)
+        if "fsdp" in phases:
+            attempt(report, "fsdp_sft", lambda: fsdp_sft(args, model_dir), args.out)
     print(json.dumps(report, indent=2))
 
 

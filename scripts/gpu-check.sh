@@ -7,7 +7,7 @@
 #   scripts/gpu-check.sh prepare          # here: fill .gpu/ (about 15 MB)
 #   scripts/gpu-check.sh run              # there, carrying .gpu: install into /tmp/site, run, write $OUT
 # The same code paths here, on the CPU, in a minute:
-#   .venv/bin/python benchmarks/gpu_training.py --shape tiny --device cpu --tokenizer .gpu/tokenizer --out /tmp/gpu-check
+#   .venv/bin/python benchmarks/gpu_training.py --shape tiny --load-shape tiny --device cpu --tokenizer .gpu/tokenizer --out /tmp/gpu-check
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GPU=.gpu
@@ -15,7 +15,7 @@ PYTHON_VERSION=${PYTHON_VERSION:-3.12}  # the lent machine's (its KINDS.md entry
 # What the lent machine lacks, at the versions this checkout's .venv holds (grpcio and protobuf:
 # the generated code checks their versions).
 PACKAGES=(pydantic pydantic-core pydantic-settings python-dotenv annotated-types typing-inspection
-          grpcio protobuf datasets dill multiprocess trl)
+          grpcio protobuf datasets dill multiprocess trl math-verify latex2sympy2_extended antlr4-python3-runtime)
 
 prepare() {
   local venv=.venv/bin/python pins=()

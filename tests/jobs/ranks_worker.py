@@ -54,7 +54,7 @@ def learn_sft_per_rank(run: Run, config, data) -> None:
         draw = random.Random(config.optim.seed * 1_000_003 + step)
         mine = run.ranks.shard([examples[i] for i in draw.choices(range(len(examples)), k=config.batch_size)])
         local = sum(e.target_count for e in mine) * run.ranks.world_size
-        run.update(step, run.micro_batches(mine), sft_loss_of(local), {}, time.perf_counter())
+        run.update(step, run.micro_batches(mine), sft_loss_of(run, local), {}, time.perf_counter())
 
 
 def main() -> None:

@@ -146,9 +146,10 @@ def parameters_in_memory() -> int:
 @pytest.mark.parametrize("lora", [True, False])
 def test_the_kl_reference_under_lora_is_the_base_with_the_adapter_off_not_a_copy(tiny_dir, tmp_path, lora):
     from gearshift.training.batching import MicroBatch
-    from gearshift.training.forward import target_logits
     from gearshift.training.tokenization import collate, encode_trajectory
     from transformers import AutoModelForCausalLM
+
+    from tests.libs.training.reference import target_logprobs
 
     base = AutoModelForCausalLM.from_pretrained(tiny_dir)
     base_parameters = sum(p.numel() for p in base.parameters())
@@ -166,6 +167,6 @@ def test_the_kl_reference_under_lora_is_the_base_with_the_adapter_off_not_a_copy
             if "lora_B" in name:
                 param.add_(0.05)  # the policy now differs from its base
     micro = MicroBatch([0], collate([encode_trajectory(run.tokenizer, forced_agentic(), 1024, True)], run.pad_id))
-    expected = target_logits(base, micro.batch).logits
-    assert torch.allclose(run.score(reference, micro).logits, expected, atol=1e-5)
-    assert not torch.allclose(run.forward(micro).logits, expected, atol=1e-3)
+    expected = target_logprobs(base, micro.batch)
+    assert torch.allclose(run.score(reference, micro).logprobs, expected, atol=1e-5)
+    assert not torch.allclose(run.forward(micro).logprobs, expected, atol=1e-3)

@@ -6,12 +6,14 @@ import torch
 from gearshift.jobs.distill import trainer
 from gearshift.jobs.distill.config import DistillConfig, Prompt
 from gearshift.jobs.on_policy import encode_rollouts
-from gearshift.training import forward, tokenization
+from gearshift.training import losses, tokenization
 from gearshift.training.batching import MicroBatch
 from gearshift.training.config import RolloutConfig
 from gearshift.training.results import read_metrics
 from gearshift.training.runtime import Run
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tests.libs.training import reference
 
 
 def config(student, teachers: dict, out, **extra) -> DistillConfig:
@@ -54,7 +56,7 @@ def test_reverse_kl_to_the_teachers_falls_on_executor_episodes(tiny_dir, teacher
 
 
 def test_each_prompt_is_scored_by_its_own_teacher(tiny_dir, teacher_dir, second_teacher, tmp_path):
-    run = Run.start("distill", config(tiny_dir, {}, tmp_path / "out"))
+    run = Run.start("distill", config(tiny_dir, {}, tmp_path / "out", runtime={"loss_chunk_tokens": 3}))
     teachers = {str(path): run.frozen(str(path)) for path in (teacher_dir, second_teacher)}
     rows = [tokenization.encode(run.tokenizer, query, [tokenization.Segment(answer, True)], end_of_turn=False)
             for query, answer in (("What is 2+2?", "4</answer>"), ("Capital of France?", "It is Paris, a city.</answer>"),
@@ -63,13 +65,13 @@ def test_each_prompt_is_scored_by_its_own_teacher(tiny_dir, teacher_dir, second_
     owners = [str(teacher_dir), str(second_teacher), str(teacher_dir)]  # math, qa, math
     models = {str(path): AutoModelForCausalLM.from_pretrained(path) for path in (teacher_dir, second_teacher)}
     with torch.no_grad():
-        out = run.forward(micro)
-        mixed = trainer.teacher_logits(run, out, micro, owners, teachers)
+        out = run.forward(micro, teachers=trainer.teacher_views(run, micro, owners, teachers))
         for row, owner in enumerate(owners):
             alone = tokenization.collate([rows[row]], pad_id=0)
-            expected = forward.target_logits(models[owner], alone).logits
-            other = forward.target_logits(models[owners[1] if owner == owners[0] else owners[0]], alone).logits
-            got = mixed[out.rows == row]
+            student, _ = reference.target_logits(run.model, alone)
+            expected = losses.reverse_kl(student, reference.target_logits(models[owner], alone)[0])
+            other = losses.reverse_kl(student, reference.target_logits(models[owners[1] if owner == owners[0] else owners[0]], alone)[0])
+            got = out.kl[out.rows == row]
             assert torch.allclose(got, expected, atol=1e-4) and not torch.allclose(got, other, atol=1e-2)
 
 

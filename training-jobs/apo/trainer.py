@@ -15,9 +15,12 @@ policy server gets the new weights after each update (gearshift.jobs.on_policy.R
 serves each step's LoRA adapter under a new name or reloads full weights in place; the built-in
 server loads the checkpoint). metrics.jsonl has each step's sync_seconds within its seconds.
 
-Under torchrun, rank 0 runs the rollouts; each rank learns from its share of the groups (a group
-stays on one rank), every token weighted by the step's count of groups over all ranks, so 1 rank
-and N make the same update. With a KL term under LoRA, the reference is the policy's base with the
+Under torchrun, every rank rolls out its share of the step's prompts through a running executor (an
+inference fleet; in process rank 0 runs them all) and learns its own groups (a group stays on one
+rank), every token weighted by the step's count of groups over all ranks, so 1 rank and N make the
+same update. With rollout.max_async_steps the rollouts of step n+1 are generated while step n trains
+(on_policy.Rollouts.batches), and the log-probabilities the fleet sampled them with are the old
+policy of the clipped ratio (the importance ratio corrects for the staleness, as in prime-rl and AReaL). With a KL term under LoRA, the reference is the policy's base with the
 adapter off, not a second copy.
 
 Example:
@@ -33,17 +36,19 @@ import logging
 import random
 import time
 from dataclasses import dataclass
+from itertools import chain
 
 import torch
 from gearshift.api.common.v1.common_pb2 import Trajectory
 from gearshift.evaluation.suites import SUITES
 from gearshift.jobs.apo.config import APOConfig, APOPrompt
 from gearshift.jobs.apo.rollouts import Group, collect, informative
-from gearshift.jobs.on_policy import encode_rollouts, rollout_services
+from gearshift.errors import FailedPrecondition
+from gearshift.jobs.on_policy import encode_rollouts, gathered, rollout_services
 from gearshift.rewards.feedback import is_feedback
 from gearshift.rewards.formats import final_answer
 from gearshift.training import advantages, data, losses, tokenization
-from gearshift.training.batching import MicroBatch
+from gearshift.training.batching import MicroBatch, balanced
 from gearshift.training.config import ConversationConfig
 from gearshift.training.results import register
 from gearshift.training.runtime import Frozen, Run, StepCallback
@@ -100,24 +105,48 @@ class RolloutBatch:
     advantages: torch.Tensor
     weights: torch.Tensor  # of each of a rollout's target tokens in the step's loss (losses.trajectory_weights)
     unsampled: int = 0  # learned text the policy did not sample (masked with rollout.exact_tokens)
+    # Each rollout's target tokens' log-probabilities under the policy that sampled them (NaN where
+    # not kept), when they are the old policy of the ratio (asynchronous rollouts); None: the
+    # weights being updated are.
+    behaviour: list[torch.Tensor | None] | None = None
 
 
 def group_advantages(groups: list[Group]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every rollout's reward, group index and advantage (the z-score within its group)."""
-    rewards = torch.tensor([reward for group in groups for reward in group.rewards])
-    group_ids = torch.tensor([index for index, group in enumerate(groups) for _ in group.rollouts], dtype=torch.long)
+    return reward_advantages([group.rewards for group in groups])
+
+
+def reward_advantages(rewards_of_groups: list[list[float]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """group_advantages of the groups' rewards alone."""
+    rewards = torch.tensor([reward for group in rewards_of_groups for reward in group])
+    group_ids = torch.tensor([index for index, group in enumerate(rewards_of_groups) for _ in group], dtype=torch.long)
     return rewards, group_ids, advantages.group_zscore(rewards, group_ids)
 
 
-def encode_groups(tokenizer, groups: list[Group], config: APOConfig, total_groups: int | None = None) -> RolloutBatch:
+def encode_groups(tokenizer, groups: list[Group], config: APOConfig, total_groups: int | None = None, behaviour: bool = False) -> RolloutBatch:
     """Tokens and masks of every rollout (on_policy.encode_rollouts), with group, reward, advantage
-    and token weight; total_groups is the step's count of groups over every rank (default: these)."""
+    and token weight; total_groups is the step's count of groups over every rank (default: these);
+    behaviour: keep the log-probabilities the rollouts were sampled with (the ratio's old policy)."""
     rollouts = [rollout for group in groups for rollout in group.rollouts]
     encoded = encode_rollouts(tokenizer, rollouts, config.rollout, config.max_length)
     rewards, group_ids, advantage = group_advantages(groups)
     targets = torch.tensor([example.target_count for example in encoded])
     weights = losses.trajectory_weights(targets, group_ids, total_groups or len(groups))
-    return RolloutBatch(encoded, rewards, group_ids, advantage, weights, sum(e.unsampled for e in encoded))
+    kept = [None if e.behaviour is None else torch.tensor(e.target_behaviour(), dtype=torch.float32) for e in encoded] if behaviour else None
+    return RolloutBatch(encoded, rewards, group_ids, advantage, weights, sum(e.unsampled for e in encoded), kept)
+
+
+def behaviour_logprobs(run: Run, plan: list[MicroBatch], rollouts: RolloutBatch) -> list[torch.Tensor | None]:
+    """The old policy of the ratio under asynchronous rollouts: each target token's log-probability
+    under the policy that sampled it. A token without one (text the policy did not sample, learned
+    with exact_tokens off) takes the current weights' (ratio 1 before the update, as synchronous
+    rollouts have it); they are recomputed when any rank has such a token (in lockstep)."""
+    kept = rollouts.behaviour or [None] * len(rollouts.encoded)
+    (missing,) = run.ranks.max([float(any(b is None or bool(torch.isnan(b).any()) for b in kept))])
+    current = rollout_logprobs(run, plan) if missing else [None] * len(kept)
+    device = run.ranks.device
+    return [now if b is None else b.to(device) if now is None else torch.where(torch.isnan(b.to(device)), now, b.to(device))
+            for b, now in zip(kept, current)]
 
 
 def rollout_logprobs(run: Run, plan: list[MicroBatch], reference: Frozen | None = None) -> list[torch.Tensor | None]:
@@ -127,8 +156,7 @@ def rollout_logprobs(run: Run, plan: list[MicroBatch], reference: Frozen | None 
     with torch.no_grad():
         for micro in plan:
             out = run.forward(micro) if reference is None else run.score(reference, micro)
-            logp = losses.token_logprobs(out.logits, out.tokens)
-            for index, values in zip(micro.indices, out.per_row(logp, micro.rows)):
+            for index, values in zip(micro.indices, out.per_row(out.logprobs, micro.rows)):
                 found[index] = values
     return found
 
@@ -137,44 +165,63 @@ def apo_update(run: Run, rollouts: RolloutBatch, config: APOConfig, reference: F
     """updates_per_batch optimizer steps on this rank's rollouts; returns each step's loss and
     clipping figures, over every rank."""
     plan = run.micro_batches(rollouts.encoded)
-    logp_old = rollout_logprobs(run, plan) if config.updates_per_batch > 1 else None
+    logp_old = (behaviour_logprobs(run, plan, rollouts) if rollouts.behaviour is not None
+                else rollout_logprobs(run, plan) if config.updates_per_batch > 1 else None)
     logp_ref = rollout_logprobs(run, plan, reference) if reference is not None and config.kl_coef else None
     results = []
     for _ in range(config.updates_per_batch):
         parts: list[losses.PolicyLoss] = []
+        entropy_sums: list[float] = []
 
-        def loss_of(micro: MicroBatch, out) -> torch.Tensor:
-            logp = losses.token_logprobs(out.logits, out.tokens)
+        def loss_of(micro: MicroBatch) -> torch.Tensor:
+            out = run.forward(micro, entropy=True)
+            logp = out.logprobs
             old = logp.detach() if logp_old is None or micro.filler else torch.cat([logp_old[i] for i in micro.indices])
             ref = None if logp_ref is None or micro.filler else torch.cat([logp_ref[i] for i in micro.indices])
             advantage, weight = (micro.gather(values).to(logp.device)[out.rows] for values in (rollouts.advantages, rollouts.weights))
             part = losses.policy_loss(logp, old, advantage, weight, config.eps_low, config.eps_high, config.kl_coef, ref)
             if not micro.filler:
                 parts.append(part)
+                entropy_sums.append(float(out.entropy.sum()))
             return part.loss
 
         loss = run.accumulate(plan, loss_of)
         grad_norm = run.optimize()
-        tokens, low, high, ratio, kl = run.ranks.sum([sum(getattr(p, name) for p in parts) for name in CLIP_FIGURES])
+        tokens, low, high, ratio, kl, entropy = run.ranks.sum([*(sum(getattr(p, name) for p in parts) for name in CLIP_FIGURES), sum(entropy_sums)])
         tokens = max(tokens, 1)
         results.append({"loss": loss, "grad_norm": grad_norm, "clipped_low": low / tokens, "clipped_high": high / tokens,
-                        "mean_ratio": ratio / tokens, "kl": kl / tokens})
+                        "mean_ratio": ratio / tokens, "kl": kl / tokens, "entropy": entropy / tokens})
     return results
 
 
 CLIP_FIGURES = ("tokens", "clipped_low", "clipped_high", "ratio_sum", "kl_sum")
 
 
-def learn(run: Run, kept: list[Group], config: APOConfig, reference: Frozen | None = None) -> tuple[float, dict]:
+def learn(run: Run, kept: list[Group], config: APOConfig, reference: Frozen | None = None, sharded: bool = False,
+          behaviour: bool = False) -> tuple[float, dict]:
     """One step's update on the informative groups, each group on one rank; returns the step's
-    loss and figures (over every rank)."""
-    mine = encode_groups(run.tokenizer, run.ranks.shard(kept), config, total_groups=len(kept))
+    loss and figures (over every rank). kept: the step's groups, each rank learning its share; with
+    sharded, this rank's own (each rank rolled out its share), every token still weighted by the
+    step's count of groups over every rank. behaviour: the ratio's old policy is the one that
+    sampled the rollouts (their kept log-probabilities), not the weights being updated."""
+    own = kept if sharded else balanced(run.ranks, kept, lambda group: sum(rollout.ByteSize() for rollout in group.rollouts))  # bytes: tokens before encoding
+    total = int(run.ranks.sum([len(kept)])[0]) if sharded else len(kept)
+    mine = encode_groups(run.tokenizer, own, config, total_groups=total, behaviour=behaviour)
+    if behaviour:
+        (kept_any,) = run.ranks.sum([sum(b is not None for b in mine.behaviour)])
+        if not kept_any:
+            raise FailedPrecondition(
+                "no rollout kept its sampled tokens' log-probabilities, which asynchronous rollouts need as the ratio's old "
+                "policy: keep GEARSHIFT_POLICY_CLIENT__RETURN_LOGPROBS on at the executor (and the router and planner)"
+            )
     results = apo_update(run, mine, config, reference)
     tokens, targets, unsampled = run.ranks.sum(
         [sum(len(e.input_ids) for e in mine.encoded), sum(e.target_count for e in mine.encoded), mine.unsampled]
     )
-    rewards, _, advantage = group_advantages(kept)
+    every = list(chain.from_iterable(gathered(run, [g.rewards for g in kept]))) if sharded else [g.rewards for g in kept]
+    rewards, _, advantage = reward_advantages(every)
     return results[-1]["loss"], {
+        "groups_per_rank": gathered(run, len(own)),
         "tokens": int(tokens),
         "target_tokens": int(targets),
         "unsampled_tokens": int(unsampled),
@@ -185,8 +232,15 @@ def learn(run: Run, kept: list[Group], config: APOConfig, reference: Frozen | No
         "clipped_low": results[-1]["clipped_low"],
         "clipped_high": results[-1]["clipped_high"],
         "kl": results[-1]["kl"],
+        "entropy": results[-1]["entropy"],
         "first_update_loss": results[0]["loss"],
     }
+
+
+def step_prompts(prompts: list[APOPrompt], config: APOConfig, step: int) -> list[APOPrompt]:
+    """The step's prompts (the same on every rank and in every rerun of the run)."""
+    draw = random.Random(config.optim.seed * 1_000_003 + step)
+    return draw.sample(prompts, k=min(config.prompts_per_step, len(prompts)))
 
 
 async def train_async(config: APOConfig, on_step: StepCallback | None = None) -> dict:
@@ -196,28 +250,44 @@ async def train_async(config: APOConfig, on_step: StepCallback | None = None) ->
     reference = run.frozen(config.reference or config.model.base) if config.kl_coef else None
     run_id = f"apo-{run.checkpoint_id}"
     rollout_ids: list[str] = []
+    max_async = config.rollout.max_async_steps
     async with rollout_services(run, config.rollout, config.store_addr) as rollouts:
-        for step in run.steps():
-            started = time.perf_counter()
-            draw = random.Random(config.optim.seed * 1_000_003 + step)
-            picked = draw.sample(prompts, k=min(config.prompts_per_step, len(prompts)))
-            groups = await rollouts.collect(lambda stack: collect(stack, stack.executor_addr, stack.reward_addr, picked, config, run_id, step))
-            rollout_seconds = time.perf_counter() - started
-            rollout_ids += [t.id for group in groups for t in group.rollouts]
-            kept = informative(groups, config.pass_rate_window)
-            metrics = {
-                "reward_mean": sum(r for g in groups for r in g.rewards) / sum(len(g.rewards) for g in groups),
-                "rollouts": sum(len(g.rollouts) for g in groups),
-                "groups_dropped": len(groups) - len(kept),
-                "rollout_seconds": rollout_seconds,
-            }
-            if not kept:  # nothing to learn this step: every group's rewards were equal
-                log.info("step %d: all %d groups dropped (equal rewards or outside the pass-rate window)", step, len(groups))
-                run.record(step, 0.0, metrics | {"tokens": 0, "updated": False}, started)
-                continue
-            loss, learned = learn(run, kept, config, reference)
-            learned["sync_seconds"] = await rollouts.publish(step)  # part of the step's seconds
-            run.record(step, loss, metrics | learned, started)
+
+        async def generate(stack, step: int) -> list[Group]:
+            first, share = rollouts.share(step_prompts(prompts, config, step))
+            return await collect(stack, stack.executor_addr, stack.reward_addr, share, config, run_id, step, first) if share else []
+
+        steps = range(run.start_step + 1, config.optim.max_steps + 1)
+        async with rollouts.batches(steps, generate, max_async) as next_batch:
+            for step in run.steps():
+                started = time.perf_counter()
+                batch = await next_batch(step)
+                groups, own = batch.items, rollouts.every_rank  # own: each rank has its own groups, not every rank's
+                ids = [t.id for group in groups for t in group.rollouts]
+                rollout_ids += list(chain.from_iterable(gathered(run, ids))) if own else ids
+                kept = informative(groups, config.pass_rate_window)
+                counts = [sum(r for g in groups for r in g.rewards), len(ids), len(groups), len(kept)]
+                reward_sum, rollout_count, group_count, kept_count = run.ranks.sum(counts) if own else counts
+                metrics = {
+                    "reward_mean": reward_sum / max(rollout_count, 1),
+                    "rollouts": int(rollout_count),
+                    "groups_dropped": int(group_count - kept_count),
+                    "rollout_seconds": batch.generation_ended - batch.generation_started,
+                    **batch.timeline(),
+                }
+                if not kept_count:  # nothing to learn this step: every group's rewards were equal
+                    log.info("step %d: all %d groups dropped (equal rewards or outside the pass-rate window)", step, group_count)
+                    await rollouts.unchanged(step)
+                    run.record(step, 0.0, metrics | {"tokens": 0, "updated": False}, started)
+                    continue
+                training_started = time.time()
+                if max_async:  # in a thread, so this loop keeps the next step's rollouts going meanwhile
+                    loss, learned = await asyncio.to_thread(learn, run, kept, config, reference, own, True)
+                else:
+                    loss, learned = learn(run, kept, config, reference, own)
+                learned |= {"training_started": training_started, "training_ended": time.time()}
+                learned["sync_seconds"] = await rollouts.publish(step)  # part of the step's seconds
+                run.record(step, loss, metrics | learned, started)
     result = run.finalize(trajectory_ids + rollout_ids, data.snapshot_id(trajectory_ids + rollout_ids), {"prompts": len(prompts)})
     if run.registers:
         await register(config.store_addr, result)

@@ -6,7 +6,12 @@ executor, router, planner and sandbox as serving runs them (gearshift.jobs.on_po
 tools, and the tool responses it reads are the environment's, never its own. A domain map picks
 each prompt's teacher; the loss is the per-token reverse KL(student || teacher) on the tokens the
 student wrote, over the full vocabulary or the student's top-k, averaged over those tokens (of the
-whole global batch: under torchrun rank 0 runs the episodes and each rank learns its share).
+whole global batch: under torchrun every rank runs its share of the episodes through a running
+executor, an inference fleet, and learns them; in process rank 0 runs them all and each rank learns
+its share). With rollout.max_async_steps the episodes of step n+1 are generated while step n trains
+(on_policy.Rollouts.batches), at most that many updates stale; the reverse KL is taken on the current
+student's distribution at the sampled tokens, so it needs no importance ratio: the staleness only
+shifts which contexts the student is aligned on.
 Teachers sit whole on every rank's device; under LoRA a teacher that is the student's own base is
 the student with its adapter off.
 What the platform wrote (a forced mode's prefix, the openers, tool responses) is context, never
@@ -27,16 +32,17 @@ import asyncio
 import random
 import time
 import uuid
+from itertools import chain
 
 import torch
 from gearshift.api.common.v1.common_pb2 import Mode, Purpose, Trajectory
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.clients import channel
 from gearshift.jobs.distill.config import DistillConfig, Prompt
-from gearshift.jobs.on_policy import encode_rollouts, rollout_services, sampling, solve
+from gearshift.jobs.on_policy import encode_rollouts, gathered, rollout_services, sampling, solve
 from gearshift.protocol.modes import MODE_OF
 from gearshift.settings import Settings
-from gearshift.training import batching, data, forward, losses
+from gearshift.training import batching, data, forward
 from gearshift.training.batching import MicroBatch
 from gearshift.training.config import ConversationConfig
 from gearshift.training.results import register
@@ -65,9 +71,10 @@ def teacher_of(prompt: Prompt, config: DistillConfig) -> str:
     return teacher
 
 
-async def student_rollouts(stack: Settings, prompts: list[Prompt], config: DistillConfig, run_id: str, step: int) -> list[Trajectory]:
+async def student_rollouts(stack: Settings, prompts: list[Prompt], config: DistillConfig, run_id: str, step: int,
+                           first: int = 0) -> list[Trajectory]:
     """One episode per prompt with the student's current weights (a pinned mode is injected), in
-    the prompt's conversation."""
+    the prompt's conversation; prompts are the step's from index first on (a rank's share)."""
     slots = asyncio.Semaphore(config.rollout.concurrency)
     requests = [
         executor_pb2.SolveRequest(
@@ -83,52 +90,63 @@ async def student_rollouts(stack: Settings, prompts: list[Prompt], config: Disti
             trajectory_id=str(uuid.uuid5(uuid.NAMESPACE_URL, f"{run_id}/{step}/{index}")),
             conversation=prompt.conversation.to_proto() if prompt.conversation else None,
         )
-        for index, prompt in enumerate(prompts)
+        for index, prompt in enumerate(prompts, start=first)
     ]
     async with channel(stack.executor_addr, stack) as ch:
         stub = executor_pb2_grpc.ExecutorStub(ch)
         return list(await asyncio.gather(*(solve(stub, request, slots) for request in requests)))
 
 
-def teacher_logits(run: Run, student: forward.TargetLogits, micro: MicroBatch, owners: list[str], teachers: dict[str, Frozen]) -> torch.Tensor:
-    """The teachers' logits at the student's target positions: row i scored by owners[i]'s teacher
-    (rows no teacher owns keep the student's own logits, a KL of 0). Rows ascend in both, so each
-    teacher's sub-batch targets come in the student's order. A teacher in lockstep (the policy's
-    own base) is called on every micro-batch, rows or not."""
-    logits = student.logits.detach().clone()
+def teacher_views(run: Run, micro: MicroBatch, owners: list[str], teachers: dict[str, Frozen]) -> tuple[forward.Teacher, ...]:
+    """Each teacher's view of the micro-batch's rows it owns (owners[i]: row i's teacher): its last
+    hidden states at their targets and its head, whole, from which the student's head recomputes
+    its logits chunk by chunk (rows no teacher owns get a KL of 0). Rows ascend in both, so each
+    teacher's targets come in the student's order. Every teacher's head is gathered on every
+    micro-batch, and a teacher in lockstep (sharded, or the policy's own base) is called on every
+    micro-batch, rows or not: every rank makes the same collective calls."""
+    target_rows, _ = forward.target_positions(micro.batch)
+    views = []
     for source, teacher in teachers.items():
+        weight = forward.whole_weight(run.head_of(teacher))
         rows = [row for row, owner in enumerate(owners) if owner == source]
         if rows:
-            scored = run.score(teacher, micro.select(rows, share_prefix=not teacher.lockstep)).logits
-            logits[torch.isin(student.rows, torch.tensor(rows, device=student.rows.device))] = scored.to(logits.dtype)
+            hidden = run.score(teacher, micro.select(rows, share_prefix=not teacher.lockstep), hidden_only=True).hidden
+            positions = torch.isin(target_rows, torch.tensor(rows)).nonzero().squeeze(-1).to(hidden.device)
+            views.append(forward.Teacher(positions, hidden, weight))
         elif teacher.lockstep and run.ranks.distributed:
-            run.score(teacher, batching.filler(run.pad_id, share_prefix=False))
-    return logits
+            run.score(teacher, batching.filler(run.pad_id, share_prefix=False), hidden_only=True)
+    return tuple(views)
 
 
 def distill_loss_of(run: Run, owners: list[str], teachers: dict[str, Frozen], sampled: int, top_k: int | None):
     """A micro-batch's loss: the reverse KL to each row's teacher summed over its sampled tokens,
     over the step's count of sampled tokens (a token mean over the global batch)."""
 
-    def loss_of(micro: MicroBatch, out: forward.TargetLogits) -> torch.Tensor:
-        rows = [owners[i] for i in micro.indices]
-        return losses.reverse_kl(out.logits, teacher_logits(run, out, micro, rows, teachers), top_k).sum() / sampled
+    def loss_of(micro: MicroBatch) -> torch.Tensor:
+        views = teacher_views(run, micro, [owners[i] for i in micro.indices], teachers)
+        return run.forward(micro, teachers=views, top_k=top_k).kl.sum() / sampled
 
     return loss_of
 
 
-def learn(run: Run, config: DistillConfig, teachers: dict[str, Frozen], owners: list[str], episodes: list[Trajectory]) -> tuple[float, dict]:
+def learn(run: Run, config: DistillConfig, teachers: dict[str, Frozen], owners: list[str], episodes: list[Trajectory],
+          sharded: bool = False) -> tuple[float, dict]:
     """One step's update on the student's episodes (owners[i]: the teacher of episode i), each rank
-    learning its share; returns the step's loss and figures (over every rank)."""
+    learning its share (sharded: the episodes are this rank's own, each rank rolled out its share);
+    returns the step's loss and figures (over every rank)."""
     encoded = encode_rollouts(run.tokenizer, episodes, config.rollout, config.max_length)
     usable = [(owner, e) for owner, e in zip(owners, encoded) if e.target_count]
-    if not usable:
+    (sampled,) = run.ranks.sum([sum(e.target_count for _, e in usable)]) if sharded else [sum(e.target_count for _, e in usable)]
+    sampled = int(sampled)
+    if not sampled:
         return 0.0, {"tokens": 0, "sampled_tokens": 0, "updated": False}
-    sampled = sum(e.target_count for _, e in usable)
-    mine = run.ranks.shard(usable)
+    mine = usable if sharded else batching.balanced(run.ranks, usable, lambda pair: len(pair[1].input_ids))
     loss = run.accumulate(run.micro_batches([e for _, e in mine]), distill_loss_of(run, [o for o, _ in mine], teachers, sampled, config.top_k))
     grad_norm = run.optimize()
-    return loss, {"tokens": sum(len(e.input_ids) for _, e in usable), "sampled_tokens": sampled, "grad_norm": grad_norm, "updated": True}
+    tokens = sum(len(e.input_ids) for _, e in usable)
+    (tokens,) = run.ranks.sum([tokens]) if sharded else [tokens]
+    return loss, {"tokens": int(tokens), "sampled_tokens": sampled, "grad_norm": grad_norm, "updated": True,
+                  "episodes_per_rank": gathered(run, len(mine))}
 
 
 async def train_async(config: DistillConfig, on_step: StepCallback | None = None) -> dict:
@@ -137,18 +155,39 @@ async def train_async(config: DistillConfig, on_step: StepCallback | None = None
     prompts, trajectory_ids = run.ranks.shared(lambda: gather_prompts(config))
     teachers = {source: run.frozen(source) for source in sorted({teacher_of(p, config) for p in prompts})}
     run_id, rollout_ids = f"distill-{run.checkpoint_id}", []
+    max_async = config.rollout.max_async_steps
     async with rollout_services(run, config.rollout, config.store_addr) as rollouts:
-        for step in run.steps():
-            started = time.perf_counter()
+
+        def step_prompts(step: int) -> list[Prompt]:
             draw = random.Random(config.optim.seed * 1_000_003 + step)
-            picked = [prompts[i] for i in draw.sample(range(len(prompts)), k=min(config.batch_size, len(prompts)))]
-            episodes = await rollouts.collect(lambda stack: student_rollouts(stack, picked, config, run_id, step))
-            rollout_seconds = time.perf_counter() - started
-            rollout_ids += [t.id for t in episodes]
-            loss, metrics = learn(run, config, teachers, [teacher_of(p, config) for p in picked], episodes)
-            if metrics["updated"]:
-                metrics["sync_seconds"] = await rollouts.publish(step)  # part of the step's seconds
-            run.record(step, loss, metrics | {"rollout_seconds": rollout_seconds}, started)
+            return [prompts[i] for i in draw.sample(range(len(prompts)), k=min(config.batch_size, len(prompts)))]
+
+        async def generate(stack, step: int) -> tuple[list[Prompt], list[Trajectory]]:
+            first, share = rollouts.share(step_prompts(step))
+            return share, (await student_rollouts(stack, share, config, run_id, step, first) if share else [])
+
+        steps = range(run.start_step + 1, config.optim.max_steps + 1)
+        async with rollouts.batches(steps, generate, max_async) as next_batch:
+            for step in run.steps():
+                started = time.perf_counter()
+                batch = await next_batch(step)
+                picked, episodes = batch.items
+                own = rollouts.every_rank  # each rank has its own episodes, not every rank's
+                ids = [t.id for t in episodes]
+                rollout_ids += list(chain.from_iterable(gathered(run, ids))) if own else ids
+                owners = [teacher_of(p, config) for p in picked]
+                training_started = time.time()
+                if max_async:  # in a thread, so this loop keeps the next step's episodes going meanwhile
+                    loss, metrics = await asyncio.to_thread(learn, run, config, teachers, owners, episodes, own)
+                else:
+                    loss, metrics = learn(run, config, teachers, owners, episodes, own)
+                metrics |= {"training_started": training_started, "training_ended": time.time()}
+                if metrics["updated"]:
+                    metrics["sync_seconds"] = await rollouts.publish(step)  # part of the step's seconds
+                else:
+                    await rollouts.unchanged(step)
+                rollout_seconds = batch.generation_ended - batch.generation_started
+                run.record(step, loss, metrics | {"rollout_seconds": rollout_seconds} | batch.timeline(), started)
     domains = sorted({p.domain for p in prompts})
     lineage = trajectory_ids + rollout_ids
     result = run.finalize(lineage, data.snapshot_id(lineage), {"prompts": len(prompts), "domains": len(domains)})

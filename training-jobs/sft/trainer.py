@@ -21,7 +21,7 @@ from collections import Counter
 import torch
 from gearshift.api.common.v1.common_pb2 import Trajectory
 from gearshift.jobs.sft.config import SFTConfig
-from gearshift.training import data, losses, tokenization
+from gearshift.training import batching, data, tokenization
 from gearshift.training.runtime import Run, StepCallback
 
 UNLABELLED = ""
@@ -42,12 +42,12 @@ def sampling_weights(trajectories: list[Trajectory], config: SFTConfig) -> list[
     ]
 
 
-def sft_loss_of(total_targets: int):
+def sft_loss_of(run: Run, total_targets: int):
     """The loss of a micro-batch: its target tokens' negative log-likelihood over the step's whole
     count of target tokens (a token mean over the global batch, on 1 rank or N)."""
 
-    def loss_of(micro, out) -> torch.Tensor:
-        return -losses.token_logprobs(out.logits, out.tokens).sum() / total_targets
+    def loss_of(micro) -> torch.Tensor:
+        return -run.forward(micro).logprobs.sum() / total_targets
 
     return loss_of
 
@@ -80,7 +80,7 @@ def fit(run: Run, config: SFTConfig, trajectories: list[Trajectory]) -> dict:
         batch = [examples[i] for i in draw.choices(range(len(examples)), weights=weights, k=config.batch_size)]
         targets = sum(example.target_count for example in batch)
         metrics = {"tokens": sum(len(example.input_ids) for example in batch), "target_tokens": targets}
-        run.update(step, run.micro_batches(run.ranks.shard(batch)), sft_loss_of(targets), metrics, started)
+        run.update(step, run.micro_batches(batching.balanced(run.ranks, batch, lambda example: len(example.input_ids))), sft_loss_of(run, targets), metrics, started)
     ids = [t.id for t in kept]
     levels = Counter(difficulty_of(t) for t in kept)
     return run.finish(ids, data.snapshot_id(ids), {"trajectories": len(kept), "difficulty_levels": len(levels)})

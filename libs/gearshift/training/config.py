@@ -140,6 +140,12 @@ class RuntimeConfig(Strict):
     micro_batch_tokens: int = Field(
         8192, ge=0, description="Most padded tokens in one forward; a rank's share of the batch is split into micro-batches whose gradients accumulate (0: one forward)"
     )
+    packing: bool = Field(
+        True, description="Pack a micro-batch's examples end to end in rows as wide as its longest one (position ids restarting, attention inside each example; a prefix every example shares held once per row) instead of one padded row each"
+    )
+    loss_chunk_tokens: int = Field(
+        1024, ge=0, description="Target tokens whose logits the head computes at once for the loss (float32, recomputed in the backward); 0: all of a micro-batch's at once"
+    )
     collective_timeout_seconds: float = Field(
         3600.0, gt=0, description="How long a rank waits in a collective (the other ranks wait here while rank 0 runs rollouts)"
     )
@@ -197,7 +203,18 @@ class RolloutConfig(Strict):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass of every model call")
     max_tokens_per_turn: int = Field(128, ge=8, description="Tokens per policy turn in the in-process stack")
     max_steps: int = Field(0, ge=0, description="Turn budget per rollout (0: the mode's default)")
-    concurrency: int = Field(12, ge=1, description="Rollouts in flight at once")
+    concurrency: int = Field(12, ge=1, description="Rollouts in flight at once (on each rank, when every rank rolls out through executor_addr)")
     exact_tokens: bool = Field(
         True, description="Learn only the tokens the policy sampled (kept with each turn); false: the re-tokenised text's"
     )
+    max_async_steps: int = Field(
+        0, ge=0, description="Asynchronous rollouts with bounded staleness (prime-rl's async level): the rollouts of step n+1 are generated while step n trains, and a batch is trained at most this many updates after the weights that generated it; the behaviour policy's log-probabilities (kept with the sampled tokens) are the old policy of the clipped ratio. 0: synchronous (generate, then train). Needs executor_addr"
+    )
+
+    @model_validator(mode="after")
+    def _async_needs_a_fleet(self) -> RolloutConfig:
+        # In process the stack generates with the module being trained (or rank 0's copy of it) on the
+        # trainer's own CPU: generating while it trains would race the update it overlaps.
+        if self.max_async_steps and not self.executor_addr:
+            raise ValueError("rollout.max_async_steps needs rollout.executor_addr (an inference fleet that generates while the trainer trains)")
+        return self

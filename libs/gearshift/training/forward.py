@@ -8,6 +8,9 @@ batch, in two halves by length, each padded only to its own longest row. That is
 computation, gradients included (they flow back through the shared cache), done once instead of
 once per row and without most of the padding.
 
+And the head never makes the [tokens, vocabulary] logits whole: Head computes the per-token
+values a loss needs (log-probabilities, entropy, KL to a teacher) a chunk of tokens at a time.
+
 TargetForward makes this forward the forward of one module, so that a DDP or FSDP wrapper around
 it runs its hooks (gradient reduction, parameter gathering) around the whole computation."""
 
@@ -16,28 +19,111 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.utils.checkpoint
 
-from gearshift.training.tokenization import Batch
+from gearshift.training import losses
+from gearshift.training.tokenization import PREFIX, Batch
 
 
 @dataclass
-class TargetLogits:
-    """Logits at the positions that predict target tokens, flattened over the batch."""
+class Targets:
+    """What a forward gives for the target tokens of a batch, flattened over it (rows ascending):
+    per-token values the head computed chunk by chunk, never the [tokens, vocabulary] logits."""
 
-    logits: torch.Tensor  # [N, V]
     tokens: torch.Tensor  # [N] the target tokens
     rows: torch.Tensor  # [N] which batch row each came from
     columns: torch.Tensor  # [N] the target token's position in its row
+    logprobs: torch.Tensor | None = None  # [N] log p(token)
+    entropy: torch.Tensor | None = None  # [N] of each predicted distribution (no gradient), when asked for
+    kl: torch.Tensor | None = None  # [N] KL(model || teacher), where teachers were given (0 elsewhere)
+    hidden: torch.Tensor | None = None  # [N, H] the last hidden states, when asked for (a teacher's)
 
     def per_row(self, values: torch.Tensor, rows: int) -> list[torch.Tensor]:
         """Per-target values ([N], in this order: rows ascending) split into one tensor per row."""
         return list(values.split(torch.bincount(self.rows, minlength=rows).tolist()))
 
 
+@dataclass
+class Teacher:
+    """A teacher's view of some of the batch's target tokens, enough to recompute its logits chunk
+    by chunk: its last hidden states there and its whole head weight."""
+
+    positions: torch.Tensor  # [n] indices into the batch's N targets
+    hidden: torch.Tensor  # [n, H_teacher]
+    weight: torch.Tensor  # [V, H_teacher]
+
+
+class Head(torch.nn.Linear):
+    """The language-model head (a transformers model's output embedding, its class swapped, as
+    FSDP2 swaps it again): called with hidden states alone it gives logits as before (generation);
+    called with target tokens it gives per-token log-probabilities and entropy (or, given teachers,
+    the KL to them), chunk_tokens rows at a time, each chunk's logits recomputed in the backward
+    (torch.utils.checkpoint), so [tokens, vocabulary] logits never exist whole, in float32 or
+    otherwise. Its own forward, so FSDP gathers its weight once for the forward and once for the
+    backward whatever the number of chunks."""
+
+    chunk_tokens: int = 1024  # 0: one chunk
+
+    def forward(self, hidden: torch.Tensor, tokens: torch.Tensor | None = None, entropy: bool = False,
+                teachers: tuple[Teacher, ...] = (), top_k: int | None = None):
+        if tokens is None:
+            return super().forward(hidden)
+        chunk = self.chunk_tokens or max(1, len(tokens))
+        if teachers:
+            kl = hidden.new_zeros(len(tokens), dtype=torch.float32)
+            for teacher in teachers:
+                for start in range(0, len(teacher.positions), chunk):
+                    at = teacher.positions[start:start + chunk]
+                    part = _checkpointed(self._reverse_kl, hidden[at], teacher.hidden[start:start + chunk], teacher.weight, top_k)
+                    kl = kl.index_put((at,), part)
+            return None, None, kl
+        pieces = [_checkpointed(self._logprobs, hidden[start:start + chunk], tokens[start:start + chunk], entropy)
+                  for start in range(0, len(tokens), chunk)]
+        if not pieces:
+            return hidden.new_zeros(0, dtype=torch.float32), hidden.new_zeros(0, dtype=torch.float32) if entropy else None, None
+        return torch.cat([logp for logp, _ in pieces]), torch.cat([ent for _, ent in pieces]) if entropy else None, None
+
+    def _logprobs(self, hidden: torch.Tensor, tokens: torch.Tensor, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        logits = super().forward(hidden)
+        return losses.token_logprobs(logits, tokens), losses.entropy(logits).detach() if entropy else None
+
+    def _reverse_kl(self, hidden: torch.Tensor, teacher_hidden: torch.Tensor, teacher_weight: torch.Tensor, top_k: int | None) -> torch.Tensor:
+        with torch.no_grad():
+            teacher_logits = torch.nn.functional.linear(teacher_hidden.to(teacher_weight.dtype), teacher_weight)
+        return losses.reverse_kl(super().forward(hidden), teacher_logits, top_k)
+
+
+def _checkpointed(function, *args):
+    """function(*args), its intermediate tensors (a chunk's logits) dropped and recomputed in the
+    backward when a gradient will flow."""
+    if torch.is_grad_enabled() and args[0].requires_grad:
+        return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False)
+    return function(*args)
+
+
+def chunked_head(model: torch.nn.Module, chunk_tokens: int) -> Head:
+    """model's output embedding as a Head (in place: same parameters, same names)."""
+    head = model.get_output_embeddings()
+    if type(head) not in (torch.nn.Linear, Head):
+        raise ValueError(f"the output embedding is a {type(head).__name__}, not a plain linear layer: it cannot be chunked")
+    head.__class__ = Head
+    head.chunk_tokens = chunk_tokens
+    return head
+
+
+def whole_weight(head: torch.nn.Module) -> torch.Tensor:
+    """A head's weight, whole, without gradient: gathered from its shards under FSDP (a collective:
+    every rank calls it), else the parameter itself."""
+    weight = head.weight.detach()
+    return weight.full_tensor() if hasattr(weight, "full_tensor") else weight
+
+
 def _predicting(batch: Batch) -> torch.Tensor:
-    """[B, T] mask of positions whose next token is a target."""
+    """[B, T] mask of positions whose next token is a target (of the same sequence, where packed)."""
     mask = torch.zeros_like(batch.target_mask)
     mask[:, :-1] = batch.target_mask[:, 1:]
+    if batch.packed:
+        mask[:, :-1] &= (batch.sequence_ids[:, 1:] == batch.sequence_ids[:, :-1]) & (batch.sequence_ids[:, :-1] >= 0)
     return mask
 
 
@@ -65,6 +151,10 @@ def hidden_states(model: torch.nn.Module, batch: Batch, share_prefix: bool = Tru
     """[B, T, H] last hidden states; the shared prefix is decoded once where share_prefix allows,
     except under activation checkpointing, whose recomputed layers take no cache."""
     decoder = model.get_decoder()
+    if batch.packed:  # one call, whatever the layout (batching.pack)
+        # No cache: with one, transformers would not read the sequences from the position ids.
+        return decoder(input_ids=batch.input_ids, position_ids=batch.position_ids, attention_mask=packed_attention(model, batch),
+                       use_cache=False).last_hidden_state
     checkpointing = model.training and getattr(decoder, "gradient_checkpointing", False)  # the flag every transformers sets
     shared = shared_prefix(batch) if share_prefix and not checkpointing else 0
     if not shared:
@@ -96,28 +186,74 @@ def length_halves(lengths: list[int]) -> list[list[int]]:
     return [order[: len(order) // 2], order[len(order) // 2:]]
 
 
-def target_logits(model: torch.nn.Module, batch: Batch, share_prefix: bool = True) -> TargetLogits:
-    """Runs the decoder on the whole batch and the head on the target positions only."""
-    hidden = hidden_states(model, batch, share_prefix)
-    predicting = _predicting(batch)
-    rows, columns = predicting.nonzero(as_tuple=True)
-    logits = model.get_output_embeddings()(hidden[rows, columns])
-    return TargetLogits(logits, batch.input_ids[rows, columns + 1], rows, columns + 1)
+def target_positions(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, columns) of the positions whose next token is a target, rows ascending, each row's
+    in order; for a packed batch, the example's row in the micro-batch and its position in the
+    example."""
+    return _target_coordinates(batch)[2:]
+
+
+def _target_coordinates(batch: Batch) -> tuple[torch.Tensor, ...]:
+    """(rows, columns) of the predicting positions in the batch's tensors, then (rows, columns) as
+    target_positions gives them, in the same order."""
+    rows, columns = _predicting(batch).nonzero(as_tuple=True)
+    if not batch.packed:
+        return rows, columns, rows, columns
+    examples, positions = batch.sequence_ids[rows, columns], batch.position_ids[rows, columns]
+    order = torch.argsort(examples * (int(batch.position_ids.max()) + 1) + positions)
+    return rows[order], columns[order], examples[order], positions[order]
+
+
+def packed_attention(model: torch.nn.Module, batch: Batch) -> torch.Tensor | None:
+    """The attention mask a packed batch's decoder call takes: None where position ids alone say
+    where sequences start (transformers then masks block-diagonally for sdpa and eager, and flash
+    attention runs varlen); with a shared prefix, a [B, 1, T, T] mask where each token attends
+    causally to its own sequence and its row's prefix (sdpa: boolean; eager: additive)."""
+    sequences = batch.sequence_ids
+    if not (sequences == PREFIX).any():
+        return None
+    implementation = model.config._attn_implementation
+    if implementation not in ("sdpa", "eager"):
+        raise ValueError(f"a packed batch with a shared prefix needs a custom mask: the {implementation} attention takes none")
+    width = sequences.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool, device=sequences.device).tril()
+    seen = (sequences[:, :, None] == sequences[:, None, :]) | (sequences == PREFIX)[:, None, :]
+    mask = (seen & causal)[:, None]
+    if implementation == "eager":
+        return torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, torch.finfo(torch.float32).min)
+    return mask
 
 
 class TargetForward(torch.nn.Module):
-    """A causal LM whose forward is target_logits: the module DDP and FSDP wrap (their hooks run
-    only around a module's own forward, never around calls to its submodules)."""
+    """A causal LM whose forward runs the decoder on the whole batch and the head (a Head) on the
+    target positions only: the module DDP and FSDP wrap (their hooks run only around a module's
+    own forward, never around calls to its submodules). Returns a tuple: FSDP finds the tensors of
+    a tuple; through() reads it as Targets."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, chunk_tokens: int = Head.chunk_tokens):
         super().__init__()
         self.model = model
+        chunked_head(model, chunk_tokens)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor, share_prefix: bool = True) -> tuple:
-        out = target_logits(self.model, Batch(input_ids, attention_mask, target_mask), share_prefix)
-        return out.logits, out.tokens, out.rows, out.columns  # a tuple: FSDP finds the tensors of a tuple
+    @property
+    def head(self) -> Head:
+        """The model's own output embedding (a property, not a second registration of it)."""
+        return self.model.get_output_embeddings()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor, share_prefix: bool = True,
+                hidden_only: bool = False, entropy: bool = False, teachers: tuple[Teacher, ...] = (), top_k: int | None = None,
+                position_ids: torch.Tensor | None = None, sequence_ids: torch.Tensor | None = None) -> tuple:
+        batch = Batch(input_ids, attention_mask, target_mask, position_ids, sequence_ids)
+        at_rows, at_columns, rows, columns = _target_coordinates(batch)
+        hidden = hidden_states(self.model, batch, share_prefix)[at_rows, at_columns]
+        tokens = batch.input_ids[at_rows, at_columns + 1]
+        if hidden_only:
+            return tokens, rows, columns + 1, None, None, None, hidden
+        return tokens, rows, columns + 1, *self.head(hidden, tokens, entropy, teachers, top_k), None
 
 
-def through(module: torch.nn.Module, batch: Batch, share_prefix: bool = True) -> TargetLogits:
-    """target_logits through a TargetForward, or a DDP or FSDP wrapper of one."""
-    return TargetLogits(*module(batch.input_ids, batch.attention_mask, batch.target_mask, share_prefix))
+def through(module: torch.nn.Module, batch: Batch, share_prefix: bool = True, **asked) -> Targets:
+    """A TargetForward's Targets (or a DDP or FSDP wrapper's of one); asked: hidden_only, entropy,
+    teachers, top_k (TargetForward.forward)."""
+    return Targets(*module(batch.input_ids, batch.attention_mask, batch.target_mask, share_prefix, **asked,
+                           position_ids=batch.position_ids, sequence_ids=batch.sequence_ids))

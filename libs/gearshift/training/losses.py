@@ -1,8 +1,8 @@
 """Loss functions as small pure functions on tensors (after verl's core_algos): each can be read
 and unit-tested alone against hand-computed values.
 
-Per-token tensors are flat, [N], over the target tokens of a batch (forward.TargetLogits);
-logits are [..., V].
+Per-token tensors are flat, [N], over the target tokens of a batch (forward.Targets);
+logits are [..., V]: a chunk of tokens' at a time (forward.Head), never the whole batch's.
 """
 
 from __future__ import annotations
@@ -16,6 +16,12 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """log p(token) under logits, per position: [..., V] and [...] -> [...]."""
     logits = logits.float()
     return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the distribution logits give, per position: [..., V] -> [...]."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
 
 
 def reverse_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, top_k: int | None = None) -> torch.Tensor:

@@ -30,7 +30,7 @@ from gearshift.training.results import METRICS_FILE, read_metrics, register, wri
 RESUME_DIR = "resume"
 
 StepCallback = Callable[[int, dict], None]
-LossOf = Callable[[batching.MicroBatch, forward.TargetLogits], torch.Tensor]
+LossOf = Callable[[batching.MicroBatch], torch.Tensor]
 
 
 def build_optimizer(model: torch.nn.Module, optim: OptimConfig):
@@ -59,8 +59,8 @@ def intra_op_threads(optim: OptimConfig) -> int:
 
 
 def target_forward(config: PolicyJobConfig) -> checkpoints.Wrap:
-    """What a loaded model becomes: a TargetForward."""
-    return lambda model: forward.TargetForward(model)
+    """What a loaded model becomes: a TargetForward with the run's loss chunks."""
+    return lambda model: forward.TargetForward(model, config.runtime.loss_chunk_tokens)
 
 
 @dataclass(frozen=True)
@@ -158,26 +158,36 @@ class Run:
 
     def micro_batches(self, examples: list) -> list[batching.MicroBatch]:
         """This rank's examples (tokenization.Encoded) in micro-batches of at most
-        runtime.micro_batch_tokens. Every rank gets as many (fillers pad the shorter plans) and
-        decodes a shared prefix in the same ones: FSDP gathers a layer's weights at each call of
-        the layer, so every rank must call it as often."""
-        plan = batching.plan(examples, self.config.runtime.micro_batch_tokens, self.pad_id)
+        runtime.micro_batch_tokens, packed (runtime.packing) or padded. Every rank gets as many
+        (fillers pad the shorter plans): FSDP gathers a layer's weights at each call of the layer,
+        so every rank must call it as often. A packed micro-batch is one decoder call, its shared
+        prefix included (a custom mask: sdpa and eager attention only); padded ones decode a
+        shared prefix apart (three calls) in the same micro-batches on every rank."""
+        runtime = self.config.runtime
+        if runtime.packing:
+            prefix_mask = self.model.config._attn_implementation in ("sdpa", "eager")
+            plan = batching.pack(examples, runtime.micro_batch_tokens, self.pad_id, share_prefix=prefix_mask)
+        else:
+            plan = batching.plan(examples, runtime.micro_batch_tokens, self.pad_id)
         if not self.ranks.distributed:
             return plan
         (count,) = self.ranks.max([len(plan)])
-        plan += [batching.filler(self.pad_id) for _ in range(int(count) - len(plan))]
+        plan += [batching.filler(self.pad_id, share_prefix=not runtime.packing) for _ in range(int(count) - len(plan))]
+        if runtime.packing:
+            return plan
         shares = self.ranks.min([float(forward.shared_prefix(micro.batch) > 0) for micro in plan])
         for micro, share in zip(plan, shares):
             micro.share_prefix = bool(share)
         return plan
 
-    def forward(self, micro: batching.MicroBatch, module: torch.nn.Module | None = None) -> forward.TargetLogits:
-        """Target logits of a micro-batch on this rank's device, through the wrapped policy (or
-        module, a TargetForward of a frozen model), in the run's precision."""
+    def forward(self, micro: batching.MicroBatch, module: torch.nn.Module | None = None, **asked) -> forward.Targets:
+        """A micro-batch's Targets (log-probabilities, or what asked asks: forward.through) on this
+        rank's device, through the wrapped policy (or module, a TargetForward of a frozen model),
+        in the run's precision."""
         module = module or self.module
         batch = micro.batch.to(self.ranks.device)
         with distributed.autocast(module, self.ranks.device, self.dtype):
-            return forward.through(module, batch, micro.share_prefix)
+            return forward.through(module, batch, micro.share_prefix, **asked)
 
     def frozen(self, source: str) -> Frozen:
         """source as a model scored beside the policy (a teacher, a KL reference). Under LoRA the
@@ -189,25 +199,29 @@ class Run:
             return Frozen(None)
         return Frozen(checkpoints.load_frozen(source, models_dir, self.dtype, self.ranks, self.config.runtime, target_forward(self.config)))
 
-    def score(self, frozen: Frozen, micro: batching.MicroBatch) -> forward.TargetLogits:
-        """A frozen model's target logits on a micro-batch, without gradients. The policy's own base
+    def score(self, frozen: Frozen, micro: batching.MicroBatch, **asked) -> forward.Targets:
+        """A frozen model's Targets on a micro-batch, without gradients. The policy's own base
         runs through the wrapped policy, so every rank must call it on every micro-batch (lockstep)."""
         with torch.no_grad():
             if frozen.module is None:
                 with self.model.disable_adapter():
-                    return self.forward(micro)
-            return self.forward(micro, frozen.module)
+                    return self.forward(micro, **asked)
+            return self.forward(micro, frozen.module, **asked)
+
+    def head_of(self, frozen: Frozen) -> forward.Head:
+        """A frozen model's head (the policy's own for its base)."""
+        module = frozen.module or self.module
+        return getattr(module, "module", module).head  # DDP wraps the TargetForward
 
     def accumulate(self, plan: list[batching.MicroBatch], loss_of: LossOf) -> float:
         """Forward and backward of every micro-batch of the plan, gradients accumulating.
-        loss_of(micro, logits) is the micro-batch's share of the step's loss: normalised by a count
-        over the global batch, so the shares of every rank sum to it (a filler's is zeroed). Returns
-        that sum."""
+        loss_of(micro) runs the micro-batch's forward (Run.forward) and returns its share of the
+        step's loss: normalised by a count over the global batch, so the shares of every rank sum
+        to it (a filler's is zeroed). Returns that sum."""
         local = 0.0
         for index, micro in enumerate(plan):
             with distributed.gradient_sync(self.module, sync=index == len(plan) - 1):
-                out = self.forward(micro)
-                loss = loss_of(micro, out)  # also for a filler: loss_of may call models in lockstep
+                loss = loss_of(micro)  # also for a filler: every rank calls the model as often
                 if micro.filler:
                     loss = loss * 0.0
                 (loss * self.ranks.world_size).backward()  # DDP and FSDP average gradients over the ranks

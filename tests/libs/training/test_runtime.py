@@ -37,7 +37,7 @@ def gradients(run: Run) -> tuple[float, dict[str, torch.Tensor], int]:
     micro-batches it took."""
     batch = examples(run)
     plan = run.micro_batches(batch)
-    loss = run.accumulate(plan, sft_loss_of(sum(e.target_count for e in batch)))
+    loss = run.accumulate(plan, sft_loss_of(run, sum(e.target_count for e in batch)))
     grads = {name: param.grad.clone() for name, param in run.model.named_parameters() if param.grad is not None}
     run.optimizer.zero_grad(set_to_none=True)
     return loss, grads, len(plan)
