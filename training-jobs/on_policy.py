@@ -2,7 +2,14 @@
 the model being trained, served by the embedded platform, runs episodes through the real
 executor, router, planner and sandbox, exactly as serving runs them. Every model call of an
 episode samples with the rollout settings (routing and planning explore too). Under torchrun,
-rank 0 runs the episodes and every rank learns from its share of them.
+against a running executor (an inference fleet) every rank runs its own share of a step's
+episodes and learns from them; in process rank 0 runs them all and every rank learns its share.
+
+With rollout.max_async_steps > 0 (prime-rl's async level) the episodes of step n+1 are generated
+while step n trains (Rollouts.batches): a batch whose generation started when the fleet's policy
+carried update v is trained at step s only if s - 1 - v <= max_async_steps (its staleness, in
+metrics.jsonl with the step's timeline), and the log-probabilities the fleet returned with each
+sampled token are the old policy of APO's clipped ratio, which corrects for the staleness.
 
 Against a running executor (rollout.executor_addr) the policy server it calls gets the new weights
 after every update without a restart, by the route its engine has (RemotePolicy): vLLM serves
@@ -16,12 +23,13 @@ import contextlib
 import os
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import torch
+import torch.distributed as dist
 
 from gearshift import weights
 from gearshift.api.common.v1.common_pb2 import Sampling, Trajectory
@@ -146,11 +154,81 @@ async def remote_policy(run: Run, settings: Settings) -> AsyncIterator[RemotePol
             await client.aclose()
 
 
+def gathered(run: Run, value: T) -> list[T]:
+    """value from every rank, in rank order (pickled: small objects of this job)."""
+    if not run.ranks.distributed:
+        return [value]
+    values: list = [None] * run.ranks.world_size
+    dist.all_gather_object(values, value)
+    return values
+
+
+@dataclass
+class Batch(Generic[T]):
+    """A step's episodes as this rank has them, the policy that generated them and when (seconds
+    since the epoch, comparable across ranks and processes)."""
+
+    step: int
+    items: T
+    version: int  # the last update the sampling policy carried when the generation started
+    generation_started: float
+    generation_ended: float
+    wait_seconds: float = 0.0  # how long the trainer waited for it
+
+    @property
+    def staleness(self) -> int:
+        """Updates between the weights that generated the batch and those it updates (0: on-policy)."""
+        return self.step - 1 - self.version
+
+    def timeline(self) -> dict:
+        return {"policy_version": self.version, "staleness": self.staleness, "generation_started": self.generation_started,
+                "generation_ended": self.generation_ended, "wait_seconds": self.wait_seconds}
+
+
+class Ahead(Generic[T]):
+    """Batches generated ahead of the trainer, at most max_async updates stale: the batch of step s
+    starts once the sampling policy carries update s - 1 - max_async or a newer one, so it is
+    generated while the steps before it train. Its episodes may sample newer weights than the one
+    it started with (the fleet follows every publish): the staleness recorded is the largest."""
+
+    def __init__(self, rollouts: Rollouts, steps: Sequence[int], generate: Callable[[Settings | None, int], Awaitable[T]], max_async: int):
+        self.rollouts, self.max_async = rollouts, max_async
+        self.ready: asyncio.Queue[Batch[T] | BaseException] = asyncio.Queue()
+        self.producer = asyncio.create_task(self._produce(list(steps), generate))
+
+    async def _produce(self, steps: list[int], generate: Callable[[Settings | None, int], Awaitable[T]]) -> None:
+        rollouts = self.rollouts
+        try:
+            for step in steps:
+                async with rollouts.changed:
+                    await rollouts.changed.wait_for(lambda: rollouts.version >= step - 1 - self.max_async)
+                version, started = rollouts.version, time.time()
+                items = await generate(rollouts.settings, step)
+                self.ready.put_nowait(Batch(step, items, version, started, time.time()))
+        except Exception as exc:  # handed to the trainer, which raises it
+            self.ready.put_nowait(exc)
+
+    async def next(self, step: int) -> Batch[T]:
+        asked = time.time()
+        batch = await self.ready.get()
+        if isinstance(batch, BaseException):
+            raise batch
+        if batch.step != step or batch.staleness > self.max_async:
+            raise RuntimeError(f"step {step} got the batch of step {batch.step} (staleness {batch.staleness}, bound {self.max_async})")
+        batch.wait_seconds = time.time() - asked
+        return batch
+
+    async def close(self) -> None:
+        self.producer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.producer
+
+
 @dataclass
 class Rollouts:
-    """Where a run's episodes come from. Rank 0 runs them, for every rank (episodes are gRPC calls
-    to an executor, their compute is the policy server's), and after each update makes the
-    policy that samples them carry the new weights:
+    """Where a run's episodes come from, and after each update makes the policy that samples them
+    carry the new weights. Against a running executor (an inference fleet) every rank runs its own
+    share of them; in process rank 0 runs them, for every rank. The sampling policy is one of:
     - an in-process stack whose built-in server generates with the very module being trained
       (one CPU process: rollouts and updates alternate, nothing to copy);
     - the same stack generating with a CPU copy on rank 0, refreshed from the gathered weights
@@ -165,19 +243,72 @@ class Rollouts:
     settings: Settings | None = None  # the stack's, on rank 0 (and on every rank when remote)
     engine: PolicyEngine | None = None  # the in-process built-in server, on rank 0
     copy: torch.nn.Module | None = None  # rank 0's serving copy when copied
+    version: int = 0  # the last update the sampling policy carries
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)  # notified when version moves
+
+    @property
+    def every_rank(self) -> bool:
+        """Whether each rank runs its own share of the episodes (through the executor), not rank 0 all."""
+        return self.remote is not None
+
+    def share(self, items: list[T]) -> tuple[int, list[T]]:
+        """The items this rank rolls out and the index of its first: its slice of them when every
+        rank rolls out, else all of them (rank 0 runs them for every rank)."""
+        if not self.every_rank:
+            return 0, items
+        return (len(items) * self.run.ranks.rank) // self.run.ranks.world_size, self.run.ranks.shard(items)
 
     async def collect(self, episodes: Callable[[Settings], Awaitable[T]]) -> T:
         """await episodes(settings) on rank 0; every rank gets the result."""
         result = await episodes(self.settings) if self.run.ranks.main else None
         return self.run.ranks.shared(lambda: result)
 
+    @contextlib.asynccontextmanager
+    async def batches(self, steps: Sequence[int], generate: Callable[[Settings | None, int], Awaitable[T]],
+                      max_async: int = 0) -> AsyncIterator[Callable[[int], Awaitable[Batch[T]]]]:
+        """A function giving each step's batch in turn: generate(settings, step) is this rank's
+        episodes of step (every rank's own share, or rank 0's for every rank in process). max_async
+        0: generated when asked, with the newest weights (synchronous); else generated ahead while
+        the trainer trains (Ahead), at most max_async updates stale."""
+        if not max_async:
+
+            async def now(step: int) -> Batch[T]:
+                started = time.time()
+                if self.every_rank:
+                    items = await generate(self.settings, step)
+                else:
+                    items = await self.collect(lambda settings: generate(settings, step))
+                ended = time.time()
+                return Batch(step, items, self.version, started, ended, ended - started)
+
+            yield now
+            return
+        if not self.every_rank:
+            raise FailedPrecondition("asynchronous rollouts need an inference fleet: set rollout.executor_addr")
+        ahead = Ahead(self, steps, generate, max_async)
+        try:
+            yield ahead.next
+        finally:
+            await ahead.close()
+
+    async def unchanged(self, step: int) -> None:
+        """A step that made no update: the sampling policy's weights are step's already."""
+        await self._moved(step)
+
+    async def _moved(self, step: int) -> None:
+        async with self.changed:
+            self.version = step
+            self.changed.notify_all()
+
     async def publish(self, step: int | None = None) -> float:
         """Makes the sampling policy carry the run's current weights, those of step (default: the
         last recorded); returns the seconds taken. Every rank calls it (gathering the weights is
         a collective)."""
         started = time.perf_counter()
+        step = self.run.step if step is None else step
         if self.remote is not None:
-            await self.remote.publish(self.run, self.run.step if step is None else step)
+            await self.remote.publish(self.run, step)
+            await self._moved(step)
             return time.perf_counter() - started
         if self.copied:
             state = checkpoints.full_state(self.run.model, self.run.ranks, trainable_only=True)
@@ -185,6 +316,7 @@ class Rollouts:
                 checkpoints.load_full_state(self.copy, state, trainable_only=True)
         if self.engine is not None:
             self.engine.weights_changed()  # prefixes cached with the old weights are stale
+        await self._moved(step)
         return time.perf_counter() - started
 
 
@@ -215,14 +347,14 @@ async def rollout_services(run: Run, rollout: RolloutConfig, store_addr: str) ->
         stack = settings.model_copy(update={"executor_addr": rollout.executor_addr})
         stack = stack.with_policy(rollout.policy_url) if rollout.policy_url else stack
         async with remote_policy(run, stack) as server:
-            rollouts = Rollouts(run, remote=server, copied=False, settings=stack)
+            rollouts = Rollouts(run, remote=server, copied=False, settings=stack, version=run.start_step)
             await rollouts.publish(run.start_step)  # the remote server starts from this run's weights
             yield rollouts
         return
     copied = not serves_itself(run)
     copy = serving_copy(run) if copied else None
     if not run.ranks.main:
-        yield Rollouts(run, remote=None, copied=copied)
+        yield Rollouts(run, remote=None, copied=copied, version=run.start_step)
         return
     from gearshift.services.policy_server.core import PolicyEngine
 
@@ -243,7 +375,7 @@ async def rollout_services(run: Run, rollout: RolloutConfig, store_addr: str) ->
         services = tuple(name for name in SERVICE_NAMES if name != "store")
     try:
         async with embedded(local, services, policy_engine=engine) as platform:
-            yield Rollouts(run, remote=None, copied=copied, settings=platform.settings, engine=engine, copy=copy)
+            yield Rollouts(run, remote=None, copied=copied, settings=platform.settings, engine=engine, copy=copy, version=run.start_step)
     finally:
         engine.close()
 

@@ -303,18 +303,19 @@ class PolicyClient:
         try:
             return await self._send(path, body, root)
         except _ModelNotServed:
-            if "model" not in body or not await self._follow_alias():
+            if "model" not in body or not await self._follow_alias(body["model"]):
                 raise
             return await self._send(path, body | {"model": self.served_model}, root)
 
-    async def _follow_alias(self) -> bool:
+    async def _follow_alias(self, used: str) -> bool:
         """Moves served_model to the newest version of the alias self.model names; False when
-        there is none other than the one in use."""
+        there is none other than used, the name the refused request carried (requests refused at
+        once all follow: the first to ask moves served_model, the others find it moved)."""
         try:
             newest = newest_version(self.model, await self.models())
         except GearshiftError:
             return False
-        if newest is None or newest == self.served_model:
+        if newest is None or newest == used:
             return False
         self.served_model = newest
         return True

@@ -6,13 +6,26 @@ policy of APO's ratio."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import math
+import os
+import sys
+from pathlib import Path
 
+import pytest
 import torch
+from gearshift.embedded import embedded
+from gearshift.errors import GearshiftError
 from gearshift.jobs import on_policy
+from gearshift.jobs.apo import trainer as apo
 from gearshift.jobs.apo.config import APOConfig
 from gearshift.jobs.apo.rollouts import collect
+from gearshift.policy_client import PolicyClient, versioned
+from gearshift.settings import ExecutorSettings, PlannerSettings, Settings
 from gearshift.training import tokenization
+from gearshift.training.results import read_metrics
 from gearshift.training.runtime import Run
 
 
@@ -55,3 +68,108 @@ async def test_rollouts_keep_each_sampled_tokens_logprob_under_the_policy_that_s
         kept = encoded.target_behaviour()
         assert kept is not None and len(kept) == encoded.target_count > 0 and not any(math.isnan(v) for v in kept)
         assert max(abs(a - b) for a, b in zip(kept, model_logprobs(run, encoded))) < 1e-4
+
+
+# --- Against a real vLLM CPU server (tests/vllm_servers.py), two trainer ranks under torchrun ---
+
+ALIAS = on_policy.SERVED_NAME  # what the stack's policy clients ask for while the LoRA run trains
+PROBE = "Once upon a time, in a small village by the sea, there lived"
+ROOT = Path(__file__).parents[2]
+PROMPTS = [
+    {"query": "What is the capital of France?", "reference_answer": "Paris"},
+    {"query": "What is the capital of Italy?", "reference_answer": "Rome"},
+]
+
+
+def fleet_config(out: Path, executor_addr: str, url: str, max_steps: int, max_async: int, threads: int) -> dict:
+    """LoRA APO on SmolLM2, a prompt per rank a step, one forced rollout per mode (SR2AM's tiered
+    reward: a group's rewards seldom tie), a rate that moves greedy output in one step. The
+    checkpoint id fixes the rollout ids (and seeds): a second run replays the first's stored
+    rollouts of the steps they share."""
+    return {
+        "model": {"base": "smollm2", "lora": True},
+        "optim": {"learning_rate": 5e-3, "max_steps": max_steps, "seed": 1, "threads": threads},
+        "output": {"dir": str(out), "checkpoint_id": "async-on-policy", "progress": False, "merged_weights": False},
+        "prompts": PROMPTS,
+        "prompts_per_step": 2,
+        "rho": 1,
+        "gamma": 0,
+        "reward": "sr2am",
+        "rollout": {"executor_addr": executor_addr, "policy_url": url, "temperature": 1.0, "max_async_steps": max_async},
+    }
+
+
+async def train_on_two_ranks(config: dict, folder: Path) -> list[dict]:
+    """`gearshift train apo` under torchrun (2 ranks, gloo), awaited so this loop keeps serving the
+    stack the job rolls out through; the job's metrics.jsonl records."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "gearshift.cli", "train", "apo",
+        "--config", str(folder / "config.json"), cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    output, _ = await asyncio.wait_for(process.communicate(), timeout=900)
+    (folder / "output.txt").write_bytes(output)
+    assert process.returncode == 0, output.decode()[-4000:]
+    return read_metrics(Path(config["output"]["dir"]))
+
+
+async def watch_greedy(url: str, seen: list[tuple[str, str]], stop: asyncio.Event) -> None:
+    """The server's greedy continuation of PROBE under the alias's newest version, about once a
+    second, each (version, text) once it changes; nothing while no version is served yet."""
+    async with PolicyClient(url, ALIAS, retries=0) as policy:
+        while not stop.is_set():
+            with contextlib.suppress(GearshiftError):
+                text = (await policy.complete(PROBE, max_tokens=8)).text
+                if not seen or seen[-1] != (policy.served_model, text):
+                    seen.append((policy.served_model, text))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=1.0)
+
+
+async def check_async_rollouts_from_a_fleet(url: str, tmp_path: Path, monkeypatch) -> None:
+    stack = Settings(data_dir=tmp_path / "stack", log_level="WARNING", metrics_port=0).with_policy(url, model=ALIAS)
+    stack = stack.model_copy(update={  # a few tokens per model call: each episode is one short turn
+        "executor": ExecutorSettings(max_tokens_per_turn=8, max_steps_other=1, max_steps_agentic=1),
+        "planner": PlannerSettings(max_tokens=16),
+    })
+    async with embedded(stack) as platform:
+        monkeypatch.setenv("GEARSHIFT_POLICY_CLIENT__MODEL", ALIAS)  # the jobs' alias, named as the stack names it
+        monkeypatch.setenv("GEARSHIFT_REWARD_ADDR", platform.settings.reward_addr)
+        executor = platform.settings.executor_addr
+        # The synchronous path, in this process (this loop serves the stack while it rolls out).
+        await apo.train_async(APOConfig.model_validate(fleet_config(tmp_path / "sync", executor, url, 1, 0, threads=2)))
+        synchronous = read_metrics(tmp_path / "sync")
+        seen: list[tuple[str, str]] = []
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(watch_greedy(url, seen, stop))
+        try:
+            records = await train_on_two_ranks(fleet_config(tmp_path / "async", executor, url, 2, 1, threads=1), tmp_path / "async-run")
+        finally:
+            stop.set()
+            await watcher
+    assert [r["step"] for r in records] == [1, 2]
+    # Staleness within the bound, and used: step 2's batch was generated while step 1 trained,
+    # with the weights step 1 started from.
+    assert [r["staleness"] for r in records] == [0, 1] and [r["policy_version"] for r in records] == [0, 0]
+    first, second = records
+    assert second["generation_started"] < first["training_ended"] and second["generation_ended"] > first["training_started"]
+    # Every rank rolled out its own prompt's group (3 rollouts each) and learned its own groups.
+    assert all(r["rollouts"] == 6 for r in records)
+    assert all(r["updated"] and r["groups_per_rank"] == [1, 1] for r in records), records
+    # Each sync changed the server's greedy output (the versions of the synchronous run left aside).
+    seen = seen[next(i for i, (version, _) in enumerate(seen) if version == versioned(ALIAS, 0)):]
+    assert [version for version, _ in seen] == [versioned(ALIAS, step) for step in (0, 1, 2)], seen
+    assert len({text for _, text in seen}) == 3, seen
+    # At staleness 0 (step 1: the batch the synchronous run trained on, replayed from the store),
+    # with the behaviour policy's log-probabilities as the old policy, the update is the synchronous one.
+    alone = synchronous[0]
+    assert first["rewards"] == alone["rewards"] and first["target_tokens"] == alone["target_tokens"]
+    assert first["grad_norm"] == pytest.approx(alone["grad_norm"], rel=1e-3)
+    assert first["loss"] == pytest.approx(alone["loss"], abs=1e-4)
+
+
+@pytest.mark.model
+@pytest.mark.vllm
+async def test_two_ranks_roll_out_through_a_fleet_ahead_of_training_within_the_staleness_bound(vllm_servers, tmp_path, monkeypatch):
+    await check_async_rollouts_from_a_fleet(vllm_servers[0], tmp_path, monkeypatch)

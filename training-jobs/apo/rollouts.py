@@ -74,14 +74,16 @@ def group_requests(prompt: APOPrompt, config: APOConfig, run_id: str, step: int,
 
 
 async def collect(
-    settings: Settings, executor_addr: str, reward_addr: str, prompts: list[APOPrompt], config: APOConfig, run_id: str, step: int
+    settings: Settings, executor_addr: str, reward_addr: str, prompts: list[APOPrompt], config: APOConfig, run_id: str, step: int,
+    first: int = 0,
 ) -> list[Group]:
-    """Rolls out every prompt's group through the executor and scores each group."""
+    """Rolls out every prompt's group through the executor and scores each group; prompts are the
+    step's from index first on (a rank's share: the rollout ids stay those of one process)."""
     slots = asyncio.Semaphore(config.rollout.concurrency)
     async with channel(executor_addr, settings) as executor_ch, channel(reward_addr, settings) as reward_ch:
         executor = executor_pb2_grpc.ExecutorStub(executor_ch)
         reward = reward_pb2_grpc.RewardStub(reward_ch)
-        requests = [group_requests(p, config, run_id, step, i) for i, p in enumerate(prompts)]
+        requests = [group_requests(p, config, run_id, step, i) for i, p in enumerate(prompts, start=first)]
         rollouts = await asyncio.gather(*(asyncio.gather(*(solve(executor, r, slots) for r in group)) for group in requests))
         groups = []
         for prompt, trajectories in zip(prompts, rollouts):
