@@ -70,6 +70,32 @@ async def test_rollouts_keep_each_sampled_tokens_logprob_under_the_policy_that_s
         assert max(abs(a - b) for a, b in zip(kept, model_logprobs(run, encoded))) < 1e-4
 
 
+async def test_distillation_ranks_roll_out_their_own_episodes_ahead_of_training(tiny_dir, teacher_dir, tmp_path, monkeypatch):
+    """Distillation under torchrun against a running stack whose built-in server serves the tiny
+    student and loads each step's checkpoint (POST /v1/load): each rank rolls out its half of the
+    step's prompts, the next step's while this one trains, one update stale at most."""
+    stack = Settings(data_dir=tmp_path / "stack", log_level="WARNING", metrics_port=0)
+    stack = stack.model_copy(update={"executor": ExecutorSettings(max_tokens_per_turn=8, max_steps_other=1, max_steps_agentic=1)})
+    async with embedded(stack, policy_model=str(tiny_dir)) as platform:
+        monkeypatch.setenv("GEARSHIFT_POLICY_CLIENT__MODEL", platform.settings.policy_client.model)
+        config = {
+            "model": {"base": str(tiny_dir)},
+            "optim": {"learning_rate": 1e-3, "max_steps": 3, "seed": 3, "threads": 1},
+            "output": {"dir": str(tmp_path / "out"), "progress": False},
+            "prompts": [{"query": f"What is {a}*{b}?", "mode": "instant"} for a, b in ((12, 34), (7, 8), (5, 6), (81, 27))],
+            "default_teacher": str(teacher_dir),
+            "batch_size": 4,
+            "rollout": {"executor_addr": platform.settings.executor_addr, "policy_url": platform.settings.policy_client.url,
+                        "max_async_steps": 1},
+        }
+        records = await train_on_two_ranks(config, tmp_path / "run", job="distill")
+    assert [r["staleness"] for r in records] == [0, 1, 1]
+    assert all(r["updated"] and r["episodes_per_rank"] == [2, 2] for r in records), records
+    for before, after in zip(records, records[1:]):
+        assert after["generation_started"] < before["training_ended"] and after["generation_ended"] > before["training_started"]
+    assert len(json.loads((tmp_path / "out" / "result.json").read_text())["trajectory_ids"]) == 12  # every rank's, once
+
+
 # --- Against a real vLLM CPU server (tests/vllm_servers.py), two trainer ranks under torchrun ---
 
 ALIAS = on_policy.SERVED_NAME  # what the stack's policy clients ask for while the LoRA run trains
@@ -99,14 +125,14 @@ def fleet_config(out: Path, executor_addr: str, url: str, max_steps: int, max_as
     }
 
 
-async def train_on_two_ranks(config: dict, folder: Path) -> list[dict]:
-    """`gearshift train apo` under torchrun (2 ranks, gloo), awaited so this loop keeps serving the
+async def train_on_two_ranks(config: dict, folder: Path, job: str = "apo") -> list[dict]:
+    """`gearshift train JOB` under torchrun (2 ranks, gloo), awaited so this loop keeps serving the
     stack the job rolls out through; the job's metrics.jsonl records."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "gearshift.cli", "train", "apo",
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "gearshift.cli", "train", job,
         "--config", str(folder / "config.json"), cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     output, _ = await asyncio.wait_for(process.communicate(), timeout=900)
     (folder / "output.txt").write_bytes(output)
