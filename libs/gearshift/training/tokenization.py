@@ -264,20 +264,34 @@ def encode_trajectory(tokenizer, trajectory: Trajectory, max_length: int | None 
                   trajectory.conversation)
 
 
+PADDING = -1  # sequence_ids of a packed batch's padding
+PREFIX = -2  # sequence_ids of a packed row's shared prefix, which every sequence of the row continues
+
+
 @dataclass
 class Batch:
-    """Right-padded tensors; target_mask[b, t] says token t of row b is learned."""
+    """Right-padded tensors; target_mask[b, t] says token t of row b is learned. A packed batch
+    (batching.pack) holds several sequences in a row: sequence_ids[b, t] is the example (the
+    micro-batch's row) token t belongs to (PADDING, PREFIX), position_ids[b, t] its position in
+    that example, which restarts at each sequence (and continues the prefix's)."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     target_mask: torch.Tensor
+    position_ids: torch.Tensor | None = None
+    sequence_ids: torch.Tensor | None = None
 
     @property
     def tokens(self) -> int:
         return int(self.attention_mask.sum())
 
+    @property
+    def packed(self) -> bool:
+        return self.sequence_ids is not None
+
     def to(self, device: torch.device) -> Batch:
-        return Batch(self.input_ids.to(device), self.attention_mask.to(device), self.target_mask.to(device))
+        return Batch(*(None if tensor is None else tensor.to(device) for tensor in
+                       (self.input_ids, self.attention_mask, self.target_mask, self.position_ids, self.sequence_ids)))
 
 
 def collate(examples: list[Encoded], pad_id: int) -> Batch:
