@@ -97,7 +97,12 @@ def _load(model: torch.nn.Module, path: Path, init: dict, ranks: Ranks, runtime:
 
 def full_state(model: torch.nn.Module, ranks: Ranks, trainable_only: bool = False) -> dict[str, torch.Tensor]:
     """The model's whole state dict on rank 0's CPU (gathered from the shards; other ranks get {}),
-    a tied weight once (under its first name: the head's is the embedding's)."""
+    a tied weight once (under its first name: the head's is the embedding's). trainable_only (LoRA's
+    adapters): gathered one parameter at a time, the frozen base never."""
+    if ranks.distributed and trainable_only:
+        trainable = [(name, param) for name, param in model.named_parameters() if param.requires_grad]
+        state = {name: _whole(param, param.dtype).cpu() for name, param in trainable}
+        return state if ranks.main else {}
     if ranks.distributed:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only)
         state = get_model_state_dict(model, options=options)
@@ -188,29 +193,38 @@ SAFETENSORS_NAMES = {dtype: name for name, dtype in loading.SAFETENSORS_DTYPES.i
 
 @dataclass
 class ExportedTensor:
-    """A tensor of the exported checkpoint: its name, shape and dtype, and how to make it whole (a
-    collective under FSDP: every rank calls gather in the same order)."""
+    """A tensor of the exported checkpoint: its name, shape and dtype, the parameter it is laid out
+    like (a DTensor sharded by rows under FSDP), and how to make this rank's rows of it (under
+    LoRA a collective too: every rank calls rows in the same order)."""
 
     name: str
     shape: tuple[int, ...]
     dtype: torch.dtype
-    gather: Callable[[], torch.Tensor]
+    like: torch.Tensor
+    rows: Callable[[], torch.Tensor]
 
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.dtype.itemsize
 
 
+def _local(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """This rank's rows of a parameter (all of it unless sharded) in dtype."""
+    local, _ = loading.local_part(tensor.detach())
+    return local.to(dtype) if local.is_floating_point() else local
+
+
 def _whole(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A parameter made whole on the CPU in dtype (gathered from every rank's shard)."""
+    """A (small) parameter made whole in dtype, gathered from every rank's shard."""
     tensor = tensor.detach()
     tensor = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-    return tensor.to("cpu", dtype) if tensor.is_floating_point() else tensor.cpu()
+    return tensor.to(dtype)
 
 
 def _export_tensors(policy: LoadedPolicy, dtype: torch.dtype) -> list[ExportedTensor]:
     """The checkpoint's tensors under the base model's names, a tied weight once; under LoRA each
-    adapted weight W + scaling * B @ A (merged_lora_state, one module at a time)."""
+    adapted weight W + scaling * B @ A (merged_lora_state), made on each rank for its own rows of
+    W and B (sharded alike, by output rows) with the whole A (r rows)."""
     model = policy.model
     state = {name: value for name, value in model.state_dict().items() if name not in _tied_aliases(model)}
     exported = []
@@ -220,22 +234,25 @@ def _export_tensors(policy: LoadedPolicy, dtype: torch.dtype) -> list[ExportedTe
         out_dtype = dtype if value.is_floating_point() else value.dtype
         if policy.is_lora and name.endswith(".base_layer.weight"):
             module = name.removesuffix(".base_layer.weight")
-            parts = {key: state[key] for key in (name, f"{module}.lora_A.default.weight", f"{module}.lora_B.default.weight")}
+            a, b = state[f"{module}.lora_A.default.weight"], state[f"{module}.lora_B.default.weight"]
 
-            def gather(parts=parts, scaling=lora_scaling(model)) -> torch.Tensor:
-                return next(iter(merged_lora_state({k: _whole(v, dtype) for k, v in parts.items()}, scaling).values()))
+            def rows(name=name, w=value, a=a, b=b, scaling=lora_scaling(model)) -> torch.Tensor:
+                module = name.removesuffix(".base_layer.weight")
+                parts = {name: _local(w, dtype), f"{module}.lora_A.default.weight": _whole(a, dtype), f"{module}.lora_B.default.weight": _local(b, dtype)}
+                return next(iter(merged_lora_state(parts, scaling).values()))
         else:
-            def gather(value=value, out_dtype=out_dtype) -> torch.Tensor:
-                return _whole(value, out_dtype)
-        exported.append(ExportedTensor(loading.file_key(name), tuple(value.shape), out_dtype, gather))
+            def rows(value=value, out_dtype=out_dtype) -> torch.Tensor:
+                return _local(value, out_dtype)
+        exported.append(ExportedTensor(loading.file_key(name), tuple(value.shape), out_dtype, value, rows))
     return exported
 
 
 def write_safetensors(directory: Path, tensors: list[ExportedTensor], ranks: Ranks, max_file_bytes: int = MAX_FILE_BYTES) -> None:
     """tensors as safetensors files in directory (model.safetensors, or model-0000k-of-0000n files
-    of at most max_file_bytes each and the index transformers reads), rank 0 writing each tensor as
-    soon as it is gathered: a process holds one whole tensor at a time, never the model. The
-    headers come first, from the shapes and dtypes alone."""
+    of at most max_file_bytes each and the index transformers reads). Rank 0 writes each tensor's
+    rows as they come, its own then each other shard's in order (_stream_rows): no process ever
+    holds more than a shard of a tensor besides its own shards. The headers come first, from the
+    shapes and dtypes alone."""
     files: list[list[ExportedTensor]] = [[]]
     for tensor in tensors:
         if files[-1] and sum(t.nbytes for t in files[-1]) + tensor.nbytes > max_file_bytes:
@@ -248,12 +265,9 @@ def write_safetensors(directory: Path, tensors: list[ExportedTensor], ranks: Ran
             if handle:
                 handle.write(_safetensors_header(members))
             for tensor in members:
-                value = tensor.gather()
-                if handle:
-                    if tuple(value.shape) != tensor.shape or value.dtype != tensor.dtype:
-                        raise ValueError(f"{tensor.name}: gathered {tuple(value.shape)} {value.dtype}, announced {tensor.shape} {tensor.dtype}")
-                    handle.write(value.contiguous().view(torch.uint8).numpy().tobytes() if value.numel() else b"")
-                del value
+                written = _stream_rows(tensor, handle, ranks)
+                if handle and written != tensor.nbytes:
+                    raise ValueError(f"{tensor.name}: wrote {written} bytes of {tensor.nbytes}")
         finally:
             if handle:
                 handle.close()
@@ -261,6 +275,49 @@ def write_safetensors(directory: Path, tensors: list[ExportedTensor], ranks: Ran
         index = {"metadata": {"total_size": sum(t.nbytes for t in tensors)},
                  "weight_map": {t.name: name for name, members in zip(names, files) for t in members}}
         (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _stream_rows(tensor: ExportedTensor, handle, ranks: Ranks) -> int:
+    """Writes a tensor's bytes with handle (rank 0's; None elsewhere) from its rows on each rank:
+    one shard at a time, through point-to-point messages from the ranks holding the shards of the
+    first replica (the mesh's last dim), in the order of their rows. Returns the bytes written."""
+    from torch.distributed.tensor import DTensor
+
+    rows = tensor.rows()
+    if not isinstance(tensor.like, DTensor) or not ranks.distributed:
+        return _write(handle, rows) if handle else 0
+    import torch.distributed as dist
+
+    mesh = tensor.like.device_mesh
+    holders = dist.get_process_group_ranks(mesh.get_group(mesh.ndim - 1))  # this rank's replica's
+    if 0 not in holders:
+        return 0  # another replica: rank 0's has the same rows
+    if not handle:
+        count = torch.tensor([rows.shape[0] if rows.dim() else 1], dtype=torch.int64, device=rows.device)
+        dist.send(count, dst=0)
+        if count.item():
+            dist.send(rows.contiguous(), dst=0)
+        return 0
+    written = 0
+    for holder in holders:
+        if holder == ranks.rank:
+            written += _write(handle, rows)
+            continue
+        count = torch.zeros(1, dtype=torch.int64, device=rows.device)
+        dist.recv(count, src=holder)
+        if count.item():
+            shard = torch.empty((int(count.item()), *tensor.shape[1:]), dtype=tensor.dtype, device=rows.device)
+            dist.recv(shard, src=holder)
+            written += _write(handle, shard)
+            del shard
+    return written
+
+
+def _write(handle, rows: torch.Tensor) -> int:
+    rows = rows.detach().to("cpu").contiguous()
+    if rows.numel():
+        handle.write(rows.view(torch.uint8).numpy())  # the tensor's own memory: no bytes copy
+    return rows.numel() * rows.element_size()
 
 
 def _safetensors_header(tensors: list[ExportedTensor]) -> bytes:

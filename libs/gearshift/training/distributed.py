@@ -121,7 +121,7 @@ def decoder_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
     """The repeated blocks of the transformers model in module (the classes its _no_split_modules
     names: the unit FSDP shards by)."""
     names = next((set(m._no_split_modules) for m in module.modules() if getattr(m, "_no_split_modules", None)), set())
-    layers = [m for m in module.modules() if type(m).__name__ in names]
+    layers = [m for m in module.modules() if any(cls.__name__ in names for cls in type(m).__mro__)]  # FSDP subclasses them
     if not layers:
         raise ValueError(f"{type(module).__name__} holds no model that names its decoder layer class (_no_split_modules)")
     return layers

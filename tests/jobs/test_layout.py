@@ -1,0 +1,83 @@
+"""FSDP's layout: each decoder layer, the embeddings and the head (one group when tied) sharded on
+their own, then the root; on a 2-D mesh (HSDP) 2 ranks as 1 x 2 or 2 x 1 learn what one process
+learns; each decoder layer compiled, a run still trains."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.jobs.test_distributed import WEIGHTS_TOLERANCE, first_error, launch, write_config
+from tests.libs.training.trajectories import forced_agentic, routed_instant
+
+WORKER = Path(__file__).with_name("sft_memory_worker.py")
+
+
+def sft(ranks: int, tiny_dir: Path, folder: Path, **runtime) -> tuple[list[float], dict]:
+    """Two SFT steps on the tiny model as users run them; the losses and the exported weights."""
+    folder.mkdir(parents=True, exist_ok=True)
+    trajectories = folder / "trajectories.pkl"
+    trajectories.write_bytes(pickle.dumps([routed_instant(), forced_agentic()]))
+    body = {"model": {"base": str(tiny_dir)}, "optim": {"learning_rate": 1e-3, "max_steps": 2, "seed": 3, "threads": 1},
+            "runtime": runtime, "output": {"dir": str(folder / "out"), "progress": False}, "batch_size": 4}
+    done = launch(ranks, str(WORKER), str(write_config(folder / "config.json", body)), str(trajectories), str(folder / "memory"))
+    assert done.returncode == 0, first_error(done.stderr)
+    losses = [json.loads(line)["loss"] for line in (folder / "out" / "metrics.jsonl").read_text().splitlines()]
+    return losses, load_file(folder / "out" / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_dir, tmp_path_factory):
+    return sft(1, tiny_dir, tmp_path_factory.mktemp("layout") / "one")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", [(1, 2), (2, 1)], ids=["1x2", "2x1"])
+def test_two_ranks_on_a_two_dimensional_mesh_learn_what_one_process_learns(tiny_dir, alone, tmp_path, shape):
+    losses, weights = sft(2, tiny_dir, tmp_path, mesh_shape=list(shape))
+    assert losses == pytest.approx(alone[0], rel=1e-5)
+    assert weights.keys() == alone[1].keys()
+    assert max((weights[name] - alone[1][name]).abs().max().item() for name in weights) < WEIGHTS_TOLERANCE
+
+
+@pytest.mark.slow
+def test_a_run_with_compiled_decoder_layers_trains(tiny_dir, alone, tmp_path):
+    # aot_eager: dynamo captures each layer's graph and AOT autograd its backward, as inductor
+    # would, without generating kernels (minutes on 2 cores).
+    losses, weights = sft(1, tiny_dir, tmp_path, compile=True, compile_backend="aot_eager")
+    assert losses == pytest.approx(alone[0], rel=1e-5)
+    assert max((weights[name] - alone[1][name]).abs().max().item() for name in weights) < WEIGHTS_TOLERANCE
+
+
+def test_shard_groups_layers_embeddings_and_head_then_the_root(tiny_dir, tmp_path):
+    """One process in a process group of one, so fully_shard runs: the tied embedding and head are
+    one group of their own, each decoder layer its own, the root holds neither."""
+    import torch.distributed as dist
+    from gearshift.training import checkpoints, distributed, forward
+    from gearshift.training.config import ModelConfig, RuntimeConfig
+    from torch.distributed.fsdp import FSDPModule
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        model = checkpoints.load_policy(ModelConfig(base=str(tiny_dir)), tmp_path).model
+        module = distributed.shard(forward.TargetForward(model), distributed.Ranks(), RuntimeConfig(), torch.float32)
+        embeddings, head = model.get_input_embeddings(), model.get_output_embeddings()
+        assert head.weight is embeddings.weight
+        assert isinstance(embeddings, FSDPModule) and isinstance(head, FSDPModule)
+        state = embeddings._get_fsdp_state()
+        assert head._get_fsdp_state() is state  # one group: a tied weight is one parameter
+        (group,) = [state._fsdp_param_group]
+        assert [p._module_info.param_name for p in group.fsdp_params] == ["weight"]
+        layers = distributed.decoder_layers(module)
+        assert all(isinstance(layer, FSDPModule) for layer in layers)
+        assert len({id(layer._get_fsdp_state()) for layer in layers}) == len(layers)
+        root = module._get_fsdp_state()._fsdp_param_group
+        held = {id(p.sharded_param) for p in root.fsdp_params}
+        assert id(embeddings.weight) not in held and len(root.fsdp_params) == 1  # the final norm alone
+    finally:
+        dist.destroy_process_group()
