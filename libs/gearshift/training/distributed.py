@@ -2,9 +2,10 @@
 
 torchrun sets RANK, WORLD_SIZE and LOCAL_RANK; from them this module initialises the process
 group (nccl on CUDA, gloo on the CPU), picks the rank's device (cuda:LOCAL_RANK or the CPU),
-wraps the model for data parallelism (FSDP2 per decoder layer then the root, or DDP) and gives
-the jobs the few collectives they need. Without torchrun no process group exists and every
-collective is the identity, so a job runs in one process as it always did."""
+wraps the model for data parallelism (FSDP2: each decoder layer, the embeddings, the head, then
+the root, HSDP on a 2-D mesh across nodes; or DDP) and gives the jobs the few collectives they
+need. Without torchrun no process group exists and every collective is the identity, so a job
+runs in one process as it always did."""
 
 from __future__ import annotations
 
