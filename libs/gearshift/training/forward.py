@@ -6,7 +6,9 @@ every row of a batch starts with the same system prompt (two thirds of a short e
 tokens): the decoder runs it once and the rows continue from its KV cache, broadcast over the
 batch, in two halves by length, each padded only to its own longest row. That is the same
 computation, gradients included (they flow back through the shared cache), done once instead of
-once per row and without most of the padding.
+once per row and without most of the padding. A packed batch (batching.pack: several examples to
+a row, the shared prefix once per row) is one decoder call instead, under activation
+checkpointing too.
 
 And the head never makes the [tokens, vocabulary] logits whole: Head computes the per-token
 values a loss needs (log-probabilities, entropy, KL to a teacher) a chunk of tokens at a time.
@@ -148,8 +150,9 @@ def shared_prefix(batch: Batch) -> int:
 
 
 def hidden_states(model: torch.nn.Module, batch: Batch, share_prefix: bool = True) -> torch.Tensor:
-    """[B, T, H] last hidden states; the shared prefix is decoded once where share_prefix allows,
-    except under activation checkpointing, whose recomputed layers take no cache."""
+    """[B, T, H] last hidden states. A packed batch in one call (its layout shares any prefix); a
+    padded one's shared prefix is decoded once where share_prefix allows, except under activation
+    checkpointing, whose recomputed layers take no cache."""
     decoder = model.get_decoder()
     if batch.packed:  # one call, whatever the layout (batching.pack)
         # No cache: with one, transformers would not read the sequences from the position ids.

@@ -162,18 +162,28 @@ class Run:
         (fillers pad the shorter plans): FSDP gathers a layer's weights at each call of the layer,
         so every rank must call it as often. A packed micro-batch is one decoder call, its shared
         prefix included (a custom mask: sdpa and eager attention only); padded ones decode a
-        shared prefix apart (three calls) in the same micro-batches on every rank."""
+        shared prefix apart (three calls) in the same micro-batches on every rank.
+        Where the examples share a prefix, the padded three calls (the prefix once per micro-batch)
+        are faster than the packed call (the prefix once per row, a dense custom mask): a median of
+        9.0 s against 17.9 s a step, best rounds 8.7 s and 9.9 s, on this shared CPU
+        (benchmarks/packing.py --layers 2 --groups 2 --rounds 5); so packing takes them only under
+        activation checkpointing, where the three calls share nothing. Every rank takes the same
+        path."""
         runtime = self.config.runtime
+        plan = None
         if runtime.packing:
+            checkpointing = getattr(self.model.get_decoder(), "gradient_checkpointing", False)
             prefix_mask = self.model.config._attn_implementation in ("sdpa", "eager")
             plan = batching.pack(examples, runtime.micro_batch_tokens, self.pad_id, share_prefix=prefix_mask)
-        else:
-            plan = batching.plan(examples, runtime.micro_batch_tokens, self.pad_id)
+            (padded,) = self.ranks.max([float(not checkpointing and any(micro.share_prefix for micro in plan))])
+            plan = None if padded else plan
+        packed = plan is not None
+        plan = plan if packed else batching.plan(examples, runtime.micro_batch_tokens, self.pad_id)
         if not self.ranks.distributed:
             return plan
         (count,) = self.ranks.max([len(plan)])
-        plan += [batching.filler(self.pad_id, share_prefix=not runtime.packing) for _ in range(int(count) - len(plan))]
-        if runtime.packing:
+        plan += [batching.filler(self.pad_id, share_prefix=not packed) for _ in range(int(count) - len(plan))]
+        if packed:
             return plan
         shares = self.ranks.min([float(forward.shared_prefix(micro.batch) > 0) for micro in plan])
         for micro, share in zip(plan, shares):
