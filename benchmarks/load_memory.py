@@ -133,7 +133,7 @@ def random_llama(folder: Path) -> Path:
 
 def run(ranks: int, model: Path, lora: bool, folder: Path, trajectories: Path) -> list[dict]:
     body = {"model": {"base": str(model), "lora": lora}, "optim": {"max_steps": 1, "threads": 1},
-            "output": {"dir": str(folder / "out"), "progress": False}, "batch_size": 2}
+            "output": {"dir": str(folder / "out"), "progress": False}, "batch_size": 4}
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps(body))
     launcher = [sys.executable] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]

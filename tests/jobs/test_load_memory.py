@@ -46,7 +46,7 @@ def sft_memory(ranks: int, model: Path, lora: bool, folder: Path) -> list[dict]:
     trajectories = folder / "trajectories.pkl"
     trajectories.write_bytes(pickle.dumps([routed_instant()]))  # the shortest: the step's compute is not the point
     body = {"model": {"base": str(model), "lora": lora}, "optim": {"max_steps": 1, "threads": 1},
-            "output": {"dir": str(folder / "out"), "progress": False}, "batch_size": 2}
+            "output": {"dir": str(folder / "out"), "progress": False}, "batch_size": 4}
     config = write_config(folder / "config.json", body)
     done = launch(ranks, str(WORKER), str(config), str(trajectories), str(folder / "memory"))
     assert done.returncode == 0, first_error(done.stderr)
