@@ -7,6 +7,7 @@ forward and backward. Peak bytes of live tensors are counted op by op
 
     .venv/bin/python benchmarks/loss_memory.py                      # 152,064 vocabulary, 2,048 targets
     .venv/bin/python benchmarks/loss_memory.py --chunks 256 1024 --targets 2048 --hidden 256
+    .venv/bin/python benchmarks/loss_memory.py --losses distill --targets 1024 --chunks 128 256  # the KL's whole path holds ~8 copies
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ def main() -> None:
     parser.add_argument("--targets", type=int, default=2048)
     parser.add_argument("--chunks", type=int, nargs="+", default=[1024])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--losses", nargs="+", choices=["sft", "apo", "distill"], default=["sft", "apo", "distill"])
     args = parser.parse_args()
     torch.manual_seed(0)
     head = torch.nn.Linear(args.hidden, args.vocabulary, bias=False)
@@ -76,7 +78,7 @@ def main() -> None:
     logits_mib = args.targets * args.vocabulary * 4 / MIB
     print(f"vocabulary {args.vocabulary:,}, hidden {args.hidden}, {args.targets:,} targets: whole float32 logits {logits_mib:,.0f} MiB")
     print(f"{'loss':8} {'head':>12} {'peak MiB':>10} {'x whole':>8} {'seconds':>8}")
-    for kind in ("sft", "apo", "distill"):
+    for kind in args.losses:
         head.__class__ = torch.nn.Linear
         base, base_seconds = measure(whole(kind, head, teacher), args.targets, args.hidden, args.vocabulary, args.repeats)
         print(f"{kind:8} {'whole':>12} {base:10,.0f} {1:8.2f} {base_seconds:8.2f}")
