@@ -19,7 +19,6 @@ import torch
 from gearshift.embedded import embedded
 from gearshift.errors import GearshiftError
 from gearshift.jobs import on_policy
-from gearshift.jobs.apo import trainer as apo
 from gearshift.jobs.apo.config import APOConfig
 from gearshift.jobs.apo.rollouts import collect
 from gearshift.policy_client import PolicyClient, versioned
@@ -125,14 +124,15 @@ def fleet_config(out: Path, executor_addr: str, url: str, max_steps: int, max_as
     }
 
 
-async def train_on_two_ranks(config: dict, folder: Path, job: str = "apo") -> list[dict]:
-    """`gearshift train JOB` under torchrun (2 ranks, gloo), awaited so this loop keeps serving the
-    stack the job rolls out through; the job's metrics.jsonl records."""
+async def train_on_two_ranks(config: dict, folder: Path, job: str = "apo", ranks: int = 2) -> list[dict]:
+    """`gearshift train JOB` under torchrun (2 ranks, gloo; 1: a plain process), awaited so this
+    loop keeps serving the stack the job rolls out through; the job's metrics.jsonl records."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(3 - ranks), "PYTHONPATH": str(ROOT)}
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"] if ranks > 1 else []
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "gearshift.cli", "train", job,
+        sys.executable, *launcher, "-m", "gearshift.cli", "train", job,
         "--config", str(folder / "config.json"), cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     output, _ = await asyncio.wait_for(process.communicate(), timeout=900)
     (folder / "output.txt").write_bytes(output)
@@ -153,6 +153,12 @@ async def watch_greedy(url: str, seen: list[tuple[str, str]], stop: asyncio.Even
                 await asyncio.wait_for(stop.wait(), timeout=1.0)
 
 
+async def served(seen: list[tuple[str, str]], version: str) -> None:
+    """Returns once the watcher has seen version served."""
+    while not seen or seen[-1][0] != version:
+        await asyncio.sleep(0.5)
+
+
 async def check_async_rollouts_from_a_fleet(url: str, tmp_path: Path, monkeypatch) -> None:
     stack = Settings(data_dir=tmp_path / "stack", log_level="WARNING", metrics_port=0).with_policy(url, model=ALIAS)
     stack = stack.model_copy(update={  # a few tokens per model call: each episode is one short turn
@@ -163,14 +169,18 @@ async def check_async_rollouts_from_a_fleet(url: str, tmp_path: Path, monkeypatc
         monkeypatch.setenv("GEARSHIFT_POLICY_CLIENT__MODEL", ALIAS)  # the jobs' alias, named as the stack names it
         monkeypatch.setenv("GEARSHIFT_REWARD_ADDR", platform.settings.reward_addr)
         executor = platform.settings.executor_addr
-        # The synchronous path, in this process (this loop serves the stack while it rolls out).
-        await apo.train_async(APOConfig.model_validate(fleet_config(tmp_path / "sync", executor, url, 1, 0, threads=2)))
-        synchronous = read_metrics(tmp_path / "sync")
+        # The synchronous path, one process (its memory goes with it: beside two vLLM servers, the
+        # machine has no room for a model trained in this one).
+        synchronous = await train_on_two_ranks(fleet_config(tmp_path / "sync", executor, url, 1, 0, threads=2), tmp_path / "sync-run",
+                                               ranks=1)
         seen: list[tuple[str, str]] = []
         stop = asyncio.Event()
         watcher = asyncio.create_task(watch_greedy(url, seen, stop))
         try:
             records = await train_on_two_ranks(fleet_config(tmp_path / "async", executor, url, 2, 1, threads=1), tmp_path / "async-run")
+            # The last sync came just before the job ended: let the watcher see what it serves.
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(served(seen, versioned(ALIAS, 2)), timeout=120)
         finally:
             stop.set()
             await watcher
@@ -197,5 +207,6 @@ async def check_async_rollouts_from_a_fleet(url: str, tmp_path: Path, monkeypatc
 
 @pytest.mark.model
 @pytest.mark.vllm
+@pytest.mark.timeout(900)  # two SmolLM2 runs (one under torchrun) beside the vLLM server: 3-6 minutes on 2 busy cores
 async def test_two_ranks_roll_out_through_a_fleet_ahead_of_training_within_the_staleness_bound(vllm_servers, tmp_path, monkeypatch):
     await check_async_rollouts_from_a_fleet(vllm_servers[0], tmp_path, monkeypatch)
