@@ -33,8 +33,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
+
+from training_memory import LLAMA2_7B, LLAMA3_70B, QWEN25_7B, QWEN25_32B, Shape, lora_parameters, per_rank
 
 ROOT = Path(__file__).parents[1]
 WORKER = ROOT / "tests" / "jobs" / "sft_memory_worker.py"
@@ -42,40 +43,7 @@ GIB = 2**30
 MIB = 2**20
 
 
-@dataclass(frozen=True)
-class Shape:
-    name: str
-    vocab: int
-    hidden: int
-    layers: int
-    intermediate: int
-    kv: int  # key/value width (head size x key/value heads)
-    tied: bool
-
-    @property
-    def layer_parameters(self) -> int:
-        return 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv + 3 * self.hidden * self.intermediate
-
-    @property
-    def embedding_parameters(self) -> int:
-        return self.vocab * self.hidden
-
-    @property
-    def parameters(self) -> int:
-        return self.layers * self.layer_parameters + self.embedding_parameters * (1 if self.tied else 2)
-
-    def lora_parameters(self, rank: int) -> int:
-        """LoRA on q, k, v, o, gate, up and down: r (in + out) per matrix."""
-        h, kv, i = self.hidden, self.kv, self.intermediate
-        return self.layers * rank * (2 * h + 2 * (h + kv) + 2 * h + 3 * (h + i))
-
-
-SHAPES = (
-    Shape("Llama-2-7B", 32000, 4096, 32, 11008, 4096, tied=False),
-    Shape("Qwen2.5-7B", 152064, 3584, 28, 18944, 512, tied=False),
-    Shape("Qwen2.5-32B", 152064, 5120, 64, 27648, 1024, tied=False),
-    Shape("Llama-3-70B", 128256, 8192, 80, 28672, 1024, tied=False),
-)
+SHAPES = (LLAMA2_7B, QWEN25_7B, QWEN25_32B, LLAMA3_70B)
 GPUS_PER_NODE = 8
 MICRO_BATCH_TOKENS = 8192
 LOSS_CHUNK_TOKENS = 1024
@@ -84,24 +52,19 @@ LORA_RANK = 16
 
 def computed(shape: Shape, gpus: int, lora: bool, shards: int) -> dict:
     """GiB per GPU at load (this code and the code before it) and in training, sharded `shards` ways."""
-    trainable = shape.lora_parameters(LORA_RANK) if lora else shape.parameters
+    trainable = lora_parameters(shape, LORA_RANK) if lora else shape.parameters
     frozen = shape.parameters if lora else 0
     largest_tensor = max(shape.embedding_parameters, shape.hidden * shape.intermediate)
     load_device = (frozen * 2 + trainable * 4) / shards if lora else trainable * 4 / shards
     load_host = largest_tensor * 2 / shards + (trainable * 4 if lora else 0)
     before_host = shape.parameters * (2 if lora else 4) + (trainable * 4 if lora else 0)
-    state = trainable * 16 / shards + frozen * 2 / shards
-    gathered = 2 * shape.layer_parameters * 2 + shape.embedding_parameters * (2 + (0 if lora else 4))
-    h, kv, i = shape.hidden, shape.kv, shape.intermediate
-    activations = MICRO_BATCH_TOKENS * (shape.layers * 2 * h + 2 * (8 * h + 3 * kv + 4 * i))
-    logits = LOSS_CHUNK_TOKENS * shape.vocab * 10
-    train = state + gathered + activations + logits
+    parts = per_rank(shape, shards, MICRO_BATCH_TOKENS, 1.0, LORA_RANK if lora else 0, checkpointing=True, loss_chunk_tokens=LOSS_CHUNK_TOKENS)
+    train = parts.pop("total")
     return {
         "model": shape.name, "params_b": round(shape.parameters / 1e9, 1), "mode": "lora" if lora else "full", "gpus": gpus,
         "shards": shards, "load_device_gib": round(load_device / GIB, 1), "load_host_gib": round(load_host / GIB, 2),
         "before_load_host_gib": round(before_host / GIB, 1), "train_gib": round(train / GIB, 1),
-        "train_parts_gib": {k: round(v / GIB, 1) for k, v in
-                            {"state": state, "gathered": gathered, "activations": activations, "logits": logits}.items()},
+        "train_parts_gib": {k: round(v / GIB, 1) for k, v in parts.items()},
     }
 
 

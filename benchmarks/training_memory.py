@@ -7,12 +7,15 @@ float32 master weights, gradients and moments, bf16 compute; gearshift.training.
 - state: trainable parameters x (4 weight + 4 gradient + 8 moments) bytes / N, plus frozen weights
   (LoRA's base) in their dtype / N;
 - gathered: the layers FSDP holds whole at once (the one computing and the one prefetched) in bf16,
-  the root group (embeddings, head) in bf16 with its float32 gradient;
+  and the largest embedding group (the embeddings or the head, one group when tied) in bf16 with
+  its float32 gradient under a full fine-tune;
 - activations of one micro-batch (runtime.micro_batch_tokens): per token and layer, the bf16
   tensors a Llama layer keeps for its backward, 2 (8h + 3kv + 4i) bytes; under activation
   checkpointing the layer inputs (2h) and one layer's recompute;
-- logits: the head runs on target tokens only; bf16 logits, their float32 upcast and its gradient,
-  10 bytes per target token and vocabulary entry.
+- logits: the head runs on target tokens only, runtime.loss_chunk_tokens (1,024) at a time; bf16
+  logits, their float32 upcast and its gradient, 10 bytes per chunk token and vocabulary entry.
+
+benchmarks/load_memory.py adds what a rank holds at load and sets this beside larger shapes.
 
     .venv/bin/python benchmarks/training_memory.py            # 7B full and LoRA, 1 and 8 GPUs
     .venv/bin/python benchmarks/training_memory.py --check    # SmolLM2 here, set beside the measured peak
@@ -42,16 +45,18 @@ class Shape:
         return 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv + 3 * self.hidden * self.intermediate
 
     @property
-    def root_parameters(self) -> int:
-        return self.vocab * self.hidden * (1 if self.tied else 2)
+    def embedding_parameters(self) -> int:
+        return self.vocab * self.hidden
 
     @property
     def parameters(self) -> int:
-        return self.layers * self.layer_parameters + self.root_parameters
+        return self.layers * self.layer_parameters + self.embedding_parameters * (1 if self.tied else 2)
 
 
 LLAMA2_7B = Shape("Llama-2-7B", 32000, 4096, 32, 11008, 4096, tied=False)
 QWEN25_7B = Shape("Qwen2.5-7B", 152064, 3584, 28, 18944, 512, tied=False)
+QWEN25_32B = Shape("Qwen2.5-32B", 152064, 5120, 64, 27648, 1024, tied=False)
+LLAMA3_70B = Shape("Llama-3-70B", 128256, 8192, 80, 28672, 1024, tied=False)
 SMOLLM2 = Shape("SmolLM2-135M", 49152, 576, 30, 1536, 192, tied=True)
 
 
@@ -63,21 +68,22 @@ def lora_parameters(shape: Shape, rank: int) -> int:
 
 
 def per_rank(shape: Shape, ranks: int, micro_batch_tokens: int, target_share: float, lora_rank: int = 0,
-             checkpointing: bool = False, compute_bytes: int = 2) -> dict[str, float]:
-    """Bytes one rank holds at its peak, by part."""
+             checkpointing: bool = False, compute_bytes: int = 2, loss_chunk_tokens: int = 1024) -> dict[str, float]:
+    """Bytes one rank holds at its peak, by part, the state sharded `ranks` ways."""
     trainable = lora_parameters(shape, lora_rank) if lora_rank else shape.parameters
     frozen = shape.parameters if lora_rank else 0
     state = trainable * 16 / ranks + frozen * compute_bytes / ranks
     gathered = 0.0
     if ranks > 1:
-        gathered = 2 * shape.layer_parameters * compute_bytes + shape.root_parameters * (compute_bytes + (0 if lora_rank else 4))
+        gathered = 2 * shape.layer_parameters * compute_bytes + shape.embedding_parameters * (compute_bytes + (0 if lora_rank else 4))
     h, kv, i = shape.hidden, shape.kv, shape.intermediate
     per_token_layer = compute_bytes * (8 * h + 3 * kv + 4 * i)
     if checkpointing:
         activations = micro_batch_tokens * (shape.layers * compute_bytes * h + per_token_layer)
     else:
         activations = micro_batch_tokens * shape.layers * per_token_layer
-    logits = micro_batch_tokens * target_share * shape.vocab * 10
+    targets = micro_batch_tokens * target_share
+    logits = min(targets, loss_chunk_tokens or targets) * shape.vocab * 10
     parts = {"state": state, "gathered": gathered, "activations": activations, "logits": logits}
     return parts | {"total": sum(parts.values())}
 
