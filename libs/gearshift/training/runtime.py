@@ -158,17 +158,12 @@ class Run:
 
     def micro_batches(self, examples: list) -> list[batching.MicroBatch]:
         """This rank's examples (tokenization.Encoded) in micro-batches of at most
-        runtime.micro_batch_tokens, packed (runtime.packing) or padded. Every rank gets as many
-        (fillers pad the shorter plans): FSDP gathers a layer's weights at each call of the layer,
-        so every rank must call it as often. A packed micro-batch is one decoder call, its shared
-        prefix included (a custom mask: sdpa and eager attention only); padded ones decode a
-        shared prefix apart (three calls) in the same micro-batches on every rank.
-        Where the examples share a prefix, the padded three calls (the prefix once per micro-batch)
-        are faster than the packed call (the prefix once per row, a dense custom mask): a median of
-        9.0 s against 17.9 s a step, best rounds 8.7 s and 9.9 s, on this shared CPU
-        (benchmarks/packing.py --layers 2 --groups 2 --rounds 5); so packing takes them only under
-        activation checkpointing, where the three calls share nothing. Every rank takes the same
-        path."""
+        runtime.micro_batch_tokens. Every rank gets as many (fillers pad the shorter plans) and
+        takes the same path, since FSDP gathers a layer's weights at each call of the layer:
+        packed (runtime.packing: one decoder call, no padding) unless the examples share a prefix
+        outside activation checkpointing; there the padded path decodes the prefix once in three
+        calls, faster than the packed call's dense mask on this CPU (benchmarks/packing.py --layers
+        2 --groups 2 --rounds 5: 9.0 s a step against 17.9 s), agreeing on which micro-batches."""
         runtime = self.config.runtime
         plan = None
         if runtime.packing:
