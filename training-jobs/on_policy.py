@@ -85,12 +85,14 @@ def save_adapter(run: Run, directory: Path) -> None:
     os.replace(partial, directory)
 
 
-def drop_other_adapters(current: Path) -> None:
-    """Deletes the step adapters beside current: the server no longer serves them, and vLLM
-    reads an adapter's files only when it loads it."""
-    for other in current.parent.glob(ADAPTER_PREFIX + "*"):
-        if other != current:
-            shutil.rmtree(other, ignore_errors=True)
+def drop_other_adapters(current: Path, keep: int = 0) -> None:
+    """Deletes the step adapters beside current but the keep newest: the server no longer serves
+    them, and vLLM reads an adapter's files only when it loads it. Asynchronous rollouts keep as
+    many as their staleness bound: a request accepted on an older version may still be running,
+    and vLLM's worker reloads that version from its files (a missing folder kills its engine)."""
+    others = sorted(other for other in current.parent.glob(ADAPTER_PREFIX + "*") if other != current)
+    for other in others[: max(0, len(others) - keep)]:
+        shutil.rmtree(other, ignore_errors=True)
 
 
 @dataclass
@@ -116,6 +118,7 @@ class RemotePolicy:
     adapters: bool  # the adapter alone travels (vLLM and a LoRA run); the same on every rank
     alias: str
     admin_token: str | None = None  # the built-in server's, for /v1/load
+    kept_versions: int = 0  # older adapters whose files stay (rollout.max_async_steps)
 
     async def publish(self, run: Run, step: int) -> None:
         """Gives the server the run's current weights as step's (every rank calls it)."""
@@ -124,7 +127,7 @@ class RemotePolicy:
             save_adapter(run, directory)
             if self.client is not None:
                 await self.client.serve_adapter(self.alias, step, str(directory.resolve()))
-                drop_other_adapters(directory)
+                drop_other_adapters(directory, self.kept_versions)
         else:
             serving = run.output / SERVING_DIR
             run.save_weights(serving)
@@ -347,6 +350,7 @@ async def rollout_services(run: Run, rollout: RolloutConfig, store_addr: str) ->
         stack = settings.model_copy(update={"executor_addr": rollout.executor_addr})
         stack = stack.with_policy(rollout.policy_url) if rollout.policy_url else stack
         async with remote_policy(run, stack) as server:
+            server.kept_versions = rollout.max_async_steps
             rollouts = Rollouts(run, remote=server, copied=False, settings=stack, version=run.start_step)
             await rollouts.publish(run.start_step)  # the remote server starts from this run's weights
             yield rollouts
