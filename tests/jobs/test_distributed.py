@@ -106,9 +106,10 @@ async def rollouts(platform, tiny_dir, teacher_dir, tmp_path_factory):
     return folder
 
 
-def launch(ranks: int, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """args under torchrun with ranks processes on this machine (ranks 1: a plain process)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+def launch(ranks: int, *args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """args under torchrun with ranks processes on this machine (ranks 1: a plain process), with env
+    added to this process's environment."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
     if ranks == 1:
         command = [sys.executable, *args]
     else:

@@ -19,6 +19,9 @@ pytestmark = pytest.mark.slow
 
 WORKER = Path(__file__).with_name("sft_memory_worker.py")
 MAX_RATIO = 0.7  # a rank's peak at 2 ranks over the peak at 1 (before meta loading: 1.27 under LoRA)
+# The training image's malloc (docker/model.Dockerfile; `make tools` installs it here). Under glibc's,
+# a 2-rank run's peak swung from 0.57x to 0.72x of one rank's between runs of the same code.
+JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +51,8 @@ def sft_memory(ranks: int, model: Path, lora: bool, folder: Path) -> list[dict]:
     body = {"model": {"base": str(model), "lora": lora}, "optim": {"max_steps": 1, "threads": 1},
             "output": {"dir": str(folder / "out"), "progress": False}, "batch_size": 4}
     config = write_config(folder / "config.json", body)
-    done = launch(ranks, str(WORKER), str(config), str(trajectories), str(folder / "memory"))
+    assert Path(JEMALLOC).exists(), f"{JEMALLOC} is missing: make tools installs it"
+    done = launch(ranks, str(WORKER), str(config), str(trajectories), str(folder / "memory"), env={"LD_PRELOAD": JEMALLOC})
     assert done.returncode == 0, first_error(done.stderr)
     assert (folder / "out" / "model.safetensors").exists()
     return [json.loads((folder / "memory" / f"memory-{rank}.json").read_text()) for rank in range(ranks)]
