@@ -21,7 +21,7 @@ from gearshift.errors import GearshiftError
 from gearshift.jobs import on_policy
 from gearshift.jobs.apo.config import APOConfig
 from gearshift.jobs.apo.rollouts import collect
-from gearshift.policy_client import PolicyClient, versioned
+from gearshift.policy_client import VERSION_MARK, PolicyClient, versioned
 from gearshift.settings import ExecutorSettings, PlannerSettings, Settings
 from gearshift.training import tokenization
 from gearshift.training.results import read_metrics
@@ -153,6 +153,22 @@ async def watch_greedy(url: str, seen: list[tuple[str, str]], stop: asyncio.Even
                 await asyncio.wait_for(stop.wait(), timeout=1.0)
 
 
+async def greedy_of_each_sync(url: str, serving: Path) -> list[str]:
+    """The server's greedy continuation of PROBE under the run's starting weights (the base: LoRA
+    starts at zero) and under the adapter of each sync (kept on disk for max_async_steps versions),
+    each loaded for the question: what the fleet generated with after each sync, asked without
+    racing the run."""
+    async with PolicyClient(url, "smollm2") as base:
+        texts = [(await base.complete(PROBE, max_tokens=8)).text]
+    for step in (1, 2):
+        name = f"probe-step-{step}"
+        async with PolicyClient(url, name) as client:
+            await client.load_lora_adapter(name, str((serving / f"{on_policy.ADAPTER_PREFIX}{step:08d}").resolve()))
+            texts.append((await client.complete(PROBE, max_tokens=8)).text)
+            await client.unload_lora_adapter(name)
+    return texts
+
+
 async def check_async_rollouts_from_a_fleet(url: str, tmp_path: Path, monkeypatch) -> None:
     stack = Settings(data_dir=tmp_path / "stack", log_level="WARNING", metrics_port=0).with_policy(url, model=ALIAS)
     stack = stack.model_copy(update={  # a few tokens per model call: each episode is one short turn
@@ -176,9 +192,10 @@ async def check_async_rollouts_from_a_fleet(url: str, tmp_path: Path, monkeypatc
             stop.set()
             await watcher
         # The last sync came just before the job ended, where the watcher may not have asked yet.
-        if seen[-1][0] != versioned(ALIAS, 2):
+        if not seen or seen[-1][0] != versioned(ALIAS, 2):
             async with PolicyClient(url, versioned(ALIAS, 2)) as last:
                 seen.append((versioned(ALIAS, 2), (await last.complete(PROBE, max_tokens=8)).text))
+        greedy = await greedy_of_each_sync(url, tmp_path / "async" / on_policy.SERVING_DIR)
     assert [r["step"] for r in records] == [1, 2]
     # Staleness within the bound, and used: step 2's batch was generated while step 1 trained,
     # with the weights step 1 started from.
@@ -188,10 +205,12 @@ async def check_async_rollouts_from_a_fleet(url: str, tmp_path: Path, monkeypatc
     # Every rank rolled out its own prompt's group (3 rollouts each) and learned its own groups.
     assert all(r["rollouts"] == 6 for r in records)
     assert all(r["updated"] and r["groups_per_rank"] == [1, 1] for r in records), records
-    # Each sync changed the server's greedy output (the versions of the synchronous run left aside).
-    seen = seen[next(i for i, (version, _) in enumerate(seen) if version == versioned(ALIAS, 0)):]
-    assert [version for version, _ in seen] == [versioned(ALIAS, step) for step in (0, 1, 2)], seen
-    assert len({text for _, text in seen}) == 3, seen
+    # Each sync changed the server's greedy output, and clients followed the alias to each newer
+    # version of this run, never back (a busy server may answer the watcher too late to see each).
+    assert len(set(greedy)) == 3, greedy
+    versions = [int(version.rsplit(VERSION_MARK, 1)[1]) for version, _ in seen]
+    ours = versions[versions.index(0):] if 0 in versions else versions[-1:]  # from this run's first
+    assert ours == sorted(set(ours)) and ours[-1] == 2, seen
     # At staleness 0 (step 1: the batch the synchronous run trained on, replayed from the store),
     # with the behaviour policy's log-probabilities as the old policy, the update is the synchronous one.
     alone = synchronous[0]
