@@ -1,5 +1,5 @@
-"""Prints the settings table of the README from libs/gearshift/settings.py, or with --check
-fails when the README's table is stale. The settings file stays the one source of truth."""
+"""Writes the settings table of docs/settings.md from libs/gearshift/settings.py, or with --check
+fails when that table is stale. The settings file stays the one source of truth."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from gearshift.settings import Settings
 from pydantic import BaseModel
 
 BEGIN, END = "<!-- settings:begin -->", "<!-- settings:end -->"
-README = Path(__file__).resolve().parent.parent / "README.md"
+DOCUMENT = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
 
 
 def rows(model: type[BaseModel], prefix: str) -> list[str]:
@@ -32,15 +32,15 @@ def table() -> str:
 
 
 def main() -> int:
-    text = README.read_text()
+    text = DOCUMENT.read_text()
     start, stop = text.index(BEGIN) + len(BEGIN), text.index(END)
     fresh = f"{text[:start]}\n{table()}\n{text[stop:]}"
     if "--check" in sys.argv:
         if fresh != text:
-            print("README settings table is stale: run python scripts/settings-table.py", file=sys.stderr)
+            print("the settings table in docs/settings.md is stale: run python scripts/settings-table.py", file=sys.stderr)
             return 1
         return 0
-    README.write_text(fresh)
+    DOCUMENT.write_text(fresh)
     return 0
 
 
