@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from datetime import datetime, timezone
 
 from google.protobuf.json_format import MessageToDict
@@ -15,6 +14,8 @@ from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.clients import service_channel
 from gearshift.protocol.a2fm import REJECTED_CALL_PREFIX
 from gearshift.protocol.modes import MODE_OF, mode_name
+from gearshift.protocol.parsers import a2fm as a2fm_format
+from gearshift.protocol.parsers.tags import TAG, TagReader
 from gearshift.protocol.prompts import MODE_OPENERS
 from gearshift.protocol.sr2am import plan_block
 from gearshift.settings import Settings
@@ -37,20 +38,18 @@ def as_json(trajectory: Trajectory) -> str:
 
 # The A^2FM tags the live view reads the policy's text by. What is inside a hidden one is shown
 # by its own event instead (a tool call, parsed) or by the summary (the answer), never as text.
-SHOWN_TAGS = ("plan", "reasoning", "summary")
 HIDDEN_TAGS = ("answer", "tool_call", "tool_response", "classification")
-_TAG = re.compile(rf"</?({'|'.join((*SHOWN_TAGS, *HIDDEN_TAGS))})>")
-_TAG_TEXTS = tuple(f"<{slash}{tag}>" for tag in (*SHOWN_TAGS, *HIDDEN_TAGS) for slash in ("", "/"))
 
 
 class ModelText:
     """The policy's streamed text less its protocol tags and what hidden tags hold, piece by
-    piece: a tag split across two chunks is held back until it is whole. Whitespace at the
-    start of a block and at its end is dropped, so a removed tag leaves no blank line."""
+    piece (read by the A^2FM tags, a tag split across two chunks held back until whole).
+    Whitespace at the start of a block and at its end is dropped, so a removed tag leaves no
+    blank line."""
 
     def __init__(self) -> None:
+        self.reader = TagReader(a2fm_format.TAG_TEXTS)
         self.inside: str | None = None  # the tag the text is in now; None: plain prose
-        self.held = ""  # the start of what may be a tag
         self.space = ""  # whitespace shown only if more text follows
         self.started = False
 
@@ -63,29 +62,21 @@ class ModelText:
 
     def feed(self, text: str) -> str:
         """What of text to show now."""
-        text, self.held, shown = self.held + text, "", []
-        at = 0
-        while (start := text.find("<", at)) >= 0:
-            shown.append(text[at:start] if self.visible else "")
-            tag = _TAG.match(text, start)
-            if tag:
-                self.inside = None if tag.group(0).startswith("</") else tag.group(1)
-                at = tag.end()
-            elif any(whole.startswith(text[start:]) for whole in _TAG_TEXTS):
-                self.held = text[start:]
-                return self._spaced("".join(shown))
-            else:  # a "<" of the text itself (2 < 3)
-                shown.append("<" if self.visible else "")
-                at = start + 1
-        shown.append(text[at:] if self.visible else "")
+        shown = []
+        for piece in self.reader.feed(text):
+            if piece.kind == TAG:
+                self.inside = None if piece.text.startswith("</") else piece.text.strip("<>")
+            elif self.visible:
+                shown.append(piece.text)
         return self._spaced("".join(shown))
 
     def end_block(self) -> str | None:
         """Closes the block (another event comes): the rest of it to show before a line break,
         None when the block showed nothing."""
-        tail = self._spaced(self.held) if self.visible else ""  # a "<" that never became a tag
+        held = self.reader.release()  # a "<" that never became a tag
+        tail = self._spaced(held) if self.visible else ""
         shown = self.started
-        self.held, self.space, self.started = "", "", False
+        self.space, self.started = "", False
         return tail if shown else None
 
     @property

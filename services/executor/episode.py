@@ -41,11 +41,14 @@ from gearshift.api.router.v1 import router_pb2, router_pb2_grpc
 from gearshift.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.errors import GearshiftError, InvalidArgument
-from gearshift.policy_client import SEEDS, PolicyClient, sampling_options, with_seed
+from gearshift.policy_client import PolicyClient
 from gearshift.pricing import CostTable, add_usage
 from gearshift.protocol import a2fm, prompts
+from gearshift.protocol.parsers import Splitter
+from gearshift.protocol.parsers import a2fm as a2fm_format
 from gearshift.protocol.sampled import sampled_span, shifted
 from gearshift.protocol.sr2am import plan_block, plan_block_separator
+from gearshift.sampling import SEEDS, sampling_options, with_seed
 from gearshift.settings import ExecutorSettings, Limits
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -100,6 +103,7 @@ class EpisodeState:
     last_finish: str | None = None  # why the last generation stopped: "stop", "length", ...
     budget: Budget | None = None  # set when the episode starts
     calls: int = 0  # model calls made so far (a seeded episode's k-th samples with seed + k)
+    said: Splitter = field(default_factory=a2fm_format.EpisodeText)  # reads the answer and reasoning to stream
 
     def turn_tokens(self, per_turn: int) -> int:
         """The most tokens the next generation may take."""
@@ -208,6 +212,7 @@ class EpisodeRunner:
         """The episode after routing: the assistant turn opens with the routing head."""
         mode = state.trajectory.mode
         state.transcript = a2fm.episode_prefix(mode, state.trajectory.routing_rationale)
+        state.said.feed(prompts.MODE_OPENERS[mode])
         return (self._agentic if mode == Mode.MODE_AGENTIC else self._direct)(state, budget)
 
     async def _direct(self, state: EpisodeState, budget: Budget) -> AsyncIterator[executor_pb2.SolveEvent]:
@@ -220,12 +225,14 @@ class EpisodeRunner:
             async for item in self._generate(state, turn, stop=["</answer>"]):
                 yield item
             state.trajectory.turns.append(turn)
-            answer = a2fm.tag_content(state.transcript, "answer")
+            answer = a2fm_format.tag_content(state.transcript, "answer")
             if answer is not None and state.transcript.endswith("</answer>"):
-                yield self._answer(state, answer)
+                for item in self._answer(state, answer):
+                    yield item
                 return
             if state.last_finish != "length":  # the model stopped without closing its answer
-                yield self._answer(state, answer if answer is not None else _untagged(state.transcript))
+                for item in self._answer(state, answer if answer is not None else _untagged(state.transcript)):
+                    yield item
                 return
         async for item in self._at_step_limit(state, budget, steps):
             yield item
@@ -240,16 +247,18 @@ class EpisodeRunner:
             turn = Turn(index=index)
             started = time.monotonic()
             yield await self._regulate(state, turn)
-            async for item in self._generate(state, turn, stop=list(a2fm.STOP_WORDS)):
+            async for item in self._generate(state, turn, stop=list(a2fm_format.STOP_WORDS)):
                 yield item
-            step = a2fm.parse_agentic_step(turn.output, tools)
+            step = a2fm_format.read_step(turn.output, tools)
             if step.answer is not None:
                 state.trajectory.turns.append(turn)
-                yield self._answer(state, step.answer)
+                for item in self._answer(state, step.answer):
+                    yield item
                 return
-            for call in step.calls.calls if step.calls else []:
+            calls = [ToolCall(id=ident, name=call.name, arguments_json=call.arguments) for ident, call in step.calls or []]
+            for call in calls:
                 yield event(index, tool_call=call)
-            results = await self._run_tools(state, turn, step.calls)
+            results = await self._run_tools(state, turn, calls, step.problems)
             for result in results:
                 yield event(index, tool_result=result)
             state.plan_progress += 1 if turn.tool_calls else 0
@@ -274,11 +283,13 @@ class EpisodeRunner:
     async def _force_answer(self, state: EpisodeState, index: int, opener: str) -> AsyncIterator[executor_pb2.SolveEvent]:
         turn = Turn(index=index)
         state.inject(turn, opener)
+        state.said.feed(opener)
         yield event(index, answer_asked=executor_pb2.AnswerAsked(opener=opener))
         async for item in self._generate(state, turn, stop=["</answer>"]):
             yield item
         state.trajectory.turns.append(turn)
-        yield self._answer(state, a2fm.tag_content(state.transcript, "answer") or "")
+        for item in self._answer(state, a2fm_format.tag_content(state.transcript, "answer") or ""):
+            yield item
 
     # Pieces
 
@@ -337,7 +348,7 @@ class EpisodeRunner:
         ):
             if chunk.text:
                 text.append(chunk.text)
-                yield event(turn.index, chunk=executor_pb2.OutputChunk(text=chunk.text))
+                yield event(turn.index, chunk=said_chunk(chunk.text, state.said.feed(chunk.text)))
             finish, usage, token_ids = chunk.finish_reason or finish, chunk.usage or usage, chunk.token_ids or token_ids
             logprobs = chunk.logprobs or logprobs
         output = "".join(text)
@@ -352,14 +363,12 @@ class EpisodeRunner:
         if usage is not None:
             state.account(turn, usage.tokens())
 
-    async def _run_tools(self, state: EpisodeState, turn: Turn, parsed: a2fm.ParsedCalls | None) -> list[ToolResult]:
-        """Runs the parsed calls in parallel. Rejected calls become error results too, so the
-        model is told what was wrong and the stored turn replays exactly what it saw."""
-        if parsed is None:
-            return []
-        turn.tool_calls.extend(parsed.calls)
-        results = list(await asyncio.gather(*(self._execute(state.trajectory.id, call) for call in parsed.calls)))
-        results += [ToolResult(call_id=f"{a2fm.REJECTED_CALL_PREFIX}{n}", is_error=True, error=error) for n, error in enumerate(parsed.errors, 1)]
+    async def _run_tools(self, state: EpisodeState, turn: Turn, calls: list[ToolCall], problems: list[str]) -> list[ToolResult]:
+        """Runs the calls in parallel. Rejected calls become error results too, so the model is
+        told what was wrong and the stored turn replays exactly what it saw."""
+        turn.tool_calls.extend(calls)
+        results = list(await asyncio.gather(*(self._execute(state.trajectory.id, call) for call in calls)))
+        results += [ToolResult(call_id=f"{a2fm.REJECTED_CALL_PREFIX}{n}", is_error=True, error=error) for n, error in enumerate(problems, 1)]
         turn.tool_results.extend(results)
         state.transcript += a2fm.tool_response_of(results)
         return results
@@ -385,10 +394,15 @@ class EpisodeRunner:
     async def _known_tools(self) -> frozenset[str]:
         return frozenset(tool.name for tool in await self._tool_specs())
 
-    def _answer(self, state: EpisodeState, answer: str) -> executor_pb2.SolveEvent:
+    def _answer(self, state: EpisodeState, answer: str) -> list[executor_pb2.SolveEvent]:
+        """The answer event, after what the episode text still held back (a "<" that never
+        became a tag)."""
         state.trajectory.answer = answer
         state.trajectory.status = TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED
-        return event(state.trajectory.turns[-1].index if state.trajectory.turns else ROUTING_TURN, answer=executor_pb2.Answer(text=answer))
+        index = state.trajectory.turns[-1].index if state.trajectory.turns else ROUTING_TURN
+        answered = [event(index, answer=executor_pb2.Answer(text=answer))]
+        rest = said_chunk("", state.said.finish())
+        return [event(index, chunk=rest), *answered] if rest.answer or rest.reasoning else answered
 
     # Set-up and wrap-up
 
@@ -488,6 +502,12 @@ def planning_stats(trajectory: Trajectory) -> PlanningStats:
         mean_plan_depth=sum(len(t.plan.steps) for t in new_plans) / len(new_plans) if new_plans else 0.0,
         reasoning_tokens=sum(turn.usage.output_tokens for turn in trajectory.turns),
     )
+
+
+def said_chunk(text: str, pieces: list) -> executor_pb2.OutputChunk:
+    """A chunk of the policy's text with the answer and reasoning it adds (parsers' pieces)."""
+    said = {kind: "".join(piece.text for piece in pieces if piece.kind == kind) for kind in ("content", "reasoning")}
+    return executor_pb2.OutputChunk(text=text, answer=said["content"], reasoning=said["reasoning"])
 
 
 def _closing_tag(text: str, stop: list[str]) -> str:

@@ -22,10 +22,10 @@ from collections.abc import AsyncIterator
 
 from gearshift.api.common.v1.common_pb2 import NativeRequest, PolicyProtocol, ToolResult, Turn
 from gearshift.api.executor.v1 import executor_pb2
-from gearshift.policy_client import sampling_options
-from gearshift.protocol import native
+from gearshift.protocol import native, parsers
 from gearshift.protocol.sr2am import plan_block_separator
-from gearshift.services.executor.episode import Budget, EpisodeRunner, EpisodeState, event
+from gearshift.sampling import sampling_options
+from gearshift.services.executor.episode import Budget, EpisodeRunner, EpisodeState, event, said_chunk
 
 
 class NativeEpisodeRunner(EpisodeRunner):
@@ -45,6 +45,8 @@ class NativeEpisodeRunner(EpisodeRunner):
             chat_template_kwargs_json=json.dumps(native.CHAT_TEMPLATE_KWARGS[trajectory.mode]),
         ))
         known = frozenset(tool["function"]["name"] for tool in tools)
+        if not agentic:  # the one message is the answer: its content streams as the answer, trimmed
+            state.said = parsers.get("think")(parse_tools=False, parse_reasoning=False)
         steps = budget.max_steps or (self.config.max_steps_agentic if agentic else 1)
         for index in range(steps):
             if budget.exhausted(state.trajectory.usage):
@@ -61,7 +63,8 @@ class NativeEpisodeRunner(EpisodeRunner):
             if not calls:  # an assistant message without calls: the answer
                 state.trajectory.turns.append(turn)
                 if state.last_finish != "length":
-                    yield self._answer(state, turn.output.strip())
+                    for item in self._answer(state, turn.output.strip()):
+                        yield item
                 return  # cut by the turn's token limit: a message the policy did not end is no answer (BUDGET_EXHAUSTED)
             read = native.read_calls(calls, known)
             for item in read:
@@ -96,7 +99,7 @@ class NativeEpisodeRunner(EpisodeRunner):
         ):
             if chunk.text:
                 content.append(chunk.text)
-                yield event(turn.index, chunk=executor_pb2.OutputChunk(text=chunk.text))
+                yield event(turn.index, chunk=said_chunk(chunk.text, state.said.feed(chunk.text) if not tools else []))
             if chunk.reasoning:
                 reasoning.append(chunk.reasoning)
                 yield event(turn.index, chunk=executor_pb2.OutputChunk(reasoning=chunk.reasoning))

@@ -21,13 +21,13 @@ from gearshift.api.common.v1.common_pb2 import (
     TrajectoryStatus,
 )
 from gearshift.api.executor.v1 import executor_pb2
-from gearshift.policy_client import SEEDS
 from gearshift.protocol.a2fm import render_transcript
 from gearshift.protocol.modes import MODE_OF, mode_name
-from gearshift.protocol.prompts import MODE_OPENERS
+from gearshift.protocol.parsers.a2fm import EpisodeText
+from gearshift.sampling import SEEDS
 from gearshift.services.gateway import schemas
-from gearshift.services.gateway.errors import ApiError
-from gearshift.services.gateway.text_stream import Delta, StopCut, TagSplitter, Trimmed, split_text
+from gearshift.openai_http import ApiError
+from gearshift.services.gateway.deltas import Delta, StopCut
 
 log = logging.getLogger("gearshift.gateway")
 
@@ -249,7 +249,8 @@ def message(trajectory: Trajectory, stop: list[str]) -> dict:
     if trajectory.protocol == PolicyProtocol.POLICY_PROTOCOL_NATIVE:
         text = Delta(_native_partial(trajectory), NATIVE_REASONING_SEPARATOR.join(t.reasoning_content for t in trajectory.turns if t.reasoning_content))
     else:
-        text = split_text(render_transcript(trajectory))
+        said = EpisodeText.parse(render_transcript(trajectory))
+        text = Delta(said.content or "", said.reasoning or "")
     content = trajectory.answer if trajectory.status == TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED else text.content
     return {"role": "assistant", "content": StopCut(stop).cut(content), "reasoning_content": text.reasoning or None}
 
@@ -275,13 +276,10 @@ def completion_id(trajectory_id: str) -> str:
 
 class EpisodeView:
     """What the client is told of an episode as its events arrive: the answer and reasoning the
-    policy writes, as deltas; the routing time; the stored trajectory at the end.
+    executor streams already split, as deltas; the routing time; the stored trajectory at the end.
 
-    The streamed answer is what the policy writes between its answer tags (text protocol), or
-    its message in instant and reasoning mode (native protocol; an agentic message is the answer
-    only once it ends without calls); an answer the executor asked for streams from its opener.
-    When the executor's Answer event says more (text the model left untagged), the rest is sent
-    then, so the streamed content adds up to the answer."""
+    When the executor's Answer event says more than was streamed (text the model left untagged),
+    the rest is sent then, so the streamed content adds up to the answer."""
 
     def __init__(self, trajectory_id: str, started: float, stop: list[str], native: bool = False):
         self.trajectory_id = trajectory_id  # "" until the final event when the executor chooses it
@@ -290,8 +288,6 @@ class EpisodeView:
         self.routing_seconds: float | None = None
         self.trajectory: Trajectory | None = None
         self.mode = Mode.MODE_UNSPECIFIED
-        self.splitter = TagSplitter()
-        self.native_content = Trimmed()
         self.reasoning_turn: int | None = None  # the turn whose reasoning came last (native)
         self.stop = StopCut(stop)
         self.sent = ""  # answer text given out so far, before the stop cut
@@ -301,38 +297,26 @@ class EpisodeView:
         if kind == "mode_chosen":
             self.routing_seconds = time.monotonic() - self.started
             self.mode = event.mode_chosen.mode
-            return self._out(Delta() if self.native else self.splitter.feed(MODE_OPENERS[self.mode]))
-        if kind == "chunk":
-            return self._out(self._chunk(event.turn, event.chunk))
-        if kind == "answer_asked":  # the executor's opener, written into the text but not streamed
-            return self._out(self.splitter.feed(event.answer_asked.opener))
-        if kind == "answer":
-            delta = self.splitter.finish()
-            sent, answer = self.sent + delta.content, event.answer.text
-            if answer.startswith(sent):
-                delta.content += answer[len(sent):]
-            else:
-                log.warning("trajectory %s: the streamed answer is not the episode's answer", self.trajectory_id)
-            return self._out(delta)
-        if kind == "final":
+        elif kind == "chunk":
+            return self._out(Delta(event.chunk.answer, self._reasoning(event.turn, event.chunk.reasoning)))
+        elif kind == "answer":
+            answer = event.answer.text
+            if answer.startswith(self.sent):
+                return self._out(Delta(answer[len(self.sent):]))
+            log.warning("trajectory %s: the streamed answer is not the episode's answer", self.trajectory_id)
+        elif kind == "final":
             self.trajectory = event.final.trajectory
             self.trajectory_id = self.trajectory.id
-            delta = self._out(self.splitter.finish())
-            delta.content += self.stop.finish()
-            return delta
+            return Delta(self.stop.finish())
         return Delta()
 
-    def _chunk(self, turn: int, chunk: executor_pb2.OutputChunk) -> Delta:
-        if not self.native:
-            return self.splitter.feed(chunk.text)
-        delta = Delta()
-        if chunk.reasoning:
-            joined = self.reasoning_turn is not None and self.reasoning_turn != turn
-            delta.reasoning = (NATIVE_REASONING_SEPARATOR if joined else "") + chunk.reasoning
-            self.reasoning_turn = turn
-        if chunk.text and self.mode != Mode.MODE_AGENTIC:
-            delta.content = self.native_content.feed(chunk.text)
-        return delta
+    def _reasoning(self, turn: int, reasoning: str) -> str:
+        """Native protocol: each turn's reasoning_content apart, joined by a blank line."""
+        if not reasoning or not self.native:
+            return reasoning
+        joined = self.reasoning_turn is not None and self.reasoning_turn != turn
+        self.reasoning_turn = turn
+        return (NATIVE_REASONING_SEPARATOR if joined else "") + reasoning
 
     def _out(self, delta: Delta) -> Delta:
         self.sent += delta.content

@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 from gearshift import vllm_plugins, weights
 from gearshift.errors import InvalidArgument, NotFound
+from gearshift.protocol import parsers
+from gearshift.protocol.parsers import a2fm
 from gearshift.services.policy_server.generation import GenerationResult, SamplingParams
-from gearshift.protocol import native_format
-from gearshift.services.policy_server.parsing import ReplyFormat
 from gearshift.services.policy_server.prompts import render_chat
 from gearshift.services.policy_server.scheduler import Scheduler, Sequence
 from gearshift.services.policy_server.schemas import (
@@ -61,6 +61,21 @@ class Job:
     loaded: weights.LoadedModel
     prompt_ids: list[int]
     params: SamplingParams
+
+
+@dataclass(frozen=True)
+class ReplyFormat:
+    """How a chat reply's text becomes content, reasoning_content and tool_calls: an output
+    format of gearshift.protocol.parsers, and how it starts."""
+
+    name: str
+    options: dict
+
+    def splitter(self) -> parsers.Splitter:
+        return parsers.get(self.name)(**self.options)
+
+    def split(self, text: str) -> parsers.Parsed:
+        return parsers.get(self.name).parse(text, **self.options)
 
 
 @dataclass
@@ -303,11 +318,11 @@ class PolicyEngine:
         if native and template == self.a2fm_template:
             # The A^2FM format in OpenAI's fields, as vLLM's a2fm parsers give it for the same
             # requests; any other request reads its text as before (the text protocol's are raw).
-            state = native_format.generation_state(
-                messages, request.add_generation_prompt, request.continue_final_message, kwargs
-            )
-            return ChatPrompt(text, ReplyFormat(use_tools, a2fm_state=state), list(native_format.STOP_WORDS))
-        return ChatPrompt(text, ReplyFormat(use_tools and not request.continue_final_message, raw=request.continue_final_message), [])
+            state = a2fm.generation_state(messages, request.add_generation_prompt, request.continue_final_message, kwargs)
+            return ChatPrompt(text, ReplyFormat("a2fm", {"state": state, "parse_tools": use_tools}), list(a2fm.STOP_WORDS))
+        if request.continue_final_message:  # the text as generated, tags and whitespace included: what the continuation says
+            return ChatPrompt(text, ReplyFormat("think", {"parse_tools": False, "parse_reasoning": False, "trim": False}), [])
+        return ChatPrompt(text, ReplyFormat("think", {"parse_tools": use_tools}), [])
 
     def chat_jobs(self, request: ChatCompletionRequest) -> ChatJobs:
         """The n jobs of a /v1/chat/completions request, and how to read their text back."""

@@ -31,7 +31,7 @@ def test_the_plugins_are_copied_where_vllms_arguments_name_them(tmp_path):
     # The files those arguments name are the ones copy_files writes.
     copied = {path.name for path in vllm_plugins.copy_files(tmp_path)}
     named_files = {Path(args[args.index(flag) + 1]).name for flag in ("--tool-parser-plugin", "--reasoning-parser-plugin", "--chat-template")}
-    assert named_files <= copied and "native_format.py" in copied
+    assert named_files <= copied and "parsers" in copied
     mounts = {m["name"]: m for m in vllm["volumeMounts"]}
     assert mounts["vllm-plugins"]["mountPath"] == str(directory) and mounts["vllm-plugins"]["readOnly"]
     assert {m["name"]: m["mountPath"] for m in init["volumeMounts"]} == {"vllm-plugins": str(directory)}

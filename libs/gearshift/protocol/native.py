@@ -33,7 +33,7 @@ from gearshift.api.common.v1.common_pb2 import (
     Trajectory,
     Turn,
 )
-from gearshift.protocol.a2fm import MAX_PARALLEL_CALLS
+from gearshift.protocol.parsers.calls import MAX_PARALLEL_CALLS, openai_tool_call
 from gearshift.protocol.prompts import ROLE_NAMES
 from gearshift.protocol.sr2am import plan_block
 
@@ -104,10 +104,7 @@ def assistant_message(turn: Turn) -> dict:
     if turn.reasoning_content:
         message["reasoning"] = message["reasoning_content"] = turn.reasoning_content
     if turn.tool_calls:
-        message["tool_calls"] = [
-            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments_json}}
-            for call in turn.tool_calls
-        ]
+        message["tool_calls"] = [openai_tool_call(call.id, call.name, call.arguments_json) for call in turn.tool_calls]
     return message
 
 

@@ -3,8 +3,9 @@
 - instant: only <answer>...</answer>;
 - reasoning: <reasoning>...</reasoning> then <answer>...</answer>;
 - agentic: <plan> first (free thinking text, such as an SR2AM "Plan:" block, may come before
-  it), then steps of free text, <summary> and <tool_call> blocks (one Python
-  dict literal per line, 1-10 per block), and one <answer> at the very end.
+  it), then steps of free text, <summary> and <tool_call> blocks (every line a call in the one
+  grammar the executor runs, gearshift.protocol.parsers.calls; 1-10 per block), and one
+  <answer> at the very end.
 
 A leading routing rationale and <classification> block is allowed and must name the mode.
 Generation stops at </tool_call> and </answer>, so an unclosed one of those at the end of a
@@ -16,27 +17,14 @@ episode (check_native_format).
 
 from __future__ import annotations
 
-import ast
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gearshift.api.common.v1.common_pb2 import Mode, Trajectory
 from gearshift.protocol import native
-from gearshift.protocol.a2fm import LABELS, MAX_PARALLEL_CALLS, answer_was_asked, render_transcript, tag_content
-
-TAGS = ("classification", "answer", "reasoning", "plan", "tool_call", "tool_response", "summary")
-_TAG = re.compile(rf"<(/?)({'|'.join(TAGS)})>")
-_STOP_WORD_TAGS = ("answer", "tool_call")
-_LITERAL_ERRORS = (ValueError, TypeError, SyntaxError, MemoryError, RecursionError)
-
-
-@dataclass(frozen=True)
-class Block:
-    """A tagged block, or free text between blocks (tag None)."""
-
-    tag: str | None
-    content: str
+from gearshift.protocol.a2fm import LABELS, answer_was_asked, render_transcript
+from gearshift.protocol.parsers import calls
+from gearshift.protocol.parsers.a2fm import FormatError, TextBlock, blocks, tag_content
 
 
 @dataclass(frozen=True)
@@ -50,54 +38,13 @@ class FormatCheck:
         return self.valid
 
 
-class FormatError(ValueError):
-    """The text's tags do not form a flat sequence of closed blocks."""
-
-
-def split_blocks(text: str) -> list[Block]:
-    """Splits one generation into tagged blocks and free text; tags must not nest."""
-    blocks: list[Block] = []
-    position, open_tag, open_at = 0, None, 0
-    for match in _TAG.finditer(text):
-        closing, tag = match.group(1) == "/", match.group(2)
-        if open_tag is None:
-            if closing:
-                raise FormatError(f"</{tag}> without <{tag}>")
-            blocks.append(Block(None, text[position : match.start()]))
-            open_tag, open_at = tag, match.end()
-        elif closing and tag == open_tag:
-            blocks.append(Block(tag, text[open_at : match.start()]))
-            open_tag = None
-        else:
-            raise FormatError(f"<{match.group(1)}{tag}> inside <{open_tag}>")
-        position = match.end()
-    if open_tag is not None:
-        if open_tag not in _STOP_WORD_TAGS:
-            raise FormatError(f"<{open_tag}> is never closed")
-        blocks.append(Block(open_tag, text[open_at:]))  # cut by its stop word
-    else:
-        blocks.append(Block(None, text[position:]))
-    return [b for b in blocks if b.tag is not None or b.content.strip()]
-
-
 def tool_call_problem(content: str) -> str | None:
-    """Why a <tool_call> block does not parse, or None when every line is a valid call."""
-    lines = [line.strip().rstrip(",") for line in content.splitlines() if line.strip()]
-    if not lines:
-        return "empty <tool_call> block"
-    if len(lines) > MAX_PARALLEL_CALLS:
-        return f"{len(lines)} calls in one block (at most {MAX_PARALLEL_CALLS})"
-    for number, line in enumerate(lines, start=1):
-        try:
-            call = ast.literal_eval(line)
-        except _LITERAL_ERRORS:
-            return f"tool call line {number} is not a Python literal"
-        if not isinstance(call, dict):
-            return f"tool call line {number} is not a dict"
-        if not isinstance(call.get("name"), str) or not call["name"]:
-            return f"tool call line {number} has no tool name"
-        if not isinstance(call.get("arguments"), dict):
-            return f"tool call line {number} has no arguments dict"
+    """Why a <tool_call> block is no well-formed block of calls, or None when every line is one."""
+    block = calls.read_block(content)
+    if block.problems:
+        return block.problems[0]
+    if len(block.calls) > calls.MAX_PARALLEL_CALLS:
+        return f"{len(block.calls)} calls in one block (at most {calls.MAX_PARALLEL_CALLS})"
     return None
 
 
@@ -108,18 +55,18 @@ def check_format(mode: int, outputs: Sequence[str]) -> FormatCheck:
     if not outputs:
         return FormatCheck(False, "no turns")
     try:
-        blocks = [block for output in outputs for block in split_blocks(output)]
+        found = [block for output in outputs for block in blocks(output)]
     except FormatError as exc:
         return FormatCheck(False, str(exc))
-    blocks = _without_routing(blocks, mode)
-    if isinstance(blocks, FormatCheck):
-        return blocks
-    blocks = [b for b in blocks if b.tag != "tool_response"]
-    if not blocks or blocks[-1].tag != "answer":
+    found = _without_routing(found, mode)
+    if isinstance(found, FormatCheck):
+        return found
+    found = [b for b in found if b.tag != "tool_response"]
+    if not found or found[-1].tag != "answer":
         return FormatCheck(False, "does not end with <answer>")
-    if not blocks[-1].content.strip():
+    if not found[-1].content.strip():
         return FormatCheck(False, "empty <answer>")
-    return _MODE_RULES[mode](blocks)
+    return _MODE_RULES[mode](found)
 
 
 def check_trajectory_format(trajectory: Trajectory) -> FormatCheck:
@@ -177,7 +124,7 @@ def final_answer(trajectory: Trajectory) -> str:
     return ""
 
 
-def _without_routing(blocks: list[Block], mode: int) -> list[Block] | FormatCheck:
+def _without_routing(blocks: list[TextBlock], mode: int) -> list[TextBlock] | FormatCheck:
     """Drops a leading rationale + <classification> block after checking its label."""
     for index, block in enumerate(blocks):
         if block.tag == "classification":
@@ -190,13 +137,13 @@ def _without_routing(blocks: list[Block], mode: int) -> list[Block] | FormatChec
     return blocks
 
 
-def _instant(blocks: list[Block]) -> FormatCheck:
+def _instant(blocks: list[TextBlock]) -> FormatCheck:
     if len(blocks) != 1:
         return FormatCheck(False, "instant mode allows only <answer>")
     return FormatCheck(True)
 
 
-def _reasoning(blocks: list[Block]) -> FormatCheck:
+def _reasoning(blocks: list[TextBlock]) -> FormatCheck:
     if [b.tag for b in blocks] != ["reasoning", "answer"]:
         return FormatCheck(False, "reasoning mode needs <reasoning> then <answer> and nothing else")
     if not blocks[0].content.strip():
@@ -204,7 +151,7 @@ def _reasoning(blocks: list[Block]) -> FormatCheck:
     return FormatCheck(True)
 
 
-def _agentic(blocks: list[Block]) -> FormatCheck:
+def _agentic(blocks: list[TextBlock]) -> FormatCheck:
     tagged = [b for b in blocks if b.tag is not None]  # free text (thinking, SR2AM "Plan:") may lead
     if tagged[0].tag != "plan":
         return FormatCheck(False, "agentic mode starts with <plan>")

@@ -1,5 +1,5 @@
 """Plugins that let vLLM serve gearshift's models natively: a2fm_parsers.py holds the tool parser
-and the reasoning parser "a2fm" for the A^2FM chat format (gearshift.protocol.native_format),
+and the reasoning parser "a2fm" for the A^2FM chat format (gearshift.protocol.parsers, format a2fm),
 which vLLM loads by path (--tool-parser-plugin, --reasoning-parser-plugin) in its own virtual
 environment; this package itself imports nothing but the standard library, so the platform can
 name the files and copy them (`python -m gearshift.vllm_plugins DIR`) without vLLM."""
@@ -10,8 +10,8 @@ import shutil
 from pathlib import Path
 
 PARSERS = Path(__file__).with_name("a2fm_parsers.py")
-FORMAT = Path(__file__).parent.parent / "protocol" / "native_format.py"
-CHAT_TEMPLATE = FORMAT.with_name("a2fm_chat_template.jinja")
+PARSERS_PACKAGE = Path(__file__).parent.parent / "protocol" / "parsers"
+CHAT_TEMPLATE = PARSERS_PACKAGE.parent / "a2fm_chat_template.jinja"
 PARSER_NAME = "a2fm"
 A2FM_TEMPLATE_SETTING = "a2fm"  # a chat_template setting naming CHAT_TEMPLATE
 
@@ -37,7 +37,10 @@ def vllm_args(directory: Path | None = None, chat_template: bool = True) -> list
 
 
 def copy_files(directory: Path) -> list[Path]:
-    """Copies the parsers, the format module they load (found beside them) and the chat template
-    into one directory, e.g. a volume a vLLM container mounts; returns the copies."""
+    """Copies the parsers, the package of formats they load (found beside them) and the chat
+    template into one directory, e.g. a volume a vLLM container mounts; returns the copies."""
     directory.mkdir(parents=True, exist_ok=True)
-    return [Path(shutil.copy(source, directory / source.name)) for source in (PARSERS, FORMAT, CHAT_TEMPLATE)]
+    package = directory / PARSERS_PACKAGE.name
+    shutil.rmtree(package, ignore_errors=True)
+    shutil.copytree(PARSERS_PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
+    return [Path(shutil.copy(source, directory / source.name)) for source in (PARSERS, CHAT_TEMPLATE)] + [package]

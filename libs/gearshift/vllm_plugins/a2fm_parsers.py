@@ -1,7 +1,8 @@
 """vLLM's tool parser and reasoning parser "a2fm": the A^2FM chat format of gearshift's default
 policy as OpenAI's `tool_calls`, `reasoning` (`reasoning_content`) and `content`, streamed and
-not. Both delegate to gearshift/protocol/native_format.py, loaded by path (a copy beside this
-file, else the package's), so vLLM's own virtual environment needs no gearshift installed:
+not. Both look the format up by name in gearshift/protocol/parsers/, loaded by path (a copy
+beside this file, else the package's), so vLLM's own virtual environment needs no gearshift
+installed:
 
     --enable-auto-tool-choice --tool-call-parser a2fm --tool-parser-plugin .../a2fm_parsers.py
     --reasoning-parser a2fm --reasoning-parser-plugin .../a2fm_parsers.py
@@ -43,24 +44,26 @@ from vllm.reasoning import ReasoningParser, ReasoningParserManager
 from vllm.tool_parsers import ToolParser, ToolParserManager
 
 NAME = "a2fm"
-FORMAT_MODULE = "gearshift_a2fm_native_format"
+PACKAGE = "gearshift_output_parsers"
 IM_START = "<|im_start|>"
 
 
-def _load_format():
-    """native_format.py beside this file (a copied plugin directory) or in the package tree."""
+def _load_parsers():
+    """The parsers package beside this file (a copied plugin directory) or in the package tree."""
     here = Path(__file__).resolve()
-    for path in (here.with_name("native_format.py"), here.parent.parent / "protocol" / "native_format.py"):
-        if path.exists():
-            spec = importlib.util.spec_from_file_location(FORMAT_MODULE, path)
+    for folder in (here.with_name("parsers"), here.parent.parent / "protocol" / "parsers"):
+        if (folder / "__init__.py").exists():
+            spec = importlib.util.spec_from_file_location(PACKAGE, folder / "__init__.py", submodule_search_locations=[str(folder)])
             module = importlib.util.module_from_spec(spec)
-            sys.modules[FORMAT_MODULE] = module  # dataclasses look their module up while it loads
+            sys.modules[PACKAGE] = module  # its modules import each other through it
             spec.loader.exec_module(module)
             return module
-    raise ImportError(f"native_format.py is neither beside {here} nor in {here.parent.parent / 'protocol'}")
+    raise ImportError(f"no parsers package beside {here} nor in {here.parent.parent / 'protocol'}")
 
 
-nf = sys.modules.get(FORMAT_MODULE) or _load_format()
+parsers = sys.modules.get(PACKAGE) or _load_parsers()
+a2fm = sys.modules[f"{PACKAGE}.a2fm"]  # the format's states, tags and helpers
+Splitter = parsers.get(NAME)
 
 
 def _declares_tools(request) -> bool:
@@ -73,7 +76,7 @@ def _asks_thinking(template_kwargs: dict | None) -> bool:
 
 def _request_state(request, template_kwargs: dict | None) -> str:
     """Where the generation starts in the A^2FM step, from the request's messages."""
-    return nf.generation_state(
+    return a2fm.generation_state(
         list(getattr(request, "messages", None) or []),
         add_generation_prompt=getattr(request, "add_generation_prompt", True),
         continue_final_message=getattr(request, "continue_final_message", False),
@@ -108,13 +111,13 @@ class A2FMReasoningParser(ReasoningParser):
     def extract_reasoning(self, model_output: str, request) -> tuple[str | None, str | None]:
         if not (_declares_tools(request) or _asks_thinking(self.template_kwargs)):
             return None, model_output
-        parsed = nf.parse(model_output, _request_state(request, self.template_kwargs), parse_tools=False)
+        parsed = Splitter.parse(model_output, _request_state(request, self.template_kwargs), parse_tools=False)
         return parsed.reasoning, parsed.content
 
     def adjust_request(self, request):
         if _declares_tools(request) or _asks_thinking(self.template_kwargs):
             stop = request.stop if isinstance(request.stop, list) else [request.stop] if request.stop else []
-            request.stop = stop + [word for word in nf.STOP_WORDS if word not in stop]
+            request.stop = stop + [word for word in a2fm.STOP_WORDS if word not in stop]
         return request
 
     # Streamed
@@ -125,19 +128,19 @@ class A2FMReasoningParser(ReasoningParser):
         if self.im_start is not None and self.im_start in ids:
             ids = ids[len(ids) - ids[::-1].index(self.im_start):]
             role, _, turn = self.model_tokenizer.decode(ids, skip_special_tokens=False).partition("\n")
-            return nf.turn_state(turn) if role == "assistant" else nf.START
-        return nf.turn_state(self.model_tokenizer.decode(ids, skip_special_tokens=False))
+            return a2fm.turn_state(turn) if role == "assistant" else a2fm.START
+        return a2fm.turn_state(self.model_tokenizer.decode(ids, skip_special_tokens=False))
 
     def is_reasoning_end(self, input_ids: Sequence[int]) -> bool:
-        return not self.streams or self._turn_state(input_ids) in (nf.ANSWER, nf.TOOL_CALL, nf.AFTER)
+        return not self.streams or self._turn_state(input_ids) in (a2fm.ANSWER, a2fm.TOOL_CALL, a2fm.AFTER)
 
     def adjust_initial_state_from_prompt(self, prompt_token_ids: Sequence[int]) -> None:
-        self.splitter = nf.Splitter(self._turn_state(prompt_token_ids), parse_tools=False)
+        self.splitter = Splitter(self._turn_state(prompt_token_ids), parse_tools=False)
 
     def extract_reasoning_streaming(self, previous_text, current_text, delta_text, previous_token_ids, current_token_ids,
                                     delta_token_ids) -> DeltaMessage | None:
         if self.splitter is None:
-            self.splitter = nf.Splitter(nf.START, parse_tools=False)
+            self.splitter = Splitter(a2fm.START, parse_tools=False)
         pieces = self.splitter.feed(delta_text)
         reasoning, content = _joined(pieces, "reasoning"), _joined(pieces, "content")
         if self.splitter.acting and not self.acting:
@@ -156,7 +159,7 @@ class A2FMReasoningParser(ReasoningParser):
             return self.acting
         # The engine core's (structured output): look for the action's opening in the last tokens.
         window = self.model_tokenizer.decode(list(input_ids)[-(len(list(delta_ids)) + 8):], skip_special_tokens=False)
-        return any(opener in window for opener in nf.ACTION_OPENERS)
+        return any(opener in window for opener in a2fm.ACTION_OPENERS)
 
     def extract_content_ids(self, input_ids: list[int]) -> list[int]:
         return list(input_ids)
@@ -182,7 +185,7 @@ class A2FMToolParser(ToolParser):
         self.splitter = None
 
     def extract_tool_calls(self, model_output: str, request) -> ExtractedToolCallInformation:
-        parsed = nf.parse(model_output, nf.AFTER)
+        parsed = Splitter.parse(model_output, a2fm.AFTER)
         calls = [ToolCall(id=call["id"], function=FunctionCall(**call["function"])) for call in parsed.tool_calls]
         return ExtractedToolCallInformation(tools_called=bool(calls), tool_calls=calls, content=parsed.content)
 
@@ -192,7 +195,7 @@ class A2FMToolParser(ToolParser):
             kwargs = getattr(request, "chat_template_kwargs", None)
             # The reasoning parser streamed the deliberation when enable_thinking was set; else it
             # passed the whole text here.
-            self.splitter = nf.Splitter(nf.AFTER if _asks_thinking(kwargs) else _request_state(request, kwargs))
+            self.splitter = Splitter(a2fm.AFTER if _asks_thinking(kwargs) else _request_state(request, kwargs))
         return self._delta(self.splitter.feed(delta_text))
 
     def finish_streaming(self) -> DeltaMessage | None:

@@ -1,4 +1,5 @@
-"""The A^2FM parser on literal examples of every tag, and on malformed variants."""
+"""The A^2FM protocol and its reading (gearshift.protocol.parsers.a2fm) on literal examples of
+every tag, and on malformed variants."""
 
 from __future__ import annotations
 
@@ -7,8 +8,16 @@ import json
 import pytest
 from gearshift.api.common.v1.common_pb2 import Mode
 from gearshift.protocol import a2fm
+from gearshift.protocol.parsers.a2fm import read_step, tag_content
 
 TOOLS = frozenset({"python", "web_search", "crawl_page"})
+
+
+def calls_and_problems(block: str) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """(id, name, arguments) of each call the executor runs from one <tool_call> block, and its
+    observations on the rest."""
+    step = read_step(f"<tool_call>\n{block}", TOOLS)
+    return [(ident, call.name, call.arguments) for ident, call in step.calls], step.problems
 
 
 @pytest.mark.parametrize(
@@ -39,9 +48,9 @@ def test_forced_prefix_round_trips(mode):
 
 
 def test_tag_content_takes_the_last_block_and_an_unclosed_tail():
-    assert a2fm.tag_content("<answer>1</answer> then <answer>2</answer>", "answer") == "2"
-    assert a2fm.tag_content("<reasoning>think</reasoning><answer>42", "answer") == "42"
-    assert a2fm.tag_content("no tags", "answer") is None
+    assert tag_content("<answer>1</answer> then <answer>2</answer>", "answer") == "2"
+    assert tag_content("<reasoning>think</reasoning><answer>42", "answer") == "42"
+    assert tag_content("no tags", "answer") is None
 
 
 def test_the_forced_answer_opener_closes_an_open_reasoning_block_and_nothing_else():
@@ -56,56 +65,57 @@ def test_parallel_dict_literal_calls():
 {'id': 1, 'name': 'web_search', 'arguments': {'query': 'capital of France'}}
 {'id': 2, 'name': 'python', 'arguments': {'code': 'print(17*23)'}}
 """
-    parsed = a2fm.parse_tool_calls(block, TOOLS)
-    assert parsed.errors == []
-    assert [(c.id, c.name) for c in parsed.calls] == [("1", "web_search"), ("2", "python")]
-    assert json.loads(parsed.calls[1].arguments_json) == {"code": "print(17*23)"}
+    calls, problems = calls_and_problems(block)
+    assert problems == []
+    assert [(ident, name) for ident, name, _ in calls] == [("1", "web_search"), ("2", "python")]
+    assert json.loads(calls[1][2]) == {"code": "print(17*23)"}
 
 
 def test_json_calls_are_accepted_too():
-    parsed = a2fm.parse_tool_calls('{"id": 3, "name": "python", "arguments": {"code": "1"}}', TOOLS)
-    assert [c.id for c in parsed.calls] == ["3"] and parsed.errors == []
+    calls, problems = calls_and_problems('{"id": 3, "name": "python", "arguments": {"code": "1", "quiet": true, "limit": null}}')
+    assert [(ident, json.loads(arguments)) for ident, _, arguments in calls] == [("3", {"code": "1", "quiet": True, "limit": None})]
+    assert problems == []
 
 
 @pytest.mark.parametrize(
     ("line", "complaint"),
     [
         ("{'id': 1, 'name': 'python'", "not a dict literal"),
-        ("{'id': 1, 'arguments': {}}", "lacks name"),
-        ("{'id': 1, 'name': 'python'}", "lacks arguments"),
+        ("{'id': 1, 'arguments': {}}", "has no tool name"),
+        ("{'id': 1, 'name': 'python'}", "has no arguments dict"),
         ("{'id': 1, 'name': 'rm_rf', 'arguments': {}}", "unknown tool 'rm_rf'"),
-        ("{'id': 1, 'name': 'python', 'arguments': 'print(1)'}", "must be a dict"),
+        ("{'id': 1, 'name': 'python', 'arguments': 'print(1)'}", "has no arguments dict"),
         ("{'id': 1, 'name': 'python', 'arguments': {'x': {1, 2}}}", "plain JSON"),
-        ("[1, 2, 3]", "not a dict literal"),
+        ("[1, 2, 3]", "is not a dict"),
         ("__import__('os').system('ls')", "not a dict literal"),
     ],
 )
 def test_malformed_calls_become_observations(line, complaint):
-    parsed = a2fm.parse_tool_calls(line, TOOLS)
-    assert parsed.calls == []
-    assert len(parsed.errors) == 1 and complaint in parsed.errors[0]
+    calls, problems = calls_and_problems(line)
+    assert calls == []
+    assert len(problems) == 1 and complaint in problems[0]
 
 
 def test_one_bad_call_does_not_sink_the_others():
     block = "{'id': 1, 'name': 'python', 'arguments': {'code': '1'}}\nnonsense\n"
-    parsed = a2fm.parse_tool_calls(block, TOOLS)
-    assert len(parsed.calls) == 1 and len(parsed.errors) == 1
+    calls, problems = calls_and_problems(block)
+    assert len(calls) == 1 and len(problems) == 1
 
 
 def test_more_than_ten_calls_are_capped_with_a_note():
     block = "\n".join(f"{{'id': {i}, 'name': 'python', 'arguments': {{'code': '{i}'}}}}" for i in range(12))
-    parsed = a2fm.parse_tool_calls(block, TOOLS)
-    assert len(parsed.calls) == 10 and "Too many calls" in parsed.errors[0]
+    calls, problems = calls_and_problems(block)
+    assert len(calls) == 10 and "Too many calls" in problems[0]
 
 
 def test_duplicate_ids_stay_distinct():
     block = "{'id': 1, 'name': 'python', 'arguments': {}}\n{'id': 1, 'name': 'python', 'arguments': {}}"
-    ids = [c.id for c in a2fm.parse_tool_calls(block, TOOLS).calls]
-    assert len(set(ids)) == 2
+    ids = [ident for ident, _, _ in calls_and_problems(block)[0]]
+    assert ids == ["1", "1.2"]
 
 
 def test_empty_block():
-    assert "empty" in a2fm.parse_tool_calls("  \n", TOOLS).errors[0]
+    assert "empty" in calls_and_problems("  \n")[1][0]
 
 
 def test_tool_response_format():
@@ -119,17 +129,16 @@ def test_agentic_step_with_plan_summary_and_calls():
         "<summary>Nothing done yet.</summary>\nI will compute it.\n"
         "<tool_call>\n{'id': 1, 'name': 'python', 'arguments': {'code': 'print(2**100)'}}\n"
     )
-    step = a2fm.parse_agentic_step(text, TOOLS)
-    assert step.plan.startswith("Goal 1") and step.summary == "Nothing done yet."
-    assert step.answer is None and [c.name for c in step.calls.calls] == ["python"]
+    step = read_step(text, TOOLS)
+    assert step.answer is None and [call.name for _, call in step.calls] == ["python"]
 
 
 def test_agentic_step_answer_after_calls_wins():
     text = "<tool_call>{'id': 1, 'name': 'python', 'arguments': {}}</tool_call>\nDone.<answer>7</answer>"
-    step = a2fm.parse_agentic_step(text, TOOLS)
+    step = read_step(text, TOOLS)
     assert step.answer == "7" and step.calls is None
 
 
 def test_agentic_step_with_neither():
-    step = a2fm.parse_agentic_step("I am thinking...", TOOLS)
+    step = read_step("I am thinking...", TOOLS)
     assert step.answer is None and step.calls is None

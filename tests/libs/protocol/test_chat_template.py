@@ -26,12 +26,13 @@ from gearshift.api.common.v1.common_pb2 import (
     Trajectory,
     Turn,
 )
-from gearshift.protocol import a2fm, native, native_format, prompts
+from gearshift.protocol import a2fm, native, prompts
+from gearshift.protocol.parsers import a2fm as a2fm_format
 from gearshift.protocol.sr2am import plan_block, render_plan
 from gearshift.training import tokenization
 from gearshift.settings import Settings
 
-TEMPLATE = Path(native_format.__file__).with_name("a2fm_chat_template.jinja")
+TEMPLATE = Path(a2fm.__file__).with_name("a2fm_chat_template.jinja")
 TOOL = {"type": "function", "function": {"name": "python", "description": "runs Python and returns what it prints",
                                          "parameters": {"type": "object", "properties": {"code": {"type": "string"}}}}}
 CODE = "print(48213 * 7719)"
@@ -71,12 +72,12 @@ def test_the_declared_tools_are_the_system_prompts_tool_line(tokenizer):
     lookup = {"type": "function", "function": {"name": "lookup", "description": "Finds a word.", "parameters": {
         "type": "object", "properties": {"word": {"type": "string"}}}}}
     text = a2fm_render(tokenizer, [{"role": "user", "content": "q"}], tools=[TOOL, lookup], add_generation_prompt=True)
-    line = native_format.render_tools_line([TOOL, lookup])
+    line = a2fm_format.render_tools_line([TOOL, lookup])
     assert line == "Tools: python(code) runs Python and returns what it prints; lookup(word) Finds a word."
     default_line = prompts.SYSTEM_PROMPT.rsplit("\n", 1)[1]
     assert text.startswith(f"<|im_start|>system\n{prompts.SYSTEM_PROMPT.replace(default_line, line)}<|im_end|>\n")
     # The platform's tools, declared, are the trained prompt itself.
-    declared = a2fm_render(tokenizer, [{"role": "user", "content": "q"}], tools=native_format.DEFAULT_TOOLS, add_generation_prompt=True)
+    declared = a2fm_render(tokenizer, [{"role": "user", "content": "q"}], tools=a2fm_format.DEFAULT_TOOLS, add_generation_prompt=True)
     assert declared == a2fm_render(tokenizer, prompts.messages("q"), add_generation_prompt=True)
 
 
@@ -104,7 +105,7 @@ def test_a_tool_loop_is_one_growing_assistant_turn_as_the_executor_writes_it(tok
              "{'id': 2, 'name': 'python', 'arguments': {'code': 'print(2)'}}\n</tool_call>")
     assert turn == block + a2fm.tool_response([("2", "2"), ("1", "372156147")])  # the turn stays open for the model
     # The same calls read back from the turn are the calls sent.
-    parsed = native_format.parse(block)
+    parsed = a2fm_format.A2FMSplitter.parse(block)
     assert [c["function"] for c in parsed.tool_calls] == [{"name": "python", "arguments": json.dumps({"code": c})} for c in (CODE, "print(2)")]
     assert parsed.reasoning == "Goal: the product.</plan>"
 
@@ -142,19 +143,19 @@ def test_enable_thinking_pins_the_mode_with_the_forced_prefix(tokenizer, thinkin
     (prompts.messages("q", a2fm.forced_prefix(Mode.MODE_INSTANT) + "<answer>"), {"continue_final_message": True}),
 ])
 def test_the_request_tells_the_state_the_rendered_prompt_leaves(tokenizer, chat, flags):
-    """native_format.generation_state reads the state off the messages, as the parsers do
+    """a2fm_format.generation_state reads the state off the messages, as the parsers do
     without a prompt; it must be the state the template's prompt really ends in."""
     text = a2fm_render(tokenizer, chat, tools=[TOOL], **flags)
-    rendered = native_format.turn_state(text.rsplit("<|im_start|>assistant\n", 1)[1])
+    rendered = a2fm_format.turn_state(text.rsplit("<|im_start|>assistant\n", 1)[1])
     kwargs = {"enable_thinking": flags["enable_thinking"]} if "enable_thinking" in flags else {}
-    from_request = native_format.generation_state(chat, add_generation_prompt=flags.get("add_generation_prompt", False),
+    from_request = a2fm_format.generation_state(chat, add_generation_prompt=flags.get("add_generation_prompt", False),
                                                   continue_final_message=flags.get("continue_final_message", False), template_kwargs=kwargs)
     assert from_request == rendered
 
 
 def native_agentic(*turns: Turn) -> Trajectory:
     return Trajectory(query="What is 48213 * 7719?", mode=Mode.MODE_AGENTIC, protocol=PolicyProtocol.POLICY_PROTOCOL_NATIVE,
-                      turns=turns, native=NativeRequest(tools_json=json.dumps(native_format.DEFAULT_TOOLS),
+                      turns=turns, native=NativeRequest(tools_json=json.dumps(a2fm_format.DEFAULT_TOOLS),
                                                         chat_template_kwargs_json=json.dumps(native.CHAT_TEMPLATE_KWARGS[Mode.MODE_AGENTIC])))
 
 
@@ -207,7 +208,7 @@ def test_training_learns_each_native_generation_apart_from_its_sr2am_opening(tok
 
 
 def test_the_template_ships_as_package_data():
-    """setup.py's package_data takes the template into the wheel, beside native_format.py, where
+    """setup.py's package_data takes the template into the wheel, beside a2fm_format.py, where
     the plugins and the built-in server look for it (images install the wheel, not the tree)."""
     import ast
     import fnmatch

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 from gearshift.api.common.v1.common_pb2 import Mode, Trajectory, Turn
-from gearshift.rewards.formats import FormatError, check_format, final_answer, split_blocks, tool_call_problem
+from gearshift.protocol.parsers.a2fm import FormatError, blocks
+from gearshift.rewards.formats import check_format, final_answer, tool_call_problem
 
 from tests.libs.rewards.trajectories import AGENTIC, AGENTIC_TURNS, INSTANT, REASONING
 
@@ -37,7 +38,7 @@ CALL = "{'id': 1, 'name': 'web_search', 'arguments': {'query': 'capital of Franc
         (AGENTIC, [f"<tool_call>\n{CALL}\n</tool_call>", "<answer>Paris</answer>"], False),  # no plan first
         (AGENTIC, [f"<plan>find it</plan><tool_call>\n{CALL}\n</tool_call>"], False),  # no answer
         (AGENTIC, ["<plan>find it</plan><answer>Paris</answer>", "more text"], False),  # answer not last
-        (AGENTIC, ['<plan>p</plan><tool_call>\n{"name": "web_search", "arguments": {"q": true}}\n</tool_call><answer>x</answer>'], False),  # JSON, not Python
+        (AGENTIC, ['<plan>p</plan><tool_call>\n{"name": "web_search", "arguments": {"q": true}}\n</tool_call><answer>x</answer>'], True),  # JSON: the executor runs it
         (AGENTIC, ["<plan>p</plan><tool_call>\n{'name': 'web_search'}\n</tool_call><answer>x</answer>"], False),
         (AGENTIC, ["<plan>p</plan><tool_call>\n</tool_call><answer>x</answer>"], False),
         (AGENTIC, ["<plan>p</plan><tool_call>\n" + "\n".join([CALL] * 11) + "\n</tool_call><answer>x</answer>"], False),
@@ -53,10 +54,10 @@ def test_format_per_mode(mode, outputs, valid):
 
 
 def test_blocks_must_be_flat_and_closed():
-    assert [b.tag for b in split_blocks("a <plan>x</plan> b <answer>y")] == [None, "plan", None, "answer"]
+    assert [b.tag for b in blocks("a <plan>x</plan> b <answer>y")] == [None, "plan", None, "answer"]
     for text in ("</answer>", "<plan>x", "<plan><answer>x</answer></plan>", "<reasoning>x</answer>"):
         with pytest.raises(FormatError):
-            split_blocks(text)
+            blocks(text)
 
 
 @pytest.mark.parametrize(
@@ -65,11 +66,14 @@ def test_blocks_must_be_flat_and_closed():
         (CALL, None),
         (f"{CALL},\n{CALL}", None),
         ("{'name': 'python', 'arguments': {'code': '__import__(\"os\")'}}", None),  # literals only: nothing runs
-        ("__import__('os').system('true')", "not a Python literal"),
+        ('{"name": "python", "arguments": {"code": "1", "quiet": true}}', None),  # JSON, as the executor runs it
+        ("{'name': 'python', 'parameters': {'code': '1'}}", None),  # "parameters", as the executor reads it
+        ("__import__('os').system('true')", "not a dict literal"),
         ("['python', {}]", "not a dict"),
         ("{'name': '', 'arguments': {}}", "no tool name"),
         ("{'name': 'python', 'arguments': 'print(1)'}", "no arguments dict"),
-        ("(" * 5000 + ")" * 5000, "not a Python literal"),  # deep nesting
+        ("(" * 5000 + ")" * 5000, "not a dict literal"),  # deep nesting
+        ("", "empty"),
     ],
 )
 def test_tool_call_lines(block, problem):

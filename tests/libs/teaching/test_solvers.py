@@ -14,7 +14,7 @@ from gearshift.cli.platform import DEMO_QUESTIONS
 from gearshift.embedded import embedded
 from gearshift.evaluation.report import fetch_run
 from gearshift.evaluation.suites import get_suite
-from gearshift.protocol import a2fm
+from gearshift.protocol.parsers.a2fm import read_step
 from gearshift.rewards.formats import check_trajectory_format
 from gearshift.rewards.structure import check_structure
 from gearshift.teaching.solvers import REFUSAL, SolverTeacher, arithmetic_steps, product_steps, python_call, solve
@@ -51,8 +51,8 @@ def test_the_python_call_is_double_quoted_so_the_programs_own_quotes_stay_inside
     body = {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": item.question},
                          {"role": "assistant", "content": "<plan>"}]}
     written = SolverTeacher([item])(body)
-    (call,) = a2fm.parse_tool_calls(a2fm.tag_content(written, "tool_call"), {"python"}).calls
-    code = json.loads(call.arguments_json)["code"]
+    ((_, call),) = read_step(written, {"python"}).calls
+    code = json.loads(call.arguments)["code"]
     assert "'b'" in code and item.grade(run_python(code))
     assert python_call("print(1)").endswith("""{'code': "print(1)"}}""")  # one quoting rule for every program
 

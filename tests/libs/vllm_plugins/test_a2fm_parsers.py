@@ -2,7 +2,7 @@
 
 In vLLM's own environment, composed into vLLM's serving Parser as the server composes them: each
 case streamed token by token gives the fields its unstreamed parse gives, and both are what
-gearshift.protocol.native_format reads in the text; the platform's text protocol is left alone.
+gearshift.protocol.parsers.a2fm reads in the text; the platform's text protocol is left alone.
 
 Then the real thing: the default policy served by vLLM's CPU build (the session's shared servers,
 started with these parsers) answers an OpenAI chat completion that declares a tool with
@@ -20,7 +20,8 @@ import httpx
 import pytest
 from gearshift import vllm_plugins, weights
 from gearshift.api.common.v1.common_pb2 import Mode
-from gearshift.protocol import a2fm, native_format, prompts
+from gearshift.protocol import a2fm, prompts
+from gearshift.protocol.parsers import a2fm as a2fm_format
 from gearshift.settings import Settings
 
 from tests.vllm_servers import VLLM_PYTHON
@@ -79,8 +80,8 @@ def drive(cases: list[dict]) -> list[dict]:
 
 
 def expected(c: dict) -> list:
-    state = native_format.generation_state(c["messages"], c["add_generation_prompt"], c["continue_final_message"], c["kwargs"])
-    parsed = native_format.parse(c["output"], state)
+    state = a2fm_format.generation_state(c["messages"], c["add_generation_prompt"], c["continue_final_message"], c["kwargs"])
+    parsed = a2fm_format.A2FMSplitter.parse(c["output"], state)
     calls = [{"id": call["id"], **call["function"]} for call in parsed.tool_calls]
     return [parsed.reasoning, parsed.content, calls]
 
@@ -90,7 +91,7 @@ def test_streamed_and_unstreamed_give_the_formats_fields():
     for c, result in zip(NATIVE, results):
         assert result["parsed"] == expected(c), c
         assert result["streamed"] == result["parsed"], c
-        assert result["stop"] == list(native_format.STOP_WORDS)
+        assert result["stop"] == list(a2fm_format.STOP_WORDS)
     routed = results[0]["parsed"]
     assert [call["arguments"] for call in routed[2]] == [json.dumps({"code": CODE}), json.dumps({"code": "print(2)"})]
     assert routed[0].startswith("This question needs tools") and routed[0].endswith("</plan>") and routed[1] is None

@@ -7,11 +7,11 @@ from __future__ import annotations
 import grpc
 import pytest
 from gearshift.api.common.v1.common_pb2 import ChatRole, Mode, RoutingStrategy
-from gearshift.protocol.a2fm import tag_content
+from gearshift.protocol.parsers.a2fm import EpisodeText, tag_content
 from gearshift.services.gateway import translate
 from gearshift.services.gateway.errors import ApiError, from_rpc
 from gearshift.services.gateway.schemas import ChatCompletionRequest
-from gearshift.services.gateway.text_stream import StopCut, TagSplitter, split_text
+from gearshift.services.gateway.deltas import StopCut
 
 QUESTION = [{"role": "user", "content": "What is 2 + 2?"}]
 
@@ -112,13 +112,9 @@ def test_what_asks_for_what_the_gateway_does_anyway_is_accepted():
 
 
 def split_in_pieces(text: str, size: int) -> tuple[str, str]:
-    splitter = TagSplitter()
-    content = reasoning = ""
-    for start in range(0, len(text), size):
-        delta = splitter.feed(text[start : start + size])
-        content, reasoning = content + delta.content, reasoning + delta.reasoning
-    rest = splitter.finish()
-    return content + rest.content, reasoning + rest.reasoning
+    reader = EpisodeText()
+    pieces = [piece for start in range(0, len(text), size) for piece in reader.feed(text[start : start + size])] + reader.finish()
+    return tuple("".join(piece.text for piece in pieces if piece.kind == kind) for kind in ("content", "reasoning"))
 
 
 @pytest.mark.parametrize("text", [
@@ -129,12 +125,12 @@ def split_in_pieces(text: str, size: int) -> tuple[str, str]:
     "<answer>cut by the budget, no closing tag",
 ])
 def test_the_answer_and_reasoning_come_out_the_same_in_any_pieces(text):
-    whole = split_text(text)
-    assert whole.content == (tag_content(text, "answer") or "")
+    whole = EpisodeText.parse(text)
+    assert (whole.content or "") == (tag_content(text, "answer") or "")
     if "</reasoning>" in text:
         assert whole.reasoning == tag_content(text, "reasoning")
     for size in (1, 2, 3, 7, 50):
-        assert split_in_pieces(text, size) == (whole.content, whole.reasoning)
+        assert split_in_pieces(text, size) == (whole.content or "", whole.reasoning or "")
 
 
 def test_stop_sequences_end_the_content_even_split_over_pieces():

@@ -423,7 +423,8 @@ async def a2fm_server(tmp_path_factory, tiny_checkpoints):
 
 
 async def test_the_a2fm_template_writes_declared_tools_calls_and_results_as_the_protocol_does(a2fm_server):
-    from gearshift.protocol import a2fm, native_format
+    from gearshift.protocol import a2fm
+    from gearshift.protocol.parsers import a2fm as a2fm_format
 
     history = [
         {"role": "user", "content": "What is 17*23?"},
@@ -434,7 +435,7 @@ async def test_the_a2fm_template_writes_declared_tools_calls_and_results_as_the_
     async with httpx.AsyncClient(base_url=a2fm_server.base_url.removesuffix("/v1"), timeout=60) as root:
         text = await prompt_text(root, messages=history, tools=TOOLS)
         count = (await tokenized(root, messages=history, tools=TOOLS))["count"]
-    assert native_format.render_tools_line(TOOLS) in text  # "Tools: python(code) Runs Python code and returns what it prints."
+    assert a2fm_format.render_tools_line(TOOLS) in text  # "Tools: python(code) Runs Python code and returns what it prints."
     assert "<tool_call>\n{'id': 1, 'name': 'python', 'arguments': {'code': 'print(17*23)'}}\n</tool_call>" in text
     assert text.endswith(a2fm.tool_response([("1", "391")]))  # the turn goes on after the result: no new turn
     async with openai.AsyncOpenAI(base_url=a2fm_server.base_url, api_key="unused", max_retries=0) as client:
@@ -443,33 +444,34 @@ async def test_the_a2fm_template_writes_declared_tools_calls_and_results_as_the_
 
 
 async def test_a2fm_requests_asking_for_openais_fields_stop_where_the_step_pauses(a2fm_server):
-    from gearshift.protocol import native_format
+    from gearshift.protocol.parsers import a2fm as a2fm_format
+    from gearshift.services.policy_server.core import ReplyFormat
     from gearshift.services.policy_server.schemas import ChatCompletionRequest
 
     engine = a2fm_server.engine
     with_tools = engine.chat_jobs(ChatCompletionRequest(messages=MESSAGES, tools=TOOLS, stop=["END"]))
-    assert with_tools.jobs[0].params.stop == ["END", *native_format.STOP_WORDS]
-    assert with_tools.reply.a2fm_state == native_format.START and with_tools.reply.parse_tools
+    assert with_tools.jobs[0].params.stop == ["END", *a2fm_format.STOP_WORDS]
+    assert with_tools.reply == ReplyFormat("a2fm", {"state": a2fm_format.START, "parse_tools": True})
     thinking = engine.chat_jobs(ChatCompletionRequest(messages=MESSAGES, chat_template_kwargs={"enable_thinking": True}))
-    assert thinking.reply.a2fm_state == native_format.DELIBERATE and not thinking.reply.parse_tools
+    assert thinking.reply == ReplyFormat("a2fm", {"state": a2fm_format.DELIBERATE, "parse_tools": False})
     plain = engine.chat_jobs(ChatCompletionRequest(messages=MESSAGES))  # the text protocol's requests: as before
-    assert plain.reply.a2fm_state is None and plain.jobs[0].params.stop == []
+    assert plain.reply.name == "think" and plain.jobs[0].params.stop == []
 
 
 @pytest.mark.parametrize("size", [1, 3, 7, 1000])
 def test_an_a2fm_step_reads_as_reasoning_and_parallel_calls_whole_and_streamed(size):
-    from gearshift.services.policy_server.parsing import ReplyFormat
+    from gearshift.services.policy_server.core import ReplyFormat
 
-    reply = ReplyFormat(parse_tools=True, a2fm_state="start")
+    reply = ReplyFormat("a2fm", {"state": "start", "parse_tools": True})
     whole = reply.split(A2FM_STEP)
-    assert whole.reasoning_content.startswith("This question needs tools") and "<plan>multiply with python</plan>" in whole.reasoning_content
+    assert whole.reasoning.startswith("This question needs tools") and "<plan>multiply with python</plan>" in whole.reasoning
     assert whole.content is None
     assert [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in whole.tool_calls] == [
         ("call_1", "python", '{"code": "print(48213 * 7719)"}'), ("call_2", "python", '{"code": "print(2 ** 10)"}')]
     splitter = reply.splitter()
     pieces = [piece for start in range(0, len(A2FM_STEP), size) for piece in splitter.feed(A2FM_STEP[start : start + size])]
     pieces += splitter.finish()
-    assert "".join(p.text for p in pieces if p.kind == "reasoning") == whole.reasoning_content
+    assert "".join(p.text for p in pieces if p.kind == "reasoning") == whole.reasoning
     assert [p.call for p in pieces if p.kind == "tool_call"] == whole.tool_calls
 
 

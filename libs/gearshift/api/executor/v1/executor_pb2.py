@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from gearshift.api.common.v1 import common_pb2 as gearshift_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$gearshift/executor/v1/executor.proto\x12\x15gearshift.executor.v1\x1a gearshift/common/v1/common.proto\"d\n\x06\x42udget\x12\x11\n\tmax_steps\x18\x01 \x01(\x05\x12\x12\n\nmax_tokens\x18\x02 \x01(\x03\x12\x18\n\x10max_wall_seconds\x18\x03 \x01(\x01\x12\x19\n\x11max_output_tokens\x18\x04 \x01(\x03\"\x9b\x04\n\x0cSolveRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\'\n\x04mode\x18\x02 \x01(\x0e\x32\x19.gearshift.common.v1.Mode\x12\x36\n\x08strategy\x18\x03 \x01(\x0e\x32$.gearshift.common.v1.RoutingStrategy\x12-\n\x06\x62udget\x18\x04 \x01(\x0b\x32\x1d.gearshift.executor.v1.Budget\x12\x18\n\x10reference_answer\x18\x05 \x01(\t\x12\x15\n\rtrajectory_id\x18\x06 \x01(\t\x12\x13\n\x0btask_source\x18\x07 \x01(\t\x12\r\n\x05split\x18\x08 \x01(\t\x12\x0e\n\x06run_id\x18\t \x01(\t\x12?\n\x06labels\x18\n \x03(\x0b\x32/.gearshift.executor.v1.SolveRequest.LabelsEntry\x12-\n\x07purpose\x18\x0b \x01(\x0e\x32\x1c.gearshift.common.v1.Purpose\x12/\n\x08sampling\x18\x0c \x01(\x0b\x32\x1d.gearshift.common.v1.Sampling\x12\x37\n\x0c\x63onversation\x18\r \x01(\x0b\x32!.gearshift.common.v1.Conversation\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x80\x01\n\nModeChosen\x12\'\n\x04mode\x18\x01 \x01(\x0e\x32\x19.gearshift.common.v1.Mode\x12\x36\n\x08strategy\x18\x02 \x01(\x0e\x32$.gearshift.common.v1.RoutingStrategy\x12\x11\n\trationale\x18\x03 \x01(\t\"h\n\x08PlanMade\x12\x33\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0e\x32!.gearshift.common.v1.PlanDecision\x12\'\n\x04plan\x18\x02 \x01(\x0b\x32\x19.gearshift.common.v1.Plan\".\n\x0bOutputChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\treasoning\x18\x02 \x01(\t\"\x16\n\x06\x41nswer\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x1d\n\x0b\x41nswerAsked\x12\x0e\n\x06opener\x18\x01 \x01(\t\"<\n\x05\x46inal\x12\x33\n\ntrajectory\x18\x01 \x01(\x0b\x32\x1f.gearshift.common.v1.Trajectory\"\xcb\x03\n\nSolveEvent\x12\x0c\n\x04turn\x18\x01 \x01(\x05\x12\x38\n\x0bmode_chosen\x18\x02 \x01(\x0b\x32!.gearshift.executor.v1.ModeChosenH\x00\x12/\n\x04plan\x18\x03 \x01(\x0b\x32\x1f.gearshift.executor.v1.PlanMadeH\x00\x12\x33\n\x05\x63hunk\x18\x04 \x01(\x0b\x32\".gearshift.executor.v1.OutputChunkH\x00\x12\x32\n\ttool_call\x18\x05 \x01(\x0b\x32\x1d.gearshift.common.v1.ToolCallH\x00\x12\x36\n\x0btool_result\x18\x06 \x01(\x0b\x32\x1f.gearshift.common.v1.ToolResultH\x00\x12/\n\x06\x61nswer\x18\x07 \x01(\x0b\x32\x1d.gearshift.executor.v1.AnswerH\x00\x12-\n\x05\x66inal\x18\x08 \x01(\x0b\x32\x1c.gearshift.executor.v1.FinalH\x00\x12:\n\x0c\x61nswer_asked\x18\t \x01(\x0b\x32\".gearshift.executor.v1.AnswerAskedH\x00\x42\x07\n\x05\x65vent2]\n\x08\x45xecutor\x12Q\n\x05Solve\x12#.gearshift.executor.v1.SolveRequest\x1a!.gearshift.executor.v1.SolveEvent0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$gearshift/executor/v1/executor.proto\x12\x15gearshift.executor.v1\x1a gearshift/common/v1/common.proto\"d\n\x06\x42udget\x12\x11\n\tmax_steps\x18\x01 \x01(\x05\x12\x12\n\nmax_tokens\x18\x02 \x01(\x03\x12\x18\n\x10max_wall_seconds\x18\x03 \x01(\x01\x12\x19\n\x11max_output_tokens\x18\x04 \x01(\x03\"\x9b\x04\n\x0cSolveRequest\x12\r\n\x05query\x18\x01 \x01(\t\x12\'\n\x04mode\x18\x02 \x01(\x0e\x32\x19.gearshift.common.v1.Mode\x12\x36\n\x08strategy\x18\x03 \x01(\x0e\x32$.gearshift.common.v1.RoutingStrategy\x12-\n\x06\x62udget\x18\x04 \x01(\x0b\x32\x1d.gearshift.executor.v1.Budget\x12\x18\n\x10reference_answer\x18\x05 \x01(\t\x12\x15\n\rtrajectory_id\x18\x06 \x01(\t\x12\x13\n\x0btask_source\x18\x07 \x01(\t\x12\r\n\x05split\x18\x08 \x01(\t\x12\x0e\n\x06run_id\x18\t \x01(\t\x12?\n\x06labels\x18\n \x03(\x0b\x32/.gearshift.executor.v1.SolveRequest.LabelsEntry\x12-\n\x07purpose\x18\x0b \x01(\x0e\x32\x1c.gearshift.common.v1.Purpose\x12/\n\x08sampling\x18\x0c \x01(\x0b\x32\x1d.gearshift.common.v1.Sampling\x12\x37\n\x0c\x63onversation\x18\r \x01(\x0b\x32!.gearshift.common.v1.Conversation\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x80\x01\n\nModeChosen\x12\'\n\x04mode\x18\x01 \x01(\x0e\x32\x19.gearshift.common.v1.Mode\x12\x36\n\x08strategy\x18\x02 \x01(\x0e\x32$.gearshift.common.v1.RoutingStrategy\x12\x11\n\trationale\x18\x03 \x01(\t\"h\n\x08PlanMade\x12\x33\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0e\x32!.gearshift.common.v1.PlanDecision\x12\'\n\x04plan\x18\x02 \x01(\x0b\x32\x19.gearshift.common.v1.Plan\">\n\x0bOutputChunk\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\treasoning\x18\x02 \x01(\t\x12\x0e\n\x06\x61nswer\x18\x03 \x01(\t\"\x16\n\x06\x41nswer\x12\x0c\n\x04text\x18\x01 \x01(\t\"\x1d\n\x0b\x41nswerAsked\x12\x0e\n\x06opener\x18\x01 \x01(\t\"<\n\x05\x46inal\x12\x33\n\ntrajectory\x18\x01 \x01(\x0b\x32\x1f.gearshift.common.v1.Trajectory\"\xcb\x03\n\nSolveEvent\x12\x0c\n\x04turn\x18\x01 \x01(\x05\x12\x38\n\x0bmode_chosen\x18\x02 \x01(\x0b\x32!.gearshift.executor.v1.ModeChosenH\x00\x12/\n\x04plan\x18\x03 \x01(\x0b\x32\x1f.gearshift.executor.v1.PlanMadeH\x00\x12\x33\n\x05\x63hunk\x18\x04 \x01(\x0b\x32\".gearshift.executor.v1.OutputChunkH\x00\x12\x32\n\ttool_call\x18\x05 \x01(\x0b\x32\x1d.gearshift.common.v1.ToolCallH\x00\x12\x36\n\x0btool_result\x18\x06 \x01(\x0b\x32\x1f.gearshift.common.v1.ToolResultH\x00\x12/\n\x06\x61nswer\x18\x07 \x01(\x0b\x32\x1d.gearshift.executor.v1.AnswerH\x00\x12-\n\x05\x66inal\x18\x08 \x01(\x0b\x32\x1c.gearshift.executor.v1.FinalH\x00\x12:\n\x0c\x61nswer_asked\x18\t \x01(\x0b\x32\".gearshift.executor.v1.AnswerAskedH\x00\x42\x07\n\x05\x65vent2]\n\x08\x45xecutor\x12Q\n\x05Solve\x12#.gearshift.executor.v1.SolveRequest\x1a!.gearshift.executor.v1.SolveEvent0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,15 +45,15 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PLANMADE']._serialized_start=872
   _globals['_PLANMADE']._serialized_end=976
   _globals['_OUTPUTCHUNK']._serialized_start=978
-  _globals['_OUTPUTCHUNK']._serialized_end=1024
-  _globals['_ANSWER']._serialized_start=1026
-  _globals['_ANSWER']._serialized_end=1048
-  _globals['_ANSWERASKED']._serialized_start=1050
-  _globals['_ANSWERASKED']._serialized_end=1079
-  _globals['_FINAL']._serialized_start=1081
-  _globals['_FINAL']._serialized_end=1141
-  _globals['_SOLVEEVENT']._serialized_start=1144
-  _globals['_SOLVEEVENT']._serialized_end=1603
-  _globals['_EXECUTOR']._serialized_start=1605
-  _globals['_EXECUTOR']._serialized_end=1698
+  _globals['_OUTPUTCHUNK']._serialized_end=1040
+  _globals['_ANSWER']._serialized_start=1042
+  _globals['_ANSWER']._serialized_end=1064
+  _globals['_ANSWERASKED']._serialized_start=1066
+  _globals['_ANSWERASKED']._serialized_end=1095
+  _globals['_FINAL']._serialized_start=1097
+  _globals['_FINAL']._serialized_end=1157
+  _globals['_SOLVEEVENT']._serialized_start=1160
+  _globals['_SOLVEEVENT']._serialized_end=1619
+  _globals['_EXECUTOR']._serialized_start=1621
+  _globals['_EXECUTOR']._serialized_end=1714
 # @@protoc_insertion_point(module_scope)

@@ -75,12 +75,14 @@ class PlanMade(_message.Message):
     def __init__(self, decision: _Optional[_Union[_common_pb2.PlanDecision, str]] = ..., plan: _Optional[_Union[_common_pb2.Plan, _Mapping]] = ...) -> None: ...
 
 class OutputChunk(_message.Message):
-    __slots__ = ("text", "reasoning")
+    __slots__ = ("text", "reasoning", "answer")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     REASONING_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_FIELD_NUMBER: _ClassVar[int]
     text: str
     reasoning: str
-    def __init__(self, text: _Optional[str] = ..., reasoning: _Optional[str] = ...) -> None: ...
+    answer: str
+    def __init__(self, text: _Optional[str] = ..., reasoning: _Optional[str] = ..., answer: _Optional[str] = ...) -> None: ...
 
 class Answer(_message.Message):
     __slots__ = ("text",)

@@ -1,11 +1,17 @@
-"""Reasoning and tool-call parsing from literal model outputs, whole and streamed."""
+"""The think, hermes and qwen3_coder formats (gearshift.protocol.parsers): reasoning and tool
+calls from literal model outputs, whole and streamed."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from gearshift.services.policy_server.parsing import OutputSplitter, parse_tool_block, split_output
+from gearshift.protocol import parsers
+from gearshift.protocol.parsers import calls
+
+
+def split_output(text: str, parse_tools: bool, name: str = "think") -> parsers.Parsed:
+    return parsers.get(name).parse(text, parse_tools=parse_tools)
 
 
 def calls_of(text: str) -> list[tuple[str, dict]]:
@@ -40,6 +46,8 @@ def test_a2fm_python_dict_lines_keep_their_ids():
 def test_qwen3_coder_xml_form():
     text = "<tool_call>\n<function=python>\n<parameter=code>\nprint(2 + 2)\n</parameter>\n<parameter=timeout>5</parameter>\n</function>\n</tool_call>"
     assert calls_of(text) == [("python", {"code": "print(2 + 2)", "timeout": 5})]
+    assert split_output(text, True, "qwen3_coder").tool_calls == split_output(text, True).tool_calls
+    assert not split_output(text, True, "hermes").tool_calls  # hermes reads JSON only
 
 
 def test_block_cut_at_the_stop_word_is_still_parsed():
@@ -54,7 +62,7 @@ def test_malformed_blocks_stay_in_the_content_verbatim(body):
     text = f"before <tool_call>{body}</tool_call> after"
     out = split_output(text, True)
     assert out.tool_calls == [] and out.content == text
-    assert parse_tool_block(body) is None
+    assert calls.read_block(body).problems
 
 
 def test_without_tools_tool_call_text_is_plain_content():
@@ -62,27 +70,27 @@ def test_without_tools_tool_call_text_is_plain_content():
     assert split_output(text, False).content == text and split_output(text, False).tool_calls == []
 
 
-def test_think_and_reasoning_blocks_become_reasoning_content():
+def test_think_and_reasoning_blocks_become_reasoning():
     out = split_output("<think>17*23 = 391</think>\nThe answer is 391.", False)
-    assert (out.reasoning_content, out.content) == ("17*23 = 391", "The answer is 391.")
+    assert (out.reasoning, out.content) == ("17*23 = 391", "The answer is 391.")
     out = split_output("<reasoning>step one\nstep two</reasoning><answer>391</answer>", False)
-    assert (out.reasoning_content, out.content) == ("step one\nstep two", "<answer>391</answer>")
+    assert (out.reasoning, out.content) == ("step one\nstep two", "<answer>391</answer>")
     unclosed = split_output("<think>still going when max_tokens hit", False)
-    assert (unclosed.reasoning_content, unclosed.content) == ("still going when max_tokens hit", None)
+    assert (unclosed.reasoning, unclosed.content) == ("still going when max_tokens hit", None)
 
 
 def test_reasoning_then_tool_call_then_nothing():
     out = split_output('<think>need code</think><tool_call>{"name": "python", "arguments": {"code": "x"}}</tool_call>', True)
-    assert out.reasoning_content == "need code" and out.content is None and len(out.tool_calls) == 1
+    assert out.reasoning == "need code" and out.content is None and len(out.tool_calls) == 1
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 7])
 def test_streaming_in_any_chunking_gives_the_same_split(size):
     text = 'Hmm <think>plan: call</think>Sure.<tool_call>\n{"name": "python", "arguments": {"code": "print(1)"}}\n</tool_call> <reason ok'
-    splitter = OutputSplitter(parse_tools=True)
+    splitter = parsers.get("think")(parse_tools=True)
     pieces = [p for i in range(0, len(text), size) for p in splitter.feed(text[i : i + size])] + splitter.finish()
     whole = split_output(text, True)
     assert "".join(p.text for p in pieces if p.kind == "content") == "Hmm Sure. <reason ok"
-    assert "".join(p.text for p in pieces if p.kind == "reasoning") == whole.reasoning_content == "plan: call"
+    assert "".join(p.text for p in pieces if p.kind == "reasoning") == whole.reasoning == "plan: call"
     assert [p.call["function"]["name"] for p in pieces if p.kind == "tool_call"] == ["python"]
     assert not any("<" in p.text and "think" in p.text for p in pieces)  # tags never leak into text

@@ -1,4 +1,4 @@
-"""The A^2FM chat format as OpenAI fields (gearshift.protocol.native_format): the default
+"""The A^2FM chat format as OpenAI fields (gearshift.protocol.parsers.a2fm): the default
 policy's own outputs split into reasoning, content and tool calls, the same on every chunking,
 malformed calls kept as content, the tool line, and where a prompt leaves a generation."""
 
@@ -8,8 +8,13 @@ import json
 
 import pytest
 from gearshift.api.common.v1.common_pb2 import Mode
-from gearshift.protocol import a2fm, native_format, prompts
-from gearshift.protocol.native_format import AFTER, ANSWER, DELIBERATE, START, TOOL_CALL, Parsed, Splitter, parse
+from gearshift.protocol import a2fm, prompts
+from gearshift.protocol.parsers import a2fm as a2fm_format
+from gearshift.protocol.parsers import Parsed
+from gearshift.protocol.parsers.a2fm import AFTER, ANSWER, DELIBERATE, START, TOOL_CALL
+from gearshift.protocol.parsers.a2fm import A2FMSplitter as Splitter
+
+parse = Splitter.parse
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -108,14 +113,14 @@ def test_a_bad_line_beside_good_ones_costs_only_itself():
 
 
 def test_the_platforms_tools_render_the_trained_tool_line():
-    assert prompts.SYSTEM_PROMPT.endswith("\n" + native_format.render_tools_line(native_format.DEFAULT_TOOLS))
+    assert prompts.SYSTEM_PROMPT.endswith("\n" + a2fm_format.render_tools_line(a2fm_format.DEFAULT_TOOLS))
 
 
 def test_declared_tools_render_name_parameters_and_description():
     tools = [{"type": "function", "function": {"name": "lookup", "description": "Finds a word.\n",
                                                "parameters": {"type": "object", "properties": {"word": {}, "lang": {}}}}},
              {"name": "now"}]
-    assert native_format.render_tools_line(tools) == "Tools: lookup(word, lang) Finds a word; now()."
+    assert a2fm_format.render_tools_line(tools) == "Tools: lookup(word, lang) Finds a word; now()."
 
 
 @pytest.mark.parametrize(("turn", "state"), [
@@ -129,7 +134,7 @@ def test_declared_tools_render_name_parameters_and_description():
     ("The answer is", START),
 ])
 def test_the_state_a_prompt_leaves(turn, state):
-    assert native_format.turn_state(turn) == state
+    assert a2fm_format.turn_state(turn) == state
 
 
 @pytest.mark.parametrize(("messages", "flags", "state"), [
@@ -144,4 +149,4 @@ def test_the_state_a_prompt_leaves(turn, state):
      {"continue_final_message": True, "add_generation_prompt": False}, DELIBERATE),
 ])
 def test_the_state_a_request_leaves(messages, flags, state):
-    assert native_format.generation_state(messages, **flags) == state
+    assert a2fm_format.generation_state(messages, **flags) == state
