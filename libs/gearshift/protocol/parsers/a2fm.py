@@ -282,10 +282,11 @@ def read_step(text: str, known_tools: frozenset[str] | set[str]) -> Step:
     if len(block.calls) > grammar.MAX_PARALLEL_CALLS:
         step.problems.append(grammar.too_many(len(block.calls)))
     for call in block.calls[: grammar.MAX_PARALLEL_CALLS]:
+        ident = ids.next(call.model_id)  # a refused call keeps its place: the ids are the engines'
         if call.name not in known_tools:
             step.problems.append(f"Call on line {call.line} names unknown tool {call.name!r}; available: {', '.join(sorted(known_tools))}.")
         else:
-            step.calls.append((ids.next(call.model_id), call))
+            step.calls.append((ident, call))
     return step
 
 
