@@ -1,5 +1,5 @@
 """The gateway's HTTP routes: OpenAI's chat completions and models, feedback, health, readiness
-and metrics. Every error is an OpenAI-shaped error object (errors.py), never a crash."""
+and metrics. Every error is an OpenAI-shaped error object (gearshift.openai_http), never a crash."""
 
 from __future__ import annotations
 
@@ -9,21 +9,17 @@ from dataclasses import dataclass
 
 import grpc
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from gearshift import openai_http
 from gearshift.api.executor.v1 import executor_pb2_grpc
-from gearshift.interceptors import request_id
 from gearshift.services.gateway import translate
-from gearshift.http_server import ClientGone
 from gearshift.services.gateway.completions import Completion
-from gearshift.services.gateway.errors import ApiError, error_response
 from gearshift.services.gateway.feedback import FeedbackDesk
 from gearshift.services.gateway.middleware import BearerAuth, BodyLimit, GatewayMetrics, Metrics, RequestIds
 from gearshift.services.gateway.schemas import ChatCompletionRequest, FeedbackRequest
 from gearshift.settings import Settings
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("gearshift.gateway")
 TRAJECTORY_HEADER = "x-gearshift-trajectory-id"
@@ -47,7 +43,7 @@ def create_app(gateway: Gateway):
     started = int(time.time())
     native = settings.policy_client.protocol == "native"  # how the executor streams the policy's text
 
-    _error_handlers(app)
+    openai_http.install(app, log)
 
     @app.get("/health")
     async def health() -> dict:
@@ -101,38 +97,3 @@ def create_app(gateway: Gateway):
 
 def _card(model: translate.ServedModel, created: int) -> dict:
     return {"id": model.name, "object": "model", "created": created, "owned_by": "gearshift", "description": model.description}
-
-
-def _error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def refused(request: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
-        return error_response(400, message, param)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail))
-
-    @app.exception_handler(ClientGone)
-    async def client_gone(request: Request, exc: ClientGone) -> Response:
-        return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
-
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("internal error on %s (request %s)", request.url.path, request_id.get())
-        return error_response(500, f"internal error (request id {request_id.get()})")
-
-
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    parts, param = [], None
-    for error in exc.errors():
-        if error.get("type") == "json_invalid":
-            return f"malformed JSON body: {error.get('ctx', {}).get('error', error.get('msg'))}", None
-        where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
-        param = param or where.split(".")[0] or None
-        parts.append(f"{where or 'body'}: {error.get('msg')}")
-    return "; ".join(parts) or "invalid request", param

@@ -18,7 +18,8 @@ from gearshift.api.common.v1.common_pb2 import Trajectory
 from gearshift.http_server import ClientGone, unless_disconnected
 from gearshift.interceptors import request_id
 from gearshift.services.gateway import translate
-from gearshift.services.gateway.errors import ApiError, error_body, from_rpc
+from gearshift.openai_http import ApiError, error_body
+from gearshift.services.gateway.errors import from_rpc
 from gearshift.services.gateway.middleware import GatewayMetrics
 from gearshift.services.gateway.text_stream import Delta
 

@@ -17,7 +17,8 @@ from gearshift.interceptors import request_id
 from gearshift.rewards.feedback import feedback_verifier
 from gearshift.rewards.formats import check_trajectory_format
 from gearshift.rewards.scoring import CORRECTNESS
-from gearshift.services.gateway.errors import ApiError, from_rpc
+from gearshift.openai_http import ApiError
+from gearshift.services.gateway.errors import from_rpc
 from gearshift.services.gateway.schemas import FeedbackRequest
 from google.protobuf.json_format import MessageToDict
 

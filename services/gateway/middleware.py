@@ -10,7 +10,7 @@ import uuid
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gearshift.interceptors import REQUEST_ID_KEY, request_id
-from gearshift.services.gateway.errors import error_response
+from gearshift.openai_http import error_response
 
 ROUTES = ("/v1/chat/completions", "/v1/feedback", "/v1/models", "/health", "/ready", "/metrics")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

@@ -1,10 +1,9 @@
-"""The HTTP face of the policy engine: OpenAI-compatible routes, server-sent events, and errors
-in OpenAI's shape (bad input is a 400 with a message, never a crash)."""
+"""The HTTP face of the policy engine: OpenAI-compatible routes and server-sent events. Errors,
+events and the reading of bodies are gearshift.openai_http's, as the gateway's are."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
@@ -12,10 +11,11 @@ from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from gearshift.errors import GearshiftError, InvalidArgument, NotFound, ResourceExhausted, Unauthenticated, Unavailable
-from gearshift.http_server import ClientGone, unless_disconnected
+from fastapi.responses import Response, StreamingResponse
+from gearshift import openai_http
+from gearshift.errors import Unauthenticated
+from gearshift.http_server import unless_disconnected
+from gearshift.openai_http import sse
 from gearshift.services.policy_server import logprobs
 from gearshift.services.policy_server.core import ChatJobs, Generation, PolicyEngine
 from gearshift.services.policy_server.generation import Delta, GenerationResult, TokenLogprob
@@ -30,50 +30,21 @@ from gearshift.services.policy_server.schemas import (
 )
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from starlette.exceptions import HTTPException
 
 log = logging.getLogger("gearshift.policy_server.http")
 
-HTTP_STATUS = {InvalidArgument: 400, Unauthenticated: 401, NotFound: 404, ResourceExhausted: 429, Unavailable: 503}
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 405: "invalid_request_error"}
 RESPONSES_API = "/v1/responses"
 ROUTES = "/v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize, /v1/load, /health and /metrics"
 
 
-def error_response(
-    status: int, message: str, headers: dict | None = None, param: str | None = None, code: str | int | None = None
-) -> JSONResponse:
-    """OpenAI's error body; code is the status unless a more precise one is known ("model_not_found")."""
-    error = {"message": message, "type": ERROR_TYPES.get(status, "server_error"), "param": param, "code": code or status}
-    return JSONResponse({"error": error}, status, headers)
-
-
-def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    """The message of a request that did not validate, and the field it names first."""
-    parts, param = [], None
-    for error in exc.errors():
-        if error.get("type") == "json_invalid":
-            return f"malformed JSON body: {error.get('ctx', {}).get('error', error.get('msg'))}", None
-        where = ".".join(str(part) for part in error.get("loc", ()) if part != "body")
-        if error.get("type") == "unsupported":
-            param = param or error["ctx"]["field"]
-            parts.append(error["msg"])
-        else:
-            param = param or where or None
-            parts.append(f"{where or 'body'}: {error.get('msg')}")
-    return "; ".join(parts) or "invalid request", param
-
-
-def _route_missing(request: Request, exc: HTTPException) -> JSONResponse:
-    """Unknown routes and methods, in OpenAI's shape rather than FastAPI's {"detail": ...}."""
+def _route_missing(request: Request, status: int) -> str:
+    """The message of an unknown route or method: what this server serves instead."""
     where = f"{request.method} {request.url.path}"
     if request.url.path.rstrip("/") == RESPONSES_API:
-        message = "the Responses API (/v1/responses) is not served by the built-in policy server: use /v1/chat/completions"
-    elif exc.status_code == 405:
-        message = f"{where}: method not allowed"
-    else:
-        message = f"{where} is not a route of the built-in policy server; it serves {ROUTES}"
-    return error_response(exc.status_code, message, getattr(exc, "headers", None))
+        return "the Responses API (/v1/responses) is not served by the built-in policy server: use /v1/chat/completions"
+    if status == 405:
+        return f"{where}: method not allowed"
+    return f"{where} is not a route of the built-in policy server; it serves {ROUTES}"
 
 
 def _usage(results: list[GenerationResult], n: int = 1) -> dict:
@@ -92,10 +63,6 @@ def _token_ids(body: SamplingFields, result: GenerationResult) -> dict:
     """vLLM's return_token_ids: a choice's sampled ids. Streamed, vLLM sends each chunk's new ids;
     this server sends them all with the finishing chunk, which adds up to the same list."""
     return {"token_ids": result.token_ids} if body.return_token_ids else {}
-
-
-def _sse(payload: dict | str) -> str:
-    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"
 
 
 def _bearer(request: Request) -> str | None:
@@ -140,6 +107,7 @@ class EngineCollector:
 def create_app(engine: PolicyEngine) -> FastAPI:
     """The FastAPI application serving one engine."""
     app = FastAPI(title="gearshift policy server", docs_url=None, redoc_url=None)
+    openai_http.install(app, log, _route_missing)
     settings = engine.settings
 
     def require_key(request: Request) -> None:
@@ -149,31 +117,6 @@ def create_app(engine: PolicyEngine) -> FastAPI:
     def require_admin(request: Request) -> None:
         if settings.admin_token and _bearer(request) != settings.admin_token.get_secret_value():
             raise Unauthenticated("POST /v1/load needs the admin token")
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_body(request: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _validation_message(exc)
-        return error_response(400, message, param=param)
-
-    @app.exception_handler(GearshiftError)
-    async def domain_error(request: Request, exc: GearshiftError) -> JSONResponse:
-        status = next((code for kind, code in HTTP_STATUS.items() if isinstance(exc, kind)), 500)
-        retry_after = getattr(exc, "retry_after_seconds", None)
-        headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
-        return error_response(status, str(exc), headers, getattr(exc, "param", None), getattr(exc, "error_code", None))
-
-    @app.exception_handler(HTTPException)
-    async def no_such_route(request: Request, exc: HTTPException) -> JSONResponse:
-        return _route_missing(request, exc)
-
-    @app.exception_handler(ClientGone)
-    async def client_gone(request: Request, exc: ClientGone) -> Response:
-        return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
-
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("internal error on %s", request.url.path)
-        return error_response(500, "internal error")
 
     @app.get("/health")
     async def health() -> dict:
@@ -247,19 +190,6 @@ def create_app(engine: PolicyEngine) -> FastAPI:
 
 def _stream(events: AsyncIterator[str]) -> StreamingResponse:
     return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-
-
-async def _guarded(events: AsyncIterator[str]) -> AsyncIterator[str]:
-    """Once streaming has begun the status is sent: a failure becomes an error event."""
-    try:
-        async for event in events:
-            yield event
-    except GearshiftError as exc:
-        yield _sse({"error": {"message": str(exc), "type": "server_error", "code": 500}})
-    except Exception:
-        log.exception("generation failed mid-stream")
-        yield _sse({"error": {"message": "internal error", "type": "server_error", "code": 500}})
-    yield _sse("[DONE]")
 
 
 async def _all_results(generations: list[Generation]) -> list[GenerationResult]:
@@ -344,7 +274,7 @@ async def _completion_events(generations: list[Generation], tokenizer, meta: dic
         if shaped:
             out[index].offset += sum(len(token) for token in shaped["tokens"])
         choice = {"index": index, "text": text, "logprobs": shaped, "finish_reason": finish} | (extra or {})
-        return _sse({**meta, "choices": [choice]})
+        return sse({**meta, "choices": [choice]})
 
     async def events() -> AsyncIterator[str]:
         results: list[GenerationResult | None] = [None] * len(generations)
@@ -357,9 +287,9 @@ async def _completion_events(generations: list[Generation], tokenizer, meta: dic
                 out[index].add(item.logprobs)
                 yield chunk(index, item.text)
         if include_usage:
-            yield _sse({**meta, "choices": [], "usage": _usage(results, body.n)})
+            yield sse({**meta, "choices": [], "usage": _usage(results, body.n)})
 
-    async for event in _guarded(events()):
+    async for event in openai_http.ending_with_done(events(), log):
         yield event
 
 
@@ -382,7 +312,7 @@ async def _chat_events(
         entries = out[index].take()
         shaped = _chat_logprobs(tokenizer, entries) if entries else None
         choice = {"index": index, "delta": delta, "logprobs": shaped, "finish_reason": finish} | (extra or {})
-        return _sse({**meta, "choices": [choice]})
+        return sse({**meta, "choices": [choice]})
 
     def pieces(index: int, found: list[Piece]) -> list[str]:
         chunks = []
@@ -412,7 +342,7 @@ async def _chat_events(
                 for event in pieces(index, splitters[index].feed(item.text)):
                     yield event
         if include_usage:
-            yield _sse({**meta, "choices": [], "usage": _usage(results, body.n)})
+            yield sse({**meta, "choices": [], "usage": _usage(results, body.n)})
 
-    async for event in _guarded(events()):
+    async for event in openai_http.ending_with_done(events(), log):
         yield event

@@ -191,6 +191,7 @@ async def test_a_full_queue_answers_429_with_retry_after(tmp_path, tiny_checkpoi
                 await asyncio.sleep(0.01)
             refused = await http.post("/completions", json=body)
             assert refused.status_code == 429 and refused.headers["retry-after"] == "2"
+            assert refused.json()["error"]["type"] == "rate_limit_error"  # as the gateway's 429 (tests/services/gateway/test_errors.py)
             assert "capacity" in refused.json()["error"]["message"]
             async with PolicyClient(server.base_url, "smollm2", retries=0) as client:
                 with pytest.raises(ResourceExhausted):
