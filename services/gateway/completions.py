@@ -5,7 +5,6 @@ and the executor stores the episode as cancelled."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
@@ -18,10 +17,10 @@ from gearshift.api.common.v1.common_pb2 import Trajectory
 from gearshift.http_server import ClientGone, unless_disconnected
 from gearshift.interceptors import request_id
 from gearshift.services.gateway import translate
-from gearshift.openai_http import ApiError, error_body
+from gearshift.openai_http import ApiError, ending_with_done, sse
 from gearshift.services.gateway.errors import from_rpc
 from gearshift.services.gateway.middleware import GatewayMetrics
-from gearshift.services.gateway.text_stream import Delta
+from gearshift.services.gateway.deltas import Delta
 
 log = logging.getLogger("gearshift.gateway")
 T = TypeVar("T")
@@ -84,27 +83,25 @@ class Completion:
         return {**self.meta, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
 
     def _deltas(self, delta: Delta) -> list[str]:
-        out = [_sse(self._chunk({"reasoning_content": delta.reasoning}))] if delta.reasoning else []
-        return out + ([_sse(self._chunk({"content": delta.content}))] if delta.content else [])
+        out = [sse(self._chunk({"reasoning_content": delta.reasoning}))] if delta.reasoning else []
+        return out + ([sse(self._chunk({"content": delta.content}))] if delta.content else [])
 
     async def _events(self, first: Delta) -> AsyncIterator[str]:
         try:
-            yield _sse(self._chunk({"role": "assistant", "content": ""}))
-            for text in self._deltas(first):
+            async for text in ending_with_done(self._episode(first), log):
                 yield text
-            while self.view.trajectory is None:
-                for text in self._deltas(await self._next()):
-                    yield text
-            for text in self._closing(self.view.trajectory):
-                yield text
-        except ApiError as exc:  # the status is sent: the failure becomes an error event
-            yield _sse(error_body(exc.status, exc.message))
-        except Exception:
-            log.exception("completion stream failed (request %s)", request_id.get())
-            yield _sse(error_body(500, f"internal error (request id {request_id.get()})"))
         finally:
             self.cancel()  # only if still running: the client went away
-        yield _sse("[DONE]")
+
+    async def _episode(self, first: Delta) -> AsyncIterator[str]:
+        yield sse(self._chunk({"role": "assistant", "content": ""}))
+        for text in self._deltas(first):
+            yield text
+        while self.view.trajectory is None:
+            for text in self._deltas(await self._next()):
+                yield text
+        for text in self._closing(self.view.trajectory):
+            yield text
 
     def _closing(self, trajectory: Trajectory) -> list[str]:
         """The chunk with the finish reason, then usage when asked for; the last one carries the
@@ -112,8 +109,8 @@ class Completion:
         extension = {"gearshift": translate.extension(trajectory, self.view.routing_seconds)}
         finish = self._chunk({}, translate.finish_reason(trajectory))
         if not self.include_usage:
-            return [_sse(finish | extension)]
-        return [_sse(finish), _sse({**self.meta, "choices": [], "usage": translate.usage(trajectory)} | extension)]
+            return [sse(finish | extension)]
+        return [sse(finish), sse({**self.meta, "choices": [], "usage": translate.usage(trajectory)} | extension)]
 
 
 class EventStream(StreamingResponse):
@@ -135,7 +132,3 @@ async def _unless_disconnected(request: Request, work: Awaitable[T], completion:
     except (ClientGone, asyncio.CancelledError):
         completion.cancel()
         raise
-
-
-def _sse(payload: dict | str) -> str:
-    return f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n"

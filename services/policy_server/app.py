@@ -16,10 +16,10 @@ from gearshift import openai_http
 from gearshift.errors import Unauthenticated
 from gearshift.http_server import unless_disconnected
 from gearshift.openai_http import sse
+from gearshift.protocol.parsers import Piece
 from gearshift.services.policy_server import logprobs
 from gearshift.services.policy_server.core import ChatJobs, Generation, PolicyEngine
 from gearshift.services.policy_server.generation import Delta, GenerationResult, TokenLogprob
-from gearshift.services.policy_server.parsing import Piece
 from gearshift.services.policy_server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -206,7 +206,7 @@ def _chat_logprobs(tokenizer, entries: list[TokenLogprob] | None) -> dict | None
 
 def _chat_choice(index: int, result: GenerationResult, chat: ChatJobs, tokenizer, body: ChatCompletionRequest) -> dict:
     output = chat.reply.split(result.text)
-    message = {"role": "assistant", "content": output.content, "reasoning_content": output.reasoning_content}
+    message = {"role": "assistant", "content": output.content, "reasoning_content": output.reasoning}
     calls = output.tool_calls[: chat.max_tool_calls]
     if calls:
         message["tool_calls"] = calls

@@ -487,7 +487,7 @@ def test_the_default_policy_gets_the_a2fm_template_only_for_requests_asking_for_
     assert plain.text == tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True) and not plain.stop
     tools = engine.chat_prompt(default_policy, ChatCompletionRequest(messages=MESSAGES, tools=TOOLS))
     assert tools.text.startswith("<|im_start|>system\nYou are an adaptive agent.") and "Tools: python(code)" in tools.text
-    assert tools.reply.a2fm_state == "start" and tools.stop == ["</tool_call>", "</answer>"]
+    assert tools.reply.options["state"] == "start" and tools.stop == ["</tool_call>", "</answer>"]
     thinking = engine.chat_prompt(default_policy, ChatCompletionRequest(messages=MESSAGES, chat_template_kwargs={"enable_thinking": False}))
     assert thinking.text.endswith("<classification>\ndefault_agent\n</classification>\n<answer>")  # instant, pinned
     other_weights = engine.chat_prompt(engine.current, ChatCompletionRequest(messages=MESSAGES, tools=TOOLS))
