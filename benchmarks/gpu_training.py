@@ -122,7 +122,7 @@ def figures(name: str, seconds: list[float], tokens: int, flops: float, memory: 
 
 def job_config(job: str, model_dir: Path, args, scratch: Path, learning_rate: float, **extra):
     """The job's config as this benchmark runs it (the device, checkpointing, micro-batches)."""
-    from gearshift.training.jobs import BY_NAME
+    from gearshift.job_table import BY_NAME
 
     return BY_NAME[job].config_class().model_validate({
         "model": {"base": str(model_dir), "gradient_checkpointing": args.checkpointing},

@@ -18,7 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: tests.fake_kubernetes
 
-from gearshift.orchestration.runners import KubernetesRunner, RunSpec  # noqa: E402
+from gearshift.orchestration.runners import KubernetesRunner  # noqa: E402
+from gearshift.orchestration.training_run import RunSpec  # noqa: E402
 from gearshift.settings import KubernetesSettings  # noqa: E402
 from gearshift.training.results import write_result  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Weight sync against a training step, in one run on this machine (not a timed test).
 
 What an on-policy job (APO, distillation) with a running executor pays after each update to make
-the policy server sample the new weights (gearshift.jobs.on_policy.RemotePolicy), beside the time
+the policy server sample the new weights (gearshift.training.on_policy.RemotePolicy), beside the time
 of one training step of the same model, SmolLM2-135M in float32:
 
 - lora/vllm: save the adapter alone, vLLM serves it under the step's new name and unloads the
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.vllm_serve
 
 import torch  # noqa: E402
 from gearshift import weights  # noqa: E402
-from gearshift.jobs import on_policy  # noqa: E402
+from gearshift.training import on_policy  # noqa: E402
 from gearshift.jobs.apo.config import APOConfig  # noqa: E402
 from gearshift.policy_client import PolicyClient  # noqa: E402
 from gearshift.services.policy_server.server import running  # noqa: E402

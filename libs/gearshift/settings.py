@@ -13,8 +13,8 @@ from typing import Literal
 from pydantic import BaseModel, Field, SecretStr, create_model, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gearshift.job_table import POLICY_JOBS
 from gearshift.topology import BY_NAME, METRICS_PORT_OFFSET, POLICY_PORT, SERVICES
-from gearshift.training.jobs import POLICY_JOBS
 
 # An episode at its wall-clock limit still scores and stores itself: a drain waits this much longer.
 STORE_WRITE_MARGIN_SECONDS = 15.0

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 
 from gearshift.api.common.v1.common_pb2 import Conversation, NativeRequest, Plan, PlanDecision, SampledSpan, TokenUsage, Turn
 from gearshift.errors import InvalidArgument
-from gearshift.policy_client import PolicyClient, sampling_options
+from gearshift.policy_client import PolicyClient
 from gearshift.protocol import prompts
 from gearshift.protocol.sampled import sampled_span
 from gearshift.protocol.sr2am import PLAN_HEAD, PLAN_OPENER, parse_plan_block, plan_block, render_plan
+from gearshift.sampling import sampling_options
 from gearshift.settings import PlannerSettings
 
 REGULATE_PROMPT = """You regulate an agent's planning. Decide for the next turn:

@@ -6,8 +6,8 @@ import json
 
 from gearshift.api.planner.v1 import planner_pb2, planner_pb2_grpc
 from gearshift.errors import InvalidArgument
-from gearshift.policy_client import requested_sampling, sampling_options
 from gearshift.protocol import prompts
+from gearshift.sampling import requested_sampling, sampling_options
 from gearshift.services.planner.core import Belief, SimulativePlanner
 from gearshift.settings import Limits
 

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import uvicorn
+from gearshift import weights
 from gearshift.services.policy_server.app import create_app
 from gearshift.services.policy_server.core import PolicyEngine
 from gearshift.settings import Settings, get_settings
@@ -19,7 +20,8 @@ log = logging.getLogger("gearshift.policy_server")
 
 @dataclass
 class RunningPolicyServer:
-    """A started server: its engine and the address it answers on."""
+    """A started server: its engine and the address it answers on. The library uses it through
+    gearshift.embedded.EmbeddedPolicy (base_url, served_name, weights_changed), never the engine."""
 
     engine: PolicyEngine
     host: str
@@ -28,6 +30,14 @@ class RunningPolicyServer:
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
+
+    @property
+    def served_name(self) -> str:
+        return self.engine.served_name
+
+    def weights_changed(self) -> None:
+        """A trainer changed the served module's weights in place (PolicyEngine.weights_changed)."""
+        self.engine.weights_changed()
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -38,11 +48,12 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 @contextlib.asynccontextmanager
-async def running(settings: Settings, engine: PolicyEngine | None = None) -> AsyncIterator[RunningPolicyServer]:
-    """Serves in the current event loop until the block exits (port 0 picks a free port)."""
+async def running(settings: Settings, loaded: weights.LoadedModel | None = None) -> AsyncIterator[RunningPolicyServer]:
+    """Serves in the current event loop until the block exits (port 0 picks a free port): the
+    model settings name, or `loaded`, a model in memory served as it is (a trainer's, whose
+    weights it keeps updating)."""
     policy = settings.policy_server
-    owned = engine is None
-    engine = engine or await PolicyEngine.start(policy, settings.models_dir)
+    engine = PolicyEngine(loaded, policy, settings.models_dir) if loaded else await PolicyEngine.start(policy, settings.models_dir)
     sock = _bind(policy.host, policy.port)
     config = uvicorn.Config(create_app(engine), log_level=settings.log_level.lower(), access_log=False, lifespan="off")
     server = uvicorn.Server(config)
@@ -58,8 +69,7 @@ async def running(settings: Settings, engine: PolicyEngine | None = None) -> Asy
         server.should_exit = True
         await task
         sock.close()
-        if owned:
-            engine.close()
+        engine.close()
 
 
 async def serve(settings: Settings) -> None:

@@ -10,10 +10,11 @@ from typing import Protocol
 from gearshift.api.common.v1.common_pb2 import Conversation, RoutingStrategy, SampledSpan, TokenUsage
 from gearshift.errors import FailedPrecondition, InvalidArgument
 from gearshift.pricing import add_usage
-from gearshift.policy_client import PolicyClient, sampling_options
+from gearshift.policy_client import PolicyClient
 from gearshift.protocol import a2fm, prompts
 from gearshift.protocol.modes import MODE_OF, NAME_OF
 from gearshift.protocol.sampled import sampled_span
+from gearshift.sampling import sampling_options
 from gearshift.settings import RouterSettings
 
 RATIONALE_CHARS = 300  # one sentence; longer rationales are cut

@@ -5,8 +5,8 @@ from __future__ import annotations
 from gearshift.api.common.v1.common_pb2 import Mode, RoutingStrategy
 from gearshift.api.router.v1 import router_pb2, router_pb2_grpc
 from gearshift.errors import InvalidArgument
-from gearshift.policy_client import requested_sampling, sampling_options
 from gearshift.protocol import prompts
+from gearshift.sampling import requested_sampling, sampling_options
 from gearshift.services.router.core import ModeRouter
 from gearshift.settings import Limits
 

@@ -411,7 +411,7 @@ def training_runs(docs) -> list[tuple[list[str], list[dict]]]:
 def test_every_rendered_training_config_is_valid_for_its_job(values):
     """Each Job's, CronJob's and TrainJob's --config file validates as the job's own config class
     (the job would refuse it at start otherwise: output.dir is required, unknown keys are errors)."""
-    from gearshift.training.jobs import BY_NAME
+    from gearshift.job_table import BY_NAME
 
     docs = render((values,))
     runs = training_runs(docs)

@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 import yaml
-from gearshift.training.jobs import BY_NAME
+from gearshift.job_table import BY_NAME
 
 from tests.charts.k8s import CHART, named, render
 from tests.charts.test_chart import training_runs

@@ -18,7 +18,7 @@ import pytest
 import torch
 from gearshift.embedded import embedded
 from gearshift.errors import GearshiftError
-from gearshift.jobs import on_policy
+from gearshift.training import on_policy
 from gearshift.jobs.apo.config import APOConfig
 from gearshift.jobs.apo.rollouts import collect
 from gearshift.policy_client import VERSION_MARK, PolicyClient, versioned

@@ -5,7 +5,7 @@ import pytest
 import torch
 from gearshift.jobs.distill import trainer
 from gearshift.jobs.distill.config import DistillConfig, Prompt
-from gearshift.jobs.on_policy import encode_rollouts
+from gearshift.training.on_policy import encode_rollouts
 from gearshift.training import losses, tokenization
 from gearshift.training.batching import MicroBatch
 from gearshift.training.config import RolloutConfig

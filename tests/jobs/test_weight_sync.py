@@ -13,7 +13,7 @@ import torch
 from gearshift import weights
 from gearshift.embedded import embedded
 from gearshift.errors import FailedPrecondition, InvalidArgument
-from gearshift.jobs import on_policy
+from gearshift.training import on_policy
 from gearshift.jobs.apo.config import APOConfig
 from gearshift.jobs.distill import trainer as distill
 from gearshift.jobs.distill.config import DistillConfig

@@ -1,11 +1,13 @@
 """The library stays below the applications: no module of libs/gearshift imports a service
 (services/), a training job (training-jobs/) or the test-support package, except the
 command-line entry point (gearshift.cli), which sits above them all. Services and jobs are
-reached by name through their tables (gearshift.topology, gearshift.training.jobs)."""
+reached by name through their tables (gearshift.topology, gearshift.job_table)."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import gearshift
@@ -65,3 +67,11 @@ def test_the_check_sees_every_form_of_import():
     assert violations("from ..testing.scripted_policy import serve_scripted", package) == [
         "gearshift.testing.scripted_policy", "gearshift.testing.scripted_policy.serve_scripted"]
     assert violations("from gearshift import settings, weights\nimport grpc", package) == []
+
+
+def test_settings_load_without_training_code():
+    """Every service reads settings: they check job names against gearshift.job_table, not the
+    training package, and never pull in torch."""
+    loaded = "import sys, gearshift.settings; print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('gearshift.training')))"
+    done = subprocess.run([sys.executable, "-c", loaded], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

@@ -195,14 +195,3 @@ def test_from_settings_uses_the_policy_client_section():
     settings = Settings(policy_client=PolicyClientSettings(url="http://10.0.0.5:8000/v1/", model="agents-a1", retries=7))
     policy = PolicyClient.from_settings(settings)
     assert (policy.base_url, policy.model, policy.retries) == ("http://10.0.0.5:8000/v1", "agents-a1", 7)
-
-
-def test_sampling_options_carry_penalties_only_when_set():
-    from gearshift.api.common.v1.common_pb2 import Sampling
-    from gearshift.policy_client import sampling_options, with_seed
-
-    assert sampling_options(Sampling(temperature=0.5, top_p=0.9)) == {"temperature": 0.5, "top_p": 0.9}
-    penalised = with_seed(Sampling(temperature=0.0, frequency_penalty=0.5, presence_penalty=-0.25), 7)
-    assert sampling_options(penalised) == {"temperature": 0.0, "top_p": 1.0, "seed": 7, "frequency_penalty": 0.5, "presence_penalty": -0.25}
-    with pytest.raises(InvalidArgument, match="penalties"):
-        sampling_options(Sampling(frequency_penalty=2.5))

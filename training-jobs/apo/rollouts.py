@@ -14,10 +14,10 @@ from gearshift.clients import channel
 from gearshift.evaluation.runner import verifier_name
 from gearshift.evaluation.suites import find_item
 from gearshift.jobs.apo.config import APOConfig, APOPrompt
-from gearshift.jobs.on_policy import sampling, solve
 from gearshift.protocol.modes import MODE_OF
 from gearshift.rewards.scoring import score_group
 from gearshift.settings import Settings
+from gearshift.training.on_policy import sampling, solve
 
 REWARD_KINDS = {"apo": reward_pb2.REWARD_KIND_APO, "sr2am": reward_pb2.REWARD_KIND_SR2AM}
 

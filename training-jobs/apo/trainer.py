@@ -11,7 +11,7 @@ eps_low/eps_high, per-trajectory token mean, then group mean (+ optional k3 KL t
 By default the services run in this process and the built-in policy server serves the very
 module being trained (rollouts and updates alternate, so it always generates with the newest
 weights and no reload is needed). With rollout.executor_addr, a running executor is used and its
-policy server gets the new weights after each update (gearshift.jobs.on_policy.RemotePolicy: vLLM
+policy server gets the new weights after each update (gearshift.training.on_policy.RemotePolicy: vLLM
 serves each step's LoRA adapter under a new name or reloads full weights in place; the built-in
 server loads the checkpoint). metrics.jsonl has each step's sync_seconds within its seconds.
 
@@ -44,12 +44,12 @@ from gearshift.evaluation.suites import SUITES
 from gearshift.jobs.apo.config import APOConfig, APOPrompt
 from gearshift.jobs.apo.rollouts import Group, collect, informative
 from gearshift.errors import FailedPrecondition
-from gearshift.jobs.on_policy import encode_rollouts, gathered, rollout_services
 from gearshift.rewards.feedback import is_feedback
 from gearshift.rewards.formats import final_answer
 from gearshift.training import advantages, data, losses, tokenization
 from gearshift.training.batching import MicroBatch, balanced
 from gearshift.training.config import ConversationConfig
+from gearshift.training.on_policy import encode_rollouts, gathered, rollout_services
 from gearshift.training.results import register
 from gearshift.training.runtime import Frozen, Run, StepCallback
 
@@ -288,7 +288,7 @@ async def train_async(config: APOConfig, on_step: StepCallback | None = None) ->
                 learned |= {"training_started": training_started, "training_ended": time.time()}
                 learned["sync_seconds"] = await rollouts.publish(step)  # part of the step's seconds
                 run.record(step, loss, metrics | learned, started)
-    result = run.finalize(trajectory_ids + rollout_ids, data.snapshot_id(trajectory_ids + rollout_ids), {"prompts": len(prompts)})
+    result = run.save_result(trajectory_ids + rollout_ids, data.snapshot_id(trajectory_ids + rollout_ids), {"prompts": len(prompts)})
     if run.registers:
         await register(config.store_addr, result)
     return result

@@ -2,7 +2,7 @@
 Agarwal et al., "On-Policy Distillation of Language Models", arXiv 2306.13649).
 
 Each step the student runs episodes on a batch of prompts with its current weights, through the
-executor, router, planner and sandbox as serving runs them (gearshift.jobs.on_policy): it calls
+executor, router, planner and sandbox as serving runs them (gearshift.training.on_policy): it calls
 tools, and the tool responses it reads are the environment's, never its own. A domain map picks
 each prompt's teacher; the loss is the per-token reverse KL(student || teacher) on the tokens the
 student wrote, over the full vocabulary or the student's top-k, averaged over those tokens (of the
@@ -39,12 +39,12 @@ from gearshift.api.common.v1.common_pb2 import Mode, Purpose, Trajectory
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.clients import channel
 from gearshift.jobs.distill.config import DistillConfig, Prompt
-from gearshift.jobs.on_policy import encode_rollouts, gathered, rollout_services, sampling, solve
 from gearshift.protocol.modes import MODE_OF
 from gearshift.settings import Settings
 from gearshift.training import batching, data, forward
 from gearshift.training.batching import MicroBatch
 from gearshift.training.config import ConversationConfig
+from gearshift.training.on_policy import encode_rollouts, gathered, rollout_services, sampling, solve
 from gearshift.training.results import register
 from gearshift.training.runtime import Frozen, Run, StepCallback
 
@@ -190,7 +190,7 @@ async def train_async(config: DistillConfig, on_step: StepCallback | None = None
                 run.record(step, loss, metrics | {"rollout_seconds": rollout_seconds} | batch.timeline(), started)
     domains = sorted({p.domain for p in prompts})
     lineage = trajectory_ids + rollout_ids
-    result = run.finalize(lineage, data.snapshot_id(lineage), {"prompts": len(prompts), "domains": len(domains)})
+    result = run.save_result(lineage, data.snapshot_id(lineage), {"prompts": len(prompts), "domains": len(domains)})
     if run.registers:
         await register(config.store_addr, result)
     return result

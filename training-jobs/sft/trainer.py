@@ -83,4 +83,4 @@ def fit(run: Run, config: SFTConfig, trajectories: list[Trajectory]) -> dict:
         run.update(step, run.micro_batches(batching.balanced(run.ranks, batch, lambda example: len(example.input_ids))), sft_loss_of(run, targets), metrics, started)
     ids = [t.id for t in kept]
     levels = Counter(difficulty_of(t) for t in kept)
-    return run.finish(ids, data.snapshot_id(ids), {"trajectories": len(kept), "difficulty_levels": len(levels)})
+    return run.save_and_register(ids, data.snapshot_id(ids), {"trajectories": len(kept), "difficulty_levels": len(levels)})

@@ -6,13 +6,7 @@ libs/gearshift that may reach the applications (services, training jobs) directl
 
 from __future__ import annotations
 
-import click
+from gearshift.cli import evaluation, platform, records, training  # noqa: F401  (each adds its commands)
+from gearshift.cli.group import main
 
-
-@click.group()
-def main() -> None:
-    """gearshift: an adaptive agent platform."""
-
-
-# Each module adds its commands to `main`.
-from gearshift.cli import evaluation, platform, records, training  # noqa: E402, F401
+__all__ = ["main"]

@@ -9,8 +9,8 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from gearshift.cli import main
 from gearshift.cli.common import one_line_errors, run_or_fail
+from gearshift.cli.group import main
 from gearshift.settings import get_settings
 from gearshift.tables import full_output, print_table
 
@@ -103,7 +103,8 @@ def eval_report(run_id: str, out_dir: str | None, wide: bool) -> None:
 
 
 @eval_.command("headline")
-@click.option("--suite", default="headline", show_default=True, help="A registered suite of generated families")
+@click.option("--suite", default="headline", show_default=True,
+              help="A registered suite, or a .jsonl file (each row's family, else its domain, is its family)")
 @click.option("--n-per-family", type=int, default=60, show_default=True, help="Test items per family")
 @click.option("--train-n", type=int, default=15, show_default=True, help="Train items per family the learned router learns from")
 @click.option("--modes", default="instant,reasoning,agentic,auto,learned", show_default=True,
@@ -133,7 +134,7 @@ def eval_headline(suite, n_per_family, train_n, modes, run_id, concurrency, out_
     with one_line_errors():
         plan = HeadlinePlan(run_id or default_run_id(suite), suite, n_per_family, train_n, tuple(parse_modes(modes)), concurrency,
                             router_embedding, bootstrap_samples)
-        get_suite(suite).items_per_source("test", n_per_family)  # refuse a family too small before starting anything
+        get_suite(suite).items_per_family("test", n_per_family)  # refuse a family too small before starting anything
     folder = Path(out_dir) if out_dir else settings.data_dir / "headline" / plan.run_id
     out.print(f"run [bold]{plan.run_id}[/] (resume with --run-id {plan.run_id})")
 

@@ -9,8 +9,8 @@ import sys
 
 import click
 
-from gearshift.cli import main
 from gearshift.cli.common import run_or_fail
+from gearshift.cli.group import main
 from gearshift.settings import Settings, get_settings
 from gearshift.topology import BY_NAME, SERVICE_NAMES
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from gearshift.cli import main
 from gearshift.cli.common import store_call
+from gearshift.cli.group import main
 from gearshift.settings import get_settings
 
 
@@ -125,7 +125,7 @@ def checkpoints_publish(checkpoint_id: str) -> None:
     """Make serving use a checkpoint: a policy through the configured publish target, a router
     through the registry (router services load it within their poll interval)."""
     from gearshift.cli.common import run_or_fail
-    from gearshift.orchestration.steps import publish
+    from gearshift.orchestration.task_bodies import publish
 
     click.echo(run_or_fail(publish(get_settings(), checkpoint_id)))
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from gearshift.cli import main
 from gearshift.cli.common import one_line_errors
+from gearshift.cli.group import main
+from gearshift.job_table import JOB_NAMES, JOBS
 from gearshift.settings import get_settings
-from gearshift.training.jobs import JOB_NAMES, JOBS
 
 JOB_LIST = "\n".join(f"  {job.name:<8} {job.summary}" for job in JOBS)
 
@@ -31,10 +31,16 @@ def train(job: str, config_path: str) -> None:
 @click.option("--from-feedback", is_flag=True, help="Learn from gateway traffic: SFT and APO on the served trajectories clients judged correct (POST /v1/feedback) instead of a seed run")
 def loop(quick: bool, config_path: str | None, out: str | None, from_feedback: bool) -> None:
     """One closed-loop round in this process: seed, score, SFT, APO, evaluate, gate, publish (--from-feedback: SFT and APO on gateway traffic)."""
-    from gearshift.orchestration.loop import main as loop_main
+    import asyncio
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from gearshift.orchestration.loop import round_config, run_round
 
     with one_line_errors():
-        loop_main(get_settings(), quick, config_path, out, {"from_feedback": True} if from_feedback else {})
+        config = round_config(quick, config_path, {"from_feedback": True} if from_feedback else {})
+        asyncio.run(run_round(get_settings(), config, Console(), Path(out) if out else None))
 
 
 @main.command()

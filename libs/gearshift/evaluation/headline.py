@@ -34,9 +34,9 @@ from gearshift.evaluation.headline_report import HeadlineReport, build_headline,
 from gearshift.evaluation.report import fetch_run
 from gearshift.evaluation.runner import FORCED, MODES
 from gearshift.evaluation.suites import SuiteItem, get_suite
+from gearshift.job_table import BY_NAME
 from gearshift.routing.registry import publish
 from gearshift.settings import Settings
-from gearshift.training.jobs import BY_NAME
 
 ROUTER_PROBE = "What is 2 + 2?"  # any query: the reply names the router version that decided
 
@@ -169,7 +169,7 @@ async def run_headline(settings: Settings, plan: HeadlinePlan, out_dir: Path, co
                        executor=None) -> Headline:
     """Runs (or resumes) the measurement and writes its report into out_dir."""
     suite = get_suite(plan.suite)
-    test_items: list[SuiteItem] = suite.items_per_source("test", plan.n_per_family)
+    test_items: list[SuiteItem] = suite.items_per_family("test", plan.n_per_family)
     runs_dir = out_dir / "runs"
     errors: list[str] = []
     router: dict = {}
@@ -184,7 +184,7 @@ async def run_headline(settings: Settings, plan: HeadlinePlan, out_dir: Path, co
             raise Unavailable(f"the stack became unavailable during {run_id}; run the same command again to resume")
 
     if plan.learned:
-        await run(plan.train_run_id, list(FORCED), suite.items_per_source("train", plan.train_n), "train")
+        await run(plan.train_run_id, list(FORCED), suite.items_per_family("train", plan.train_n), "train")
     first = [m for m in plan.modes if m != "learned"]
     if first:
         await run(plan.run_id, first, test_items, "test")

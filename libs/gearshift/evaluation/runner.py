@@ -25,8 +25,8 @@ from gearshift.api.common.v1.common_pb2 import Purpose, Reward, RoutingStrategy,
 from gearshift.api.executor.v1 import executor_pb2
 from gearshift.api.store.v1 import store_pb2
 from gearshift.evaluation.suites import Suite, SuiteItem
-from gearshift.policy_client import derived_seed, with_seed
 from gearshift.protocol.modes import MODE_OF, mode_name
+from gearshift.sampling import derived_seed, with_seed
 
 FORCED = MODE_OF  # the forced evaluation modes: name -> Mode
 ROUTED = {"auto": RoutingStrategy.ROUTING_STRATEGY_MODEL, "learned": RoutingStrategy.ROUTING_STRATEGY_LEARNED}

@@ -261,6 +261,9 @@ class Suite:
 
     name: str
     sources: tuple[Callable[[], Iterator[SuiteItem]], ...]
+    # Every source ends (a file's rows, of any families): items_per_family reads it to the end.
+    # Otherwise each source is one family's endless stream, read only as deep as asked.
+    finite: bool = False
 
     def items(self, split: str = "test", n: int | None = None) -> list[SuiteItem]:
         if split not in SPLITS:
@@ -276,19 +279,26 @@ class Suite:
                     chosen.append(item)
         return chosen
 
-    def items_per_source(self, split: str, n: int) -> list[SuiteItem]:
-        """The first n items of the split from every source (family), source by source: a
-        per-family comparison needs the same count of each. Refuses a source with fewer."""
+    def items_per_family(self, split: str, n: int) -> list[SuiteItem]:
+        """The first n items of the split of every family (the label reports group by,
+        family_of_labels), family by family in the order they first come: a per-family comparison
+        needs the same count of each. Refuses a family with fewer."""
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; one of {', '.join(SPLITS)}")
-        chosen: list[SuiteItem] = []
+        families: dict[str, list[SuiteItem]] = {}
         for source in self.sources:
-            taken = list(itertools.islice((item for item in source() if item.split == split), n))
-            if len(taken) < n:
-                family = family_of(taken[0].id) if taken else "a family"
-                raise ValueError(f"suite {self.name!r}: {family} has only {len(taken)} {split} items; ask for at most {len(taken)} per family")
-            chosen += taken
-        return chosen
+            stream = (item for item in source() if item.split == split)
+            taken = list(stream if self.finite else itertools.islice(stream, n))
+            if not taken and not self.finite:
+                families.setdefault("a family", [])
+            for item in taken:
+                families.setdefault(family_of_labels(item.labels(0)), []).append(item)
+        if not families:
+            raise ValueError(f"suite {self.name!r} has no {split} items")
+        for family, items in families.items():
+            if len(items) < n:
+                raise ValueError(f"suite {self.name!r}: {family} has only {len(items)} {split} items; ask for at most {len(items)} per family")
+        return [item for items in families.values() for item in items[:n]]
 
     def grade(self, item: SuiteItem, answer: str) -> bool:
         """The suite's verdict on an answer."""
@@ -332,7 +342,7 @@ def jsonl_suite(path: str | Path, name: str | None = None, verifier: str | None 
     ids = [item.id for item in items]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{path}: duplicate item ids")
-    return Suite(name or path.stem, (lambda: iter(items),))
+    return Suite(name or path.stem, (lambda: iter(items),), finite=True)
 
 
 # The README figures: one of each of the five first families in turn.
@@ -362,12 +372,16 @@ def family_of(item_id: str) -> str:
     return match["family"] if match and match["family"] in FAMILIES else ""
 
 
-def family_of_trajectory(trajectory) -> str:
-    """The family a stored evaluation trajectory reports under: its family label (a generated
-    family, or a JSONL row's family / domain), else its item id's family (trajectories stored
-    before the label), else its domain."""
-    labels = trajectory.labels
+def family_of_labels(labels) -> str:
+    """The family an item's or a trajectory's labels report under: the family label (a generated
+    family, or a JSONL row's family / domain), else the item id's family (trajectories stored
+    before the label), else the domain."""
     return labels.get("family") or family_of(labels.get("item_id", "")) or labels.get("domain") or "other"
+
+
+def family_of_trajectory(trajectory) -> str:
+    """The family a stored evaluation trajectory reports under (family_of_labels)."""
+    return family_of_labels(trajectory.labels)
 
 
 def curriculum_task(item: SuiteItem) -> curriculum.Task | None:

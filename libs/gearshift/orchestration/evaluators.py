@@ -16,8 +16,9 @@ from gearshift.evaluation.harness import evaluate
 from gearshift.evaluation.report import build_report, fetch_run
 from gearshift.evaluation.runner import RETRIED, eval_mode_of
 from gearshift.evaluation.suites import get_suite
+from gearshift.orchestration.checkpoint_registry import published
 from gearshift.orchestration.promotion import EvalResult, ItemOutcome
-from gearshift.orchestration.steps import digest, published
+from gearshift.orchestration.task_bodies import digest
 from gearshift.rewards.scoring import apo_rewards
 from gearshift.routing.registry import ROUTER_KIND
 from gearshift.settings import RewardSettings, Settings

@@ -1,12 +1,13 @@
-"""`gearshift loop`: one full round of the closed loop on the embedded default, in this process.
+"""One full round of the closed loop on the embedded default, in this process (`gearshift loop`).
 
     seed -> score -> SFT -> APO -> evaluate -> gate -> publish
     feedback ------> SFT -> APO -> evaluate -> gate -> publish     (from_feedback: gateway traffic)
 
 The six services and the built-in policy server run in this process (the store is the SQLite
 file in the data directory, or GEARSHIFT_DATABASE_URL); the trainers run as local subprocesses
-through the orchestration runner. Every stage is a function of gearshift.orchestration.steps
-or the evaluation harness, the code the Celery tasks run; only their order lives here.
+through the orchestration runner. Every stage is a function of gearshift.orchestration.task_bodies
+or the evaluation harness, the code the Celery tasks run; only their order lives here. The
+policy server is asked what it serves over its HTTP API, as any client asks it.
 
 Ids are deterministic (the seed run, the training run names, the evaluation runs), so running
 the same round again resumes: stored trajectories are not solved again and finished training
@@ -36,12 +37,13 @@ from gearshift.evaluation.harness import evaluate
 from gearshift.evaluation.report import fetch_run
 from gearshift.evaluation.runner import RETRIED, eval_mode_of
 from gearshift.evaluation.suites import family_of_trajectory, get_suite, suite_name
-from gearshift.orchestration import steps
+from gearshift.orchestration import checkpoint_registry, task_bodies
 from gearshift.orchestration.evaluators import GateEvaluator
 from gearshift.orchestration.publishing import publish_builtin
 from gearshift.orchestration.runners import LocalRunner
-from gearshift.policy_client import SEEDS
+from gearshift.policy_client import PolicyClient
 from gearshift.rewards.cost_of_pass import cost_of_pass
+from gearshift.sampling import SEEDS
 from gearshift.settings import Settings
 from gearshift.training.results import read_metrics
 
@@ -151,11 +153,11 @@ def _fmt(value) -> str:
 async def base_checkpoint(settings: Settings, config: LoopConfig) -> Checkpoint:
     """The round's starting point: the newest published policy, else the configured base model
     registered (and published: it is what serves) under an id derived from its path."""
-    current = await steps.published(settings)
+    current = await checkpoint_registry.published(settings)
     if current is not None:
         return current
     uri = str(weights.resolve(config.base_model, settings.models_dir).resolve())
-    checkpoint = Checkpoint(id=f"base-{steps.digest(uri)}", kind="policy", uri=uri, job="base",
+    checkpoint = Checkpoint(id=f"base-{task_bodies.digest(uri)}", kind="policy", uri=uri, job="base",
                             status=CheckpointStatus.CHECKPOINT_STATUS_PUBLISHED)
     async with channel(settings.store_addr, settings) as ch:
         return await store_pb2_grpc.TrajectoryStoreStub(ch).RegisterCheckpoint(store_pb2.RegisterCheckpointRequest(checkpoint=checkpoint))
@@ -197,15 +199,15 @@ def round_name(config: LoopConfig, base: Checkpoint, feedback_snapshot: str = ""
     what, and a round from feedback is named by the feedback it learns from too, so new verdicts
     make a new round instead of resuming the last one."""
     parts = [config.model_dump(exclude={"concurrency", "from_feedback"}), base.id]
-    return f"round-{steps.digest(*parts, *(['feedback', feedback_snapshot] if config.from_feedback else []))}"
+    return f"round-{task_bodies.digest(*parts, *(['feedback', feedback_snapshot] if config.from_feedback else []))}"
 
 
 async def train_job(settings: Settings, runner: LocalRunner, job: str, config: dict, key: str, data: dict | None, parent: Checkpoint) -> dict:
     """One training run through the orchestration runner (a subprocess), off this event loop:
     it serves the store the trainer reads from and registers in."""
-    spec = steps.train_config(settings, job, config, key, data, parent)
+    spec = task_bodies.run_spec(settings, job, config, key, data, parent)
     external_id = runner.start(spec)
-    return await asyncio.to_thread(steps.train, runner, spec, external_id, lambda _tail: None, settings.orchestration.job_timeout_seconds)
+    return await asyncio.to_thread(task_bodies.train, runner, spec, external_id, lambda _tail: None, settings.orchestration.job_timeout_seconds)
 
 
 async def run_round(settings: Settings, config: LoopConfig, console: Console | None = None, out: Path | None = None) -> dict:
@@ -218,7 +220,7 @@ async def run_round(settings: Settings, config: LoopConfig, console: Console | N
         base = await base_checkpoint(probe.settings, config)
     runner = LocalRunner(settings.data_dir / "runs", env={"GEARSHIFT_DATA_DIR": str(settings.data_dir)})
     async with embedded(settings, policy_model=base.uri) as platform:
-        stack, server = platform.settings, platform.policy
+        stack = platform.settings
         evaluator = GateEvaluator(stack, config.eval_modes)
         if config.from_feedback:  # SFT and APO read the verdicts through their data sections
             data, apo_data = await feedback_stage(stack, config, report)
@@ -232,9 +234,9 @@ async def run_round(settings: Settings, config: LoopConfig, console: Console | N
         with report.stage("sft", f"route-then-align on {what}, from {base.id}"
                           if config.sft_steps else "skipped: sft_steps is 0, APO starts from the base") as fig:
             if config.sft_steps:
-                correct = await steps.snapshot(stack, data)
+                correct = await task_bodies.snapshot(stack, data)
                 sft = await train_job(stack, runner, "sft", sft_config(config), f"{round_id}:sft", data, base)
-                parent = await steps.get_checkpoint(stack, sft["checkpoint_id"])
+                parent = await checkpoint_registry.get_checkpoint(stack, sft["checkpoint_id"])
                 # SFT learns from the well-formed ones among the correct: its checkpoint's snapshot
                 # names those, the frozen `correct` ones are what it was offered.
                 fig |= {"correct": correct["count"], "correct_snapshot": correct["snapshot"],
@@ -244,13 +246,13 @@ async def run_round(settings: Settings, config: LoopConfig, console: Console | N
         where = "up to {} of their queries, in their conversations" if config.from_feedback else "{} train prompts"
         with report.stage("apo", f"GRPO with adaptive sampling on {where.format(config.apo_prompts)}, from {parent.id}") as fig:
             apo = await train_job(stack, runner, "apo", apo_config(config, prompts), f"{round_id}:apo", apo_data, parent)
-            candidate = await steps.get_checkpoint(stack, apo["checkpoint_id"])
+            candidate = await checkpoint_registry.get_checkpoint(stack, apo["checkpoint_id"])
             history = read_metrics(Path(apo["output_dir"]))
             fig |= {"checkpoint": candidate.id, "parent": candidate.parent_id, "steps": apo["metrics"].get("steps"),
                     "prompts": apo["metrics"].get("prompts"), "rollouts": sum(h.get("rollouts", 0) for h in history),
                     "rollout_reward_mean": sum(h.get("reward_mean", 0.0) for h in history) / max(1, len(history))}
 
-        await judge_stages(stack, config, suite, base, candidate, evaluator, server, report)
+        await judge_stages(stack, config, suite, base, candidate, evaluator, report)
 
     summary = {"round_id": round_id, "config": config.model_dump(), "base": base.id, "candidate": candidate.id,
                "promoted": report.stages["gate"]["promoted"], "stages": report.stages,
@@ -268,9 +270,9 @@ async def feedback_stage(stack: Settings, config: LoopConfig, report: Reporter) 
     round). Returns SFT's and APO's data sections."""
     data, apo_data = feedback_data(config)
     with report.stage("feedback", "served trajectories with a client's verdict (the gateway's POST /v1/feedback)") as fig:
-        judged = await steps.count_matching(stack, {"feedback_only": True, "completed_only": False})
+        judged = await task_bodies.count_matching(stack, {"feedback_only": True, "completed_only": False})
         try:
-            snapshot = await steps.snapshot(stack, data)
+            snapshot = await task_bodies.snapshot(stack, data)
         except FailedPrecondition:
             raise FailedPrecondition(
                 f"no completed served trajectory has been judged correct by a client yet ({judged} with a verdict):"
@@ -283,14 +285,14 @@ async def seed_stages(stack: Settings, config: LoopConfig, suite, base: Checkpoi
     """Seed and score: the suite's train items solved in the forced seed modes (and the replay
     suite's, greedy), scored with the APO reward. Returns SFT's data section (the correct ones)."""
     with report.stage("seed", f"{suite.name} train split, {config.seed_items} items x {', '.join(config.seed_modes)} (forced)") as fig:
-        seed_run = f"loop-seed-{steps.digest(suite.name, config.seed_items, config.seed_modes, config.seed_samples, config.seed_temperature, config.seed, config.max_tokens_per_turn, config.max_steps, base.id)}"
+        seed_run = f"loop-seed-{task_bodies.digest(suite.name, config.seed_items, config.seed_modes, config.seed_samples, config.seed_temperature, config.seed, config.max_tokens_per_turn, config.max_steps, base.id)}"
         sampling = Sampling(temperature=config.seed_temperature, top_p=1.0, seed=config.seed) if config.seed_temperature else None
         seeded = await solve_train(stack, config, config.suite, config.seed_items, seed_run, config.seed_samples, sampling)
         fig |= {"run_id": seed_run, "episodes": seeded.summary.planned, "solved_now": seeded.summary.solved,
                 "reused": seeded.summary.skipped, "correct": correct_of(seeded)}
         run_ids = [seed_run]
         if config.replay_suite:
-            replay_run = f"loop-replay-{steps.digest(config.replay_suite, config.replay_items, config.seed_modes, config.max_tokens_per_turn, config.max_steps, base.id)}"
+            replay_run = f"loop-replay-{task_bodies.digest(config.replay_suite, config.replay_items, config.seed_modes, config.max_tokens_per_turn, config.max_steps, base.id)}"
             replayed = await solve_train(stack, config, config.replay_suite, config.replay_items, replay_run)
             fig |= {"replay_run_id": replay_run, "replay_episodes": replayed.summary.planned, "replay_correct": correct_of(replayed)}
             run_ids.append(replay_run)
@@ -298,7 +300,7 @@ async def seed_stages(stack: Settings, config: LoopConfig, suite, base: Checkpoi
     with report.stage("score", "APO reward from the reward service, one group per query") as fig:
         trajectories = await fetch_runs(stack, run_ids)
         completed = [t for t in trajectories if t.status == TrajectoryStatus.TRAJECTORY_STATUS_COMPLETED]
-        fig["scored"] = await steps.score(stack, completed)
+        fig["scored"] = await task_bodies.score(stack, completed)
         rescored = await fetch_runs(stack, run_ids)
         fig["correct"] = sum(t.reward.correct for t in rescored)
         fig["mean_apo_reward"] = sum(t.reward.value for t in rescored) / max(1, len(rescored))
@@ -331,7 +333,7 @@ def suite_prompts(config: LoopConfig, suite) -> list[dict]:
 
 
 async def judge_stages(stack: Settings, config: LoopConfig, suite, base: Checkpoint, candidate: Checkpoint,
-                       evaluator: GateEvaluator, server, report: Reporter) -> None:
+                       evaluator: GateEvaluator, report: Reporter) -> None:
     """Evaluate, guard, gate, publish: base and candidate on the suite's held-out split (and the
     guard suite's), the promotion gate, and the switch to the candidate (or its rejection)."""
     with report.stage("evaluate", f"{suite.name} held-out split, {config.eval_items} items x {', '.join(config.eval_modes)}") as fig:
@@ -343,7 +345,7 @@ async def judge_stages(stack: Settings, config: LoopConfig, suite, base: Checkpo
     held, guard_reasons = await guard_stage(stack, config, base, candidate, report) if config.guard_suite else (True, [])
 
     with report.stage("gate", f"accuracy and cost of pass ({', '.join(config.gate_modes)}) vs the published {base.id}: 95% intervals") as fig:
-        outcome = await steps.gate(stack, candidate.id, evaluator)
+        outcome = await task_bodies.gate(stack, candidate.id, evaluator)
         promote = outcome.decision.promote and held
         fig |= {"promoted": promote, "reasons": outcome.decision.reasons + guard_reasons,
                 "baseline": outcome.baseline.id if outcome.baseline else ""}
@@ -352,12 +354,19 @@ async def judge_stages(stack: Settings, config: LoopConfig, suite, base: Checkpo
     with report.stage("publish", "the built-in policy server switches to the candidate" if promote else "skipped: rejected") as fig:
         if promote:
             published = await publish_builtin(candidate, stack)
-            await steps.update_checkpoint(stack, candidate.id, CheckpointStatus.CHECKPOINT_STATUS_PUBLISHED,
+            await checkpoint_registry.update_checkpoint(stack, candidate.id, CheckpointStatus.CHECKPOINT_STATUS_PUBLISHED,
                                           {"switch_seconds": published.switch_seconds})
-            fig |= {"switch_seconds": round(published.switch_seconds, 3), "serving": str(server.engine.current.path)}
+            fig |= {"switch_seconds": round(published.switch_seconds, 3), "serving": await served_weights(stack)}
         else:
-            await steps.update_checkpoint(stack, candidate.id, CheckpointStatus.CHECKPOINT_STATUS_REJECTED, {})
-            fig["serving"] = str(server.engine.current.path)
+            await checkpoint_registry.update_checkpoint(stack, candidate.id, CheckpointStatus.CHECKPOINT_STATUS_REJECTED, {})
+            fig["serving"] = await served_weights(stack)
+
+
+async def served_weights(settings: Settings) -> str:
+    """The weights the policy server serves now, as its /v1/models says (the card's root)."""
+    async with PolicyClient.from_settings(settings) as policy:
+        cards = await policy.model_cards()
+    return next((card.get("root", "") for card in cards if card["id"] == settings.policy_client.model), "")
 
 
 async def guard_stage(stack: Settings, config: LoopConfig, base: Checkpoint, candidate: Checkpoint, report: Reporter) -> tuple[bool, list[str]]:
@@ -431,10 +440,9 @@ def before_after_table(rows: dict[str, dict[str, dict]], base_id: str, candidate
     return table
 
 
-def main(settings: Settings, quick: bool, config_path: str | None, out: str | None, flags: dict | None = None) -> dict:
-    """`gearshift loop`: the preset (QUICK or DEFAULT) with a JSON file's fields over it, and the
+def round_config(quick: bool, config_path: str | None, flags: dict | None = None) -> LoopConfig:
+    """A round's config: the preset (QUICK or DEFAULT) with a JSON file's fields over it, and the
     command line's flags (--from-feedback) over both."""
     preset = QUICK_CONFIG if quick else DEFAULT_CONFIG
     overrides = json.loads(Path(config_path).read_text()) if config_path else {}
-    config = LoopConfig.model_validate(preset.model_dump() | overrides | (flags or {}))
-    return asyncio.run(run_round(settings, config, Console(), Path(out) if out else None))
+    return LoopConfig.model_validate(preset.model_dump() | overrides | (flags or {}))

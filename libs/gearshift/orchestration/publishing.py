@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 from gearshift.api.common.v1.common_pb2 import Checkpoint
 from gearshift.errors import FailedPrecondition
+from gearshift.orchestration.checkpoint_registry import published
 from gearshift.policy_client import PolicyClient
 from gearshift.settings import Settings
 from gearshift.training.results import ADAPTER_DIR
@@ -145,8 +146,6 @@ async def startup_lora_arguments(settings: Settings) -> list[str]:
     """vLLM arguments that make a policy pod starting now serve the newest published policy
     under the name executors ask for, as pods running when it was published do: its
     --lora-modules, or nothing when that checkpoint has no adapter (or none is published)."""
-    from gearshift.orchestration.steps import published
-
     newest = await published(settings, "policy")
     if newest is None or not is_lora(newest):
         return []

@@ -36,20 +36,11 @@ from gearshift.orchestration.training_manifests import (
     run_kind,
     verdict,
 )
+from gearshift.orchestration.training_run import RunSpec
 from gearshift.settings import KubernetesSettings, Settings
 from gearshift.training.results import RESULT_FILE, read_result
 
 LOG_TAIL_CHARS = 64_000
-
-
-@dataclass
-class RunSpec:
-    """One training run: a DNS-safe name, the job, its --config and where its checkpoint lands."""
-
-    name: str
-    job: str
-    config: dict
-    output_dir: Path
 
 
 @dataclass

@@ -26,12 +26,13 @@ import redis
 from celery import chain
 
 from gearshift.api.common.v1.common_pb2 import CheckpointStatus
-from gearshift.orchestration import steps
+from gearshift.orchestration import checkpoint_registry, task_bodies
 from gearshift.orchestration.app import app
 from gearshift.orchestration.evaluators import GateEvaluator
 from gearshift.orchestration.journal import Claim, JobJournal, this_worker
 from gearshift.orchestration.promotion import Evaluator
-from gearshift.orchestration.runners import Runner, RunSpec, make_runner
+from gearshift.orchestration.runners import Runner, make_runner
+from gearshift.orchestration.training_run import RunSpec
 from gearshift.settings import OrchestrationSettings, Settings, get_settings
 from gearshift.storage import create_store_engine, upgrade_to_head
 
@@ -109,12 +110,12 @@ def once(key: str, kind: str, params: dict, work: Callable[[JobJournal, str], di
 def score_new(limit: int = 500) -> dict:
     """Scores completed trajectories that have a reference and no reward yet."""
     settings = get_settings()
-    pending = asyncio.run(steps.unscored_with_reference(settings, limit))
+    pending = asyncio.run(task_bodies.unscored_with_reference(settings, limit))
     if not pending:
         return {"scored": 0}
-    key = f"score:{steps.digest(sorted(t.id for t in pending))}"
+    key = f"score:{task_bodies.digest(sorted(t.id for t in pending))}"
     return once(key, "score", {"count": len(pending)},
-                lambda *_: {"scored": asyncio.run(steps.score(settings, pending))})
+                lambda *_: {"scored": asyncio.run(task_bodies.score(settings, pending))})
 
 
 @app.task(name="gearshift.orchestration.tasks.build_snapshot", **JOURNALED)
@@ -122,7 +123,7 @@ def build_snapshot(previous: dict | None = None, data: dict | None = None) -> di
     """Freezes the trajectories a data filter matches (default: scored, correct, completed)."""
     settings = get_settings()
     data = data or {"correctness": "correct"}
-    result = asyncio.run(steps.snapshot(settings, data))
+    result = asyncio.run(task_bodies.snapshot(settings, data))
     return once(f"snapshot:{result['snapshot']}", "snapshot", {"data": data}, lambda *_: result)
 
 
@@ -132,9 +133,10 @@ def train(previous: dict | None = None, job: str = "sft", config: dict | None = 
     settings = get_settings()
     previous = previous or {}
     data = previous.get("data")
-    parent = asyncio.run(steps.get_checkpoint(settings, parent_id)) if parent_id else asyncio.run(steps.published(settings))
-    key = key or f"train:{job}:{steps.digest(config or {}, previous.get('snapshot'), parent.id if parent else '')}"
-    spec = steps.train_config(settings, job, config or {}, key, data, parent)
+    found = checkpoint_registry.get_checkpoint(settings, parent_id) if parent_id else checkpoint_registry.published(settings)
+    parent = asyncio.run(found)
+    key = key or f"train:{job}:{task_bodies.digest(config or {}, previous.get('snapshot'), parent.id if parent else '')}"
+    spec = task_bodies.run_spec(settings, job, config or {}, key, data, parent)
     runner = make_runner(settings)
 
     def work(book: JobJournal, _recorded: str) -> dict:
@@ -151,7 +153,7 @@ def run_training(book: JobJournal, key: str, runner: Runner, spec: RunSpec, time
     updated to the attempt being watched."""
     external_id = runner.start(spec)
     book.heartbeat(key, external_id=external_id)
-    result = steps.train(runner, spec, external_id, lambda tail: book.heartbeat(key, log=tail), timeout)
+    result = task_bodies.train(runner, spec, external_id, lambda tail: book.heartbeat(key, log=tail), timeout)
     book.heartbeat(key, log=result.pop("log_tail"))
     return result
 
@@ -164,18 +166,18 @@ def promote(previous: dict | None = None, checkpoint_id: str = "") -> dict:
     checkpoint_id = checkpoint_id or (previous or {}).get("checkpoint_id", "")
 
     def work(*_) -> dict:
-        outcome = asyncio.run(steps.gate(settings, checkpoint_id, evaluator_factory(settings)))
+        outcome = asyncio.run(task_bodies.gate(settings, checkpoint_id, evaluator_factory(settings)))
         decision = outcome.decision
         result = {
             "checkpoint_id": checkpoint_id,
             "promoted": decision.promote,
             "reasons": decision.reasons,
-            "candidate": steps.eval_summary(decision.candidate),
-            "baseline": steps.eval_summary(decision.baseline) if decision.baseline else None,
+            "candidate": task_bodies.eval_summary(decision.candidate),
+            "baseline": task_bodies.eval_summary(decision.baseline) if decision.baseline else None,
             "baseline_id": outcome.baseline.id if outcome.baseline else "",
         }
         if not decision.promote:
-            asyncio.run(steps.update_checkpoint(settings, checkpoint_id, CheckpointStatus.CHECKPOINT_STATUS_REJECTED, {}))
+            asyncio.run(checkpoint_registry.update_checkpoint(settings, checkpoint_id, CheckpointStatus.CHECKPOINT_STATUS_REJECTED, {}))
             return result
         try:
             return result | publish.run(checkpoint_id=checkpoint_id)
@@ -192,7 +194,7 @@ def publish(checkpoint_id: str) -> dict:
     settings = get_settings()
 
     def work(*_) -> dict:
-        return asyncio.run(steps.publish(settings, checkpoint_id))
+        return asyncio.run(task_bodies.publish(settings, checkpoint_id))
 
     return once(f"publish:{checkpoint_id}", "publish", {"checkpoint_id": checkpoint_id}, work)
 
@@ -200,7 +202,7 @@ def publish(checkpoint_id: str) -> dict:
 def round_chain(settings: Settings, job: str, config: dict, data: dict | None = None):
     """One training round as a Celery chain: score -> snapshot -> train -> promote. The parent
     is fixed now (the published checkpoint), so a redelivered train task has the same key."""
-    parent = asyncio.run(steps.published(settings))
+    parent = asyncio.run(checkpoint_registry.published(settings))
     parent_id = parent.id if parent else ""
     return chain(score_new.si(), build_snapshot.s(data=data), train.s(job=job, config=config, parent_id=parent_id), promote.s())
 
@@ -239,7 +241,7 @@ def check_trigger() -> dict:
     last = journal().latest("round")
     since = int(last.params.get("watermark_us", 0)) if last else 0
     needed = settings.orchestration.trigger_new_scored
-    count, newest = asyncio.run(steps.count_scored_since(settings, since, needed))
+    count, newest = asyncio.run(task_bodies.count_scored_since(settings, since, needed))
     if count < needed:
         return {"window": window, "new_scored": count, "needed": needed, "started": False}
     key = f"round:{newest}"

@@ -23,14 +23,11 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import yaml
 
+from gearshift.orchestration.training_run import RunSpec
 from gearshift.settings import KubernetesSettings
-
-if TYPE_CHECKING:
-    from gearshift.orchestration.runners import RunSpec
 
 TRAIN_CONFIG_PATH = "/etc/gearshift/train/config.yaml"  # where the run's ConfigMap is mounted
 RUN_LABEL, JOB_LABEL, ATTEMPT_LABEL = "gearshift.io/training-run", "gearshift.io/job", "gearshift.io/attempt"

@@ -28,7 +28,7 @@ from rich.console import Console
 from gearshift import code_version, weights
 from gearshift.embedded import embedded
 from gearshift.evaluation import curriculum
-from gearshift.orchestration import steps
+from gearshift.orchestration import task_bodies
 from gearshift.orchestration.runners import LocalRunner
 from gearshift.settings import ExecutorSettings, Settings
 from gearshift.teaching.teach import TeachersConfig, teach
@@ -115,10 +115,10 @@ async def _build(settings: Settings, recipe: Recipe, work_dir: Path, ship_to: Pa
         teach_seconds = time.perf_counter() - started
         console.rule("route-then-align SFT (LoRA)")
         data = {"correctness": "correct", "split": "train", "purposes": ["training"]}
-        snapshot = await steps.snapshot(platform.settings, data, content=True)
-        spec = steps.train_config(platform.settings, "sft", recipe.sft, run_key(recipe, snapshot["content"]), data, None)
+        snapshot = await task_bodies.snapshot(platform.settings, data, content=True)
+        spec = task_bodies.run_spec(platform.settings, "sft", recipe.sft, run_key(recipe, snapshot["content"]), data, None)
         external_id = runner.start(spec)
-        result = await asyncio.to_thread(steps.train, runner, spec, external_id, lambda _tail: None, 7 * 86_400)
+        result = await asyncio.to_thread(task_bodies.train, runner, spec, external_id, lambda _tail: None, 7 * 86_400)
     card |= {
         "checkpoint_id": result["checkpoint_id"], "snapshot": snapshot["snapshot"], "trajectories": snapshot["count"],
         "sft": {k: result["metrics"].get(k) for k in ("steps", "first_loss", "final_loss", "trajectories")},
@@ -133,7 +133,7 @@ def run_key(recipe: Recipe, content: str) -> str:
     teaching data (its snapshot's `content`). A rerun on the same stored episodes resumes its
     run; new teaching data (a teacher changed, the recipe alike) trains and registers a
     checkpoint of its own."""
-    return f"default-policy:{steps.digest(recipe.model_dump(), content)}"
+    return f"default-policy:{task_bodies.digest(recipe.model_dump(), content)}"
 
 
 def ship(adapter: Path, target: Path, card: dict) -> None:

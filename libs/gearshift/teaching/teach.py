@@ -29,8 +29,8 @@ from gearshift.api.common.v1.common_pb2 import Purpose, Sampling
 from gearshift.embedded import embedded
 from gearshift.evaluation.harness import Evaluation, evaluate
 from gearshift.evaluation.suites import SuiteItem, get_suite
-from gearshift.policy_client import SEEDS
 from gearshift.protocol.modes import ModeName
+from gearshift.sampling import SEEDS
 from gearshift.settings import Settings
 from gearshift.teaching.endpoint import serve_function
 from gearshift.teaching.solvers import SolverTeacher

@@ -275,9 +275,10 @@ class Run:
         """The policy as a Hugging Face checkpoint in the training precision (every rank calls it)."""
         checkpoints.save_weights(self.policy, directory, self.ranks, self.dtype, merged)
 
-    def finish(self, trajectory_ids: list[str], dataset_snapshot: str, metrics: dict | None = None) -> dict:
-        """finalize(), then the registry (from synchronous trainers)."""
-        result = self.finalize(trajectory_ids, dataset_snapshot, metrics)
+    def save_and_register(self, trajectory_ids: list[str], dataset_snapshot: str, metrics: dict | None = None) -> dict:
+        """save_result(), then the checkpoint in the registry where this rank registers (from
+        synchronous trainers: asynchronous ones await register() themselves)."""
+        result = self.save_result(trajectory_ids, dataset_snapshot, metrics)
         if self.registers:
             asyncio.run(register(self.config.store_addr, result))
         return result
@@ -287,7 +288,7 @@ class Run:
         """Whether this rank registers the checkpoint (rank 0, with a store)."""
         return bool(self.ranks.main and self.config.store_addr and self.config.output.register_checkpoint)
 
-    def finalize(self, trajectory_ids: list[str], dataset_snapshot: str, metrics: dict | None = None) -> dict:
+    def save_result(self, trajectory_ids: list[str], dataset_snapshot: str, metrics: dict | None = None) -> dict:
         """Saves the weights and the final state, and writes result.json; returns the result."""
         self.save_weights(self.output, self.config.output.merged_weights)
         if self.saved_step != self.step:

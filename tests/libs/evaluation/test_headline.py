@@ -34,7 +34,7 @@ RIGHT = {"instant": {"facts", "chain_sum"}, "reasoning": {"facts", "chain_sum", 
 
 def known_items():
     suite = get_suite("headline")
-    return {item.question: item for split, n in (("test", N), ("train", TRAIN_N)) for item in suite.items_per_source(split, n)}
+    return {item.question: item for split, n in (("test", N), ("train", TRAIN_N)) for item in suite.items_per_family(split, n)}
 
 
 def scripted(route: dict[str, str]):

@@ -159,12 +159,40 @@ def test_bad_inputs_are_refused(tmp_path):
 
 def test_headline_suite_has_sixty_test_items_per_family():
     suite = get_suite("headline")
-    items = suite.items_per_source("test", 60)
+    items = suite.items_per_family("test", 60)
     assert len(items) == 240 and {item.split for item in items} == {"test"}
     assert [family_of(item.id) for item in items] == [f for f in HEADLINE_FAMILIES for _ in range(60)]
-    assert items[:60] == suite.items_per_source("test", 78)[:60]  # asking for more moves nothing
-    train = {item.id for item in suite.items_per_source("train", 15)}
+    assert items[:60] == suite.items_per_family("test", 78)[:60]  # asking for more moves nothing
+    train = {item.id for item in suite.items_per_family("train", 15)}
     assert not train & {item.id for item in items}
     with pytest.raises(ValueError, match="facts has only 78 test items"):
-        suite.items_per_source("test", 79)
+        suite.items_per_family("test", 79)
     assert family_of("q7") == "" and family_of("chain_sum-s1234-000012") == "chain_sum"
+
+
+def family_file(path: Path, rows_per_family: dict[str, int]) -> Path:
+    """A JSONL suite whose families' test rows are interleaved, as a hand-made file often has them."""
+    rows = [{"id": f"{family}-{i}", "question": f"{family} {i}?", "answer": str(i), "split": "test", "family": family}
+            for i in range(max(rows_per_family.values())) for family, count in rows_per_family.items() if i < count]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def test_a_files_items_per_family_are_per_family_label(tmp_path):
+    """A file is one source of many families: n of each family its rows name, not n of the file
+    (a suite of 8 families asked for 8 per family ran 8 items)."""
+    families = [f"family{k}" for k in range(8)]
+    suite = jsonl_suite(family_file(tmp_path / "eight.jsonl", dict.fromkeys(families, 10)))
+    items = suite.items_per_family("test", 8)
+    assert len(items) == 64
+    assert [item.family for item in items] == [f for f in families for _ in range(8)]
+    assert [item.id for item in items[:2]] == ["family0-0", "family0-1"]  # each family's first rows, in file order
+    untagged = tmp_path / "untagged.jsonl"  # no family: the domain is the family, as reports group
+    untagged.write_text("".join(json.dumps({"question": f"{d} {i}?", "answer": "1", "split": "test", "domain": d}) + "\n"
+                                for i in range(3) for d in ("math", "facts")))
+    assert len(jsonl_suite(untagged).items_per_family("test", 3)) == 6
+    short = jsonl_suite(family_file(tmp_path / "short.jsonl", {"wide": 9, "narrow": 5}))
+    with pytest.raises(ValueError, match="narrow has only 5 test items; ask for at most 5 per family"):
+        short.items_per_family("test", 6)
+    with pytest.raises(ValueError, match="has no train items"):
+        short.items_per_family("train", 1)

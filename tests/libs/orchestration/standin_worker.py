@@ -11,7 +11,8 @@ from pathlib import Path
 
 from gearshift.orchestration import tasks
 from gearshift.orchestration.app import app  # noqa: F401  (what `celery -A` looks for)
-from gearshift.orchestration.runners import LocalRunner, RunSpec
+from gearshift.orchestration.runners import LocalRunner
+from gearshift.orchestration.training_run import RunSpec
 
 STANDIN_RUN = Path(__file__).with_name("standin_run.py")
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from gearshift.api.common.v1.common_pb2 import Checkpoint
 from gearshift.orchestration.publishing import CHECKPOINT_ANNOTATION, deployment_patch
-from gearshift.orchestration.runners import RunSpec
+from gearshift.orchestration.training_run import RunSpec
 from gearshift.orchestration.training_manifests import attempt_name, build_config_map, build_job, build_run, build_trainjob, to_manifest
 from gearshift.settings import KubernetesSettings
 from pydantic import ValidationError

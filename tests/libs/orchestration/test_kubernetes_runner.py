@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from gearshift.orchestration.runners import KubernetesRunner, RunSpec
+from gearshift.orchestration.runners import KubernetesRunner
+from gearshift.orchestration.training_run import RunSpec
 from gearshift.settings import KubernetesSettings
 from gearshift.training.results import write_result
 

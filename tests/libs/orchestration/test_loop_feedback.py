@@ -19,7 +19,7 @@ from gearshift.errors import FailedPrecondition
 from gearshift.jobs.apo import trainer as apo
 from gearshift.jobs.apo.config import APOConfig
 from gearshift.jobs.sft.config import SFTConfig
-from gearshift.orchestration import loop, steps
+from gearshift.orchestration import loop, task_bodies
 from gearshift.settings import Settings
 from gearshift.testing.postgres import scratch_database
 from gearshift.training.data import load_trajectories
@@ -40,7 +40,7 @@ async def store(tmp_path):
 
 def run_config(stack: Settings, job: str, body: dict, data: dict):
     """The --config of the run the round would start for a job."""
-    spec = steps.train_config(stack, job, body, f"round:{job}", data, BASE)
+    spec = task_bodies.run_spec(stack, job, body, f"round:{job}", data, BASE)
     return (SFTConfig if job == "sft" else APOConfig).model_validate(spec.config)
 
 

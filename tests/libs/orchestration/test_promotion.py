@@ -8,7 +8,7 @@ from gearshift.api.common.v1.common_pb2 import Checkpoint, CheckpointStatus
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
 from gearshift.embedded import embedded
-from gearshift.orchestration import steps
+from gearshift.orchestration import checkpoint_registry, task_bodies
 from gearshift.orchestration.promotion import EvalResult, ItemOutcome, Margins, decide, paired_intervals
 
 MARGINS = Margins(accuracy=0.02, cost_of_pass=0.10)
@@ -92,13 +92,13 @@ async def test_gate_refuses_a_regression_and_accepts_an_improvement(tmp_path, or
         evaluator = TableEvaluator({"base": {"auto": result([1, 0] * 20)}, "worse": {"auto": result([0, 0, 1, 0] * 10)},
                                     "better": {"auto": result([1, 1] * 20)}})
 
-        refused = await steps.gate(stack, "worse", evaluator)
+        refused = await task_bodies.gate(stack, "worse", evaluator)
         assert not refused.decision.promote and refused.baseline.id == "base"
         assert "accuracy 0.250 vs 0.500" in refused.decision.reasons[0]
-        accepted = await steps.gate(stack, "better", evaluator)
+        accepted = await task_bodies.gate(stack, "better", evaluator)
         assert accepted.decision.promote
 
         assert evaluator.calls == ["worse", "base", "better", "base"]  # the published one on the same items each time
-        base = await steps.get_checkpoint(stack, "base")
+        base = await checkpoint_registry.get_checkpoint(stack, "base")
         assert base.eval_metrics["s/test/auto/accuracy"] == 0.5 and base.eval_metrics["s/test/auto/cost_of_pass"] == pytest.approx(0.002)
-        assert (await steps.get_checkpoint(stack, "worse")).eval_metrics["s/test/auto/accuracy"] == 0.25
+        assert (await checkpoint_registry.get_checkpoint(stack, "worse")).eval_metrics["s/test/auto/accuracy"] == 0.25

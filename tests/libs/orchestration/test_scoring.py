@@ -7,7 +7,7 @@ from gearshift.api.common.v1.common_pb2 import Mode, Reward, RoutingStrategy, Tr
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
 from gearshift.embedded import embedded
-from gearshift.orchestration import steps
+from gearshift.orchestration import task_bodies
 
 from tests.libs.rewards.trajectories import rollout
 
@@ -33,7 +33,7 @@ async def test_suite_verdicts_are_kept_and_others_verified(settings):
         async with channel(stack.store_addr, stack) as ch:
             store = store_pb2_grpc.TrajectoryStoreStub(ch)
             await store.Put(store_pb2.PutRequest(trajectories=suite_graded + ungraded))
-            assert await steps.score(stack, suite_graded + ungraded) == 3
+            assert await task_bodies.score(stack, suite_graded + ungraded) == 3
             rewards = [(await store.Get(store_pb2.GetRequest(id=t.id))).trajectory.reward for t in suite_graded + ungraded]
     kept, wrong, verified = rewards
     assert (kept.correct, kept.kind, kept.verifier, kept.value) == (True, "apo", "suite:facts", 1.0)

@@ -12,7 +12,7 @@ from gearshift.api.common.v1.common_pb2 import Purpose, Reward, TrajectoryStatus
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
 from gearshift.embedded import embedded
-from gearshift.orchestration import steps
+from gearshift.orchestration import task_bodies
 
 from tests.libs.rewards.trajectories import rollout
 
@@ -46,10 +46,10 @@ async def test_a_test_split_item_never_enters_a_snapshot_whatever_ran_before(set
             await store_pb2_grpc.TrajectoryStoreStub(ch).Put(store_pb2.PutRequest(trajectories=list(runs.values())))
         # What a Celery round freezes by default (tasks.build_snapshot) and what the loop freezes.
         for data in ({"correctness": "correct"}, {"correctness": "correct", "task_source": "facts"}):
-            snapshot = await steps.snapshot(platform.settings, data)
+            snapshot = await task_bodies.snapshot(platform.settings, data)
             kept = {name for name, t in runs.items() if t.id in set(_ids(snapshot))}
             assert kept == {"train data", "train serving"}
-        count, _ = await steps.count_scored_since(platform.settings, 0, 100)
+        count, _ = await task_bodies.count_scored_since(platform.settings, 0, 100)
     assert count == 4  # everything but the three evaluation and gate runs
 
 
@@ -69,6 +69,6 @@ async def test_a_changed_teacher_keeps_the_snapshot_ids_and_changes_its_content(
         async with embedded(local, ("store",)) as platform:
             async with channel(platform.settings.store_addr, platform.settings) as ch:
                 await store_pb2_grpc.TrajectoryStoreStub(ch).Put(store_pb2.PutRequest(trajectories=[trajectory]))
-            snapshots.append(await steps.snapshot(platform.settings, {"correctness": "correct"}, content=True))
+            snapshots.append(await task_bodies.snapshot(platform.settings, {"correctness": "correct"}, content=True))
     assert snapshots[0]["snapshot"] == snapshots[1]["snapshot"] == snapshots[2]["snapshot"]
     assert snapshots[0]["content"] != snapshots[1]["content"] and snapshots[0]["content"] == snapshots[2]["content"]

@@ -10,7 +10,7 @@ from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.clients import channel
 from gearshift.embedded import embedded
 from gearshift.errors import FailedPrecondition
-from gearshift.jobs.on_policy import encode_rollouts
+from gearshift.training.on_policy import encode_rollouts
 from gearshift.settings import ExecutorSettings, Settings
 from gearshift.training import tokenization
 from gearshift.training.config import RolloutConfig

@@ -26,7 +26,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import Generic, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -34,17 +34,15 @@ import torch.distributed as dist
 from gearshift import weights
 from gearshift.api.common.v1.common_pb2 import Sampling, Trajectory
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
-from gearshift.embedded import embedded
+from gearshift.embedded import EmbeddedPolicy, embedded
 from gearshift.errors import FailedPrecondition
-from gearshift.policy_client import VLLM, PolicyClient, derived_seed
+from gearshift.policy_client import VLLM, PolicyClient
+from gearshift.sampling import derived_seed
 from gearshift.settings import ExecutorSettings, PolicyServerSettings, Settings
 from gearshift.topology import SERVICE_NAMES
 from gearshift.training import checkpoints, distributed, tokenization
 from gearshift.training.config import RolloutConfig
 from gearshift.training.runtime import Run, intra_op_threads
-
-if TYPE_CHECKING:
-    from gearshift.services.policy_server.core import PolicyEngine
 
 SERVED_NAME = "policy-in-training"
 SERVING_DIR = "serving"  # in the run's output dir: what a remote server loads (the checkpoints volume)
@@ -244,7 +242,7 @@ class Rollouts:
     remote: RemotePolicy | None
     copied: bool
     settings: Settings | None = None  # the stack's, on rank 0 (and on every rank when remote)
-    engine: PolicyEngine | None = None  # the in-process built-in server, on rank 0
+    server: EmbeddedPolicy | None = None  # the in-process built-in server, on rank 0
     copy: torch.nn.Module | None = None  # rank 0's serving copy when copied
     version: int = 0  # the last update the sampling policy carries
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)  # notified when version moves
@@ -317,8 +315,8 @@ class Rollouts:
             state = checkpoints.full_state(self.run.model, self.run.ranks, trainable_only=True)
             if self.run.ranks.main:
                 checkpoints.load_full_state(self.copy, state, trainable_only=True)
-        if self.engine is not None:
-            self.engine.weights_changed()  # prefixes cached with the old weights are stale
+        if self.server is not None:
+            self.server.weights_changed()  # prefixes cached with the old weights are stale
         await self._moved(step)
         return time.perf_counter() - started
 
@@ -360,28 +358,22 @@ async def rollout_services(run: Run, rollout: RolloutConfig, store_addr: str) ->
     if not run.ranks.main:
         yield Rollouts(run, remote=None, copied=copied, version=run.start_step)
         return
-    from gearshift.services.policy_server.core import PolicyEngine
-
     threads = intra_op_threads(run.config.optim)
-    server = PolicyServerSettings(model=str(run.output), served_model_name=SERVED_NAME, threads=threads, max_tokens_cap=4096)
+    serving = PolicyServerSettings(model=str(run.output), served_model_name=SERVED_NAME, threads=threads, max_tokens_cap=4096)
     model = copy if copied else run.model
     served = weights.LoadedModel(model=model, tokenizer=run.tokenizer, source="training", path=run.output, load_seconds=0.0)
-    engine = PolicyEngine(served, server, settings.models_dir)
     # A rollout is the policy's own episode: no answer asked for at the step limit (budget forcing
     # serves users; in training it would add tokens the policy wrote only because it was asked).
     executor = ExecutorSettings(temperature=rollout.temperature, top_p=rollout.top_p, max_tokens_per_turn=rollout.max_tokens_per_turn,
                                 answer_at_step_limit=False)
     planner = settings.planner.model_copy(update={"max_tokens": max(16, rollout.max_tokens_per_turn)})  # a plan is a turn too
-    local = settings.model_copy(update={"policy_server": server, "executor": executor, "planner": planner, "metrics_port": 0})
+    local = settings.model_copy(update={"policy_server": serving, "executor": executor, "planner": planner, "metrics_port": 0})
     services = SERVICE_NAMES
     if store_addr:
         local = local.model_copy(update={"store_addr": store_addr})
         services = tuple(name for name in SERVICE_NAMES if name != "store")
-    try:
-        async with embedded(local, services, policy_engine=engine) as platform:
-            yield Rollouts(run, remote=None, copied=copied, settings=platform.settings, engine=engine, copy=copy, version=run.start_step)
-    finally:
-        engine.close()
+    async with embedded(local, services, policy_weights=served) as platform:
+        yield Rollouts(run, remote=None, copied=copied, settings=platform.settings, server=platform.policy, copy=copy, version=run.start_step)
 
 
 async def solve(stub: executor_pb2_grpc.ExecutorStub, request: executor_pb2.SolveRequest, slots: asyncio.Semaphore) -> Trajectory:

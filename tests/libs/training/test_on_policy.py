@@ -6,12 +6,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gearshift.jobs import on_policy
 from gearshift.jobs.apo.config import APOConfig
 from gearshift.policy_client import PolicyClient
+from gearshift.training import on_policy
 from gearshift.training.runtime import Run
 
 PROMPT = "Once upon a time, in a land far away, there lived a"
+
+
+@pytest.fixture(autouse=True)
+def isolated_data_dir(tmp_path, monkeypatch):
+    """The run and its stack read Settings(): their data dir (SQLite store, model cache) in tmp."""
+    monkeypatch.setenv("GEARSHIFT_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("GEARSHIFT_METRICS_PORT", "0")
 
 
 def config(tiny_dir, out) -> APOConfig:
@@ -42,7 +49,7 @@ async def test_after_an_update_episodes_sample_the_new_weights(tiny_dir, tmp_pat
         monkeypatch.setattr(on_policy, "serves_itself", lambda run: False)
     async with on_policy.rollout_services(run, run.config.rollout, "") as rollouts:
         assert (rollouts.copy is not None) == copied
-        cache = rollouts.engine.scheduler.prefix_cache
+        cache = rollouts.server.engine.scheduler.prefix_cache
         before = await completion(rollouts.settings)
         assert await completion(rollouts.settings) == before and cache.stats.hits == 1  # the prompt was cached
         update(run)

@@ -1,6 +1,7 @@
-"""What each orchestration task does, without Celery: score, snapshot, train, evaluate,
-promote. The trajectory store and the reward service are reached over gRPC like every other
-client; only the job journal is read directly from the database.
+"""The bodies of the Celery tasks (tasks.py), callable without Celery: score, snapshot, train,
+evaluate, promote. The loop (loop.py) runs the same bodies in one process. The trajectory store
+and the reward service are reached over gRPC like every other client; only the job journal is
+read directly from the database.
 """
 
 from __future__ import annotations
@@ -21,15 +22,17 @@ from gearshift.clients import channel
 from gearshift.errors import FailedPrecondition, NotFound
 from gearshift.evaluation.runner import SUITE_VERIFIER
 from gearshift.evaluation.suites import suite_name
+from gearshift.job_table import JOB_NAMES
 from gearshift.orchestration import publishing
+from gearshift.orchestration.checkpoint_registry import get_checkpoint, published, update_checkpoint
 from gearshift.orchestration.promotion import Decision, EvalResult, Evaluator, Margins, decide, metrics
-from gearshift.orchestration.runners import Heartbeat, Runner, RunSpec
+from gearshift.orchestration.runners import Heartbeat, Runner
+from gearshift.orchestration.training_run import RunSpec
 from gearshift.rewards.scoring import APO, score_group
 from gearshift.routing.registry import ROUTER_KIND
 from gearshift.settings import Settings
 from gearshift.training.config import TRAINING_PURPOSES
 from gearshift.training.data import PURPOSES
-from gearshift.training.jobs import JOB_NAMES
 
 SCORED = -1e308  # min_reward at or above this matches every scored trajectory
 
@@ -164,10 +167,10 @@ async def snapshot(settings: Settings, data: dict, content: bool = False) -> dic
 # ---------------------------------------------------------------- training
 
 
-def train_config(settings: Settings, job: str, base: dict, key: str, data: dict | None, parent: Checkpoint | None) -> RunSpec:
-    """The run's --config: the caller's base config, the data filter, the parent checkpoint as
-    starting weights (lineage), a checkpoint id and directory derived from the dedupe key (a
-    retried run writes the same checkpoint), and the store to read from and register in."""
+def run_spec(settings: Settings, job: str, base: dict, key: str, data: dict | None, parent: Checkpoint | None) -> RunSpec:
+    """The run of a job, with its --config: the caller's base config, the data filter, the parent
+    checkpoint as starting weights (lineage), a checkpoint id and directory derived from the dedupe
+    key (a retried run writes the same checkpoint), and the store to read from and register in."""
     if job not in JOB_NAMES:
         raise FailedPrecondition(f"unknown training job {job!r}; one of {', '.join(JOB_NAMES)}")
     name = run_name(job, key)
@@ -191,31 +194,6 @@ def train(runner: Runner, spec: RunSpec, external_id: str, heartbeat: Heartbeat,
     result = outcome.result or {"checkpoint_id": spec.config["output"]["checkpoint_id"]}
     return {"checkpoint_id": result.get("checkpoint_id") or result.get("id") or spec.name, "run": spec.name,
             "output_dir": str(spec.output_dir), "metrics": result.get("metrics", {}), "log_tail": outcome.log[-4000:]}
-
-
-# ---------------------------------------------------------------- registry
-
-
-async def get_checkpoint(settings: Settings, checkpoint_id: str) -> Checkpoint:
-    async with channel(settings.store_addr, settings) as ch:
-        return await store_pb2_grpc.TrajectoryStoreStub(ch).GetCheckpoint(store_pb2.GetCheckpointRequest(id=checkpoint_id))
-
-
-async def published(settings: Settings, kind: str = "policy") -> Checkpoint | None:
-    """The newest published checkpoint of a kind."""
-    async with channel(settings.store_addr, settings) as ch:
-        reply = await store_pb2_grpc.TrajectoryStoreStub(ch).ListCheckpoints(
-            store_pb2.ListCheckpointsRequest(kind=kind, status=CheckpointStatus.CHECKPOINT_STATUS_PUBLISHED, limit=1)
-        )
-    return reply.checkpoints[0] if reply.checkpoints else None
-
-
-async def update_checkpoint(settings: Settings, checkpoint_id: str, status: int, metrics: dict[str, float]) -> Checkpoint:
-    finite = {name: value for name, value in metrics.items() if isinstance(value, (int, float))}
-    async with channel(settings.store_addr, settings) as ch:
-        return await store_pb2_grpc.TrajectoryStoreStub(ch).UpdateCheckpoint(
-            store_pb2.UpdateCheckpointRequest(id=checkpoint_id, status=status, eval_metrics=finite)
-        )
 
 
 # ---------------------------------------------------------------- promotion
