@@ -1,6 +1,6 @@
 """Typed settings, read once from the environment (prefix GEARSHIFT_, nested with __).
 
-Every knob of the platform lives here, so the README's settings table is this file.
+Every knob of the platform lives here, so the settings table (docs/settings.md) is this file.
 Example: GEARSHIFT_PRICES__OUTPUT_PER_MTOK=2.0, GEARSHIFT_SANDBOX__TIMEOUT_SECONDS=10.
 """
 
@@ -500,7 +500,7 @@ ADDRESS_FORMS = {
 Settings = create_model(
     "Settings",
     __base__=_Settings,
-    __doc__="Every setting of the platform (the README's settings table is generated from it).",
+    __doc__="Every setting of the platform (docs/settings.md, the settings table, is generated from it).",
     **{
         spec.address_setting: (str, Field(f"127.0.0.1:{spec.port}", description=f"{spec.title} address: {ADDRESS_FORMS[spec.protocol]}"))
         for spec in SERVICES

@@ -23,7 +23,7 @@ class RouterConfig(JobConfig):
         0.2, gt=0, lt=1, description="Share of training items held out (by a hash of the item id) when the eval split has no items"
     )
     # static by default: p99 0.21 ms per decision against MiniLM's 15 ms (goal 2 ms), with the same
-    # offline routing quality in the one measurement so far (README, Results).
+    # offline routing quality in the one measurement so far (docs/results/benchmarks.md).
     embedding: Literal["minilm", "static", "none"] = Field(
         "static",
         description="Query embedding: minilm (full all-MiniLM-L6-v2, milliseconds), static (its token embeddings averaged, "

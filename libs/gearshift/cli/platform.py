@@ -114,7 +114,7 @@ DEMO_QUESTIONS = (
     ("What is the capital of France?", "Paris", "instant"),
     ("What is 48213 * 7719?", "372156147", "agentic"),
     # One step: the 135M default policy reasons its way through these, not through multi-step
-    # ones (its gsm_symbolic accuracy is in the README's figures).
+    # ones (its gsm_symbolic accuracy is in docs/results/headline.md).
     ("Mia had 20 stickers and gave 6 to her friend. How many stickers does she have left?", "14", "reasoning"),
 )
 

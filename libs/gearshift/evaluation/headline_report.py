@@ -26,7 +26,7 @@ ADAPTIVE = tuple(ROUTED)
 
 @dataclass(frozen=True)
 class Goal:
-    """The headline goal (README): an adaptive mode's cost of pass this far below each forced
+    """The headline goal (docs/results/headline.md): an adaptive mode's cost of pass this far below each forced
     mode, each reduction's interval above zero, at accuracy at most `accuracy_slack` below the
     best forced mode; and every forced mode following the protocol (its format valid, its answer
     not asked for) in at least `validity_floor` of its episodes."""

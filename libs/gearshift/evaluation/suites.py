@@ -345,7 +345,7 @@ def jsonl_suite(path: str | Path, name: str | None = None, verifier: str | None 
     return Suite(name or path.stem, (lambda: iter(items),), finite=True)
 
 
-# The README figures: one of each of the five first families in turn.
+# The default suite: one of each of the five first families in turn.
 DEFAULT_FAMILIES = ("basic_arithmetic", "chain_sum", "gsm_symbolic", "large_multiplication", "facts")
 # The headline measurement (`gearshift eval headline`): one family answerable directly, one where
 # a tool pays, one that needs several steps, and one the default policy was never trained on

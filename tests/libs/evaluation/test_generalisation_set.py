@@ -14,7 +14,7 @@ from gearshift.teaching.solvers import solve
 
 ROOT = Path(__file__).resolve().parents[3]
 # Where teachers, trainers and tests get their data and configuration. The set is named only in
-# suites.py (the generators), docs and the README (the measurement), and this file.
+# suites.py (the generators), docs and docs/results/generalisation.md (the measurement), and this file.
 WATCHED = ("tests", "training-jobs", "charts", "libs/gearshift/teaching", "libs/gearshift/orchestration", "libs/gearshift/training",
            "libs/gearshift/default_policy")
 NAMED = re.compile(r"\b(" + "|".join(GENERALISATION_FAMILIES) + r")\b")
