@@ -35,19 +35,27 @@ def gearshift_modules() -> dict[str, Path]:
     return modules
 
 
-def dependencies(source: str, package: str, modules: dict[str, Path]) -> set[str]:
-    """The modules among `modules` that the import statements in source need (relative ones
-    resolved against package)."""
-    found = set()
+def import_statements(source: str, package: str) -> list[tuple[str, list[str]]]:
+    """(module, names) of each import statement in source: `import a.b` is ("a.b", []),
+    `from .x import y` is (package.x, ["y"]), relative ones resolved against package."""
+    found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
+            found += [(alias.name, []) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
                 base = f"{parent}.{base}".rstrip(".")
-            found.update(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names)
+            found.append((base, [alias.name for alias in node.names]))
+    return found
+
+
+def dependencies(source: str, package: str, modules: dict[str, Path]) -> set[str]:
+    """The modules among `modules` that the import statements in source need."""
+    found = set()
+    for base, names in import_statements(source, package):
+        found.update([f"{base}.{name}" if f"{base}.{name}" in modules else base for name in names] or [base])
     return found & modules.keys()
 
 

@@ -5,12 +5,13 @@ reached by name through their tables (gearshift.topology, gearshift.job_table)."
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
 
 import gearshift
+
+from tests.libs.test_import_cycles import import_statements
 
 LIBRARY = Path(gearshift.__file__).parent
 APPLICATIONS = ("gearshift.services", "gearshift.jobs", "gearshift.testing")
@@ -20,16 +21,9 @@ EXEMPT = ("api", "cli", "testing")  # generated code, the entry point, the test 
 def imported_modules(source: str, package: str) -> set[str]:
     """Every module an import statement in source names (relative ones resolved)."""
     found = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                base = f"{parent}.{base}".rstrip(".")
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)
+    for base, names in import_statements(source, package):
+        found.add(base)
+        found.update(f"{base}.{name}" for name in names)
     return found
 
 
