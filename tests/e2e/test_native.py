@@ -53,6 +53,7 @@ async def test_the_demo_natively_on_the_builtin_server(settings, postgres_url, b
 
 @pytest.mark.model
 @pytest.mark.vllm
+@pytest.mark.timeout(600)  # the session's vLLM servers may start in its set-up (100 s on a busy machine)
 async def test_the_demo_natively_on_vllm(settings, postgres_url, vllm_policy, smollm2_dir):
     # The shared servers keep SmolLM2's template for the text protocol; native requests name A^2FM's.
     served = settings.with_policy(vllm_policy, model=weights.DEFAULT)
