@@ -118,10 +118,6 @@ async def start(service: HttpService, settings: Settings, port: int | None = Non
         timeout_graceful_shutdown=max(settings.drain_seconds(service.name), 0.1),
         **uvicorn_logging(settings),
     )
-    if settings.log_format == "json" and config.access_log:
-        # uvicorn's access logger is process-wide, and a server configured before (the embedded
-        # policy server) turned it off: on, its lines go to the root handler's JSON lines.
-        logging.getLogger("uvicorn.access").propagate = True
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # the caller owns SIGINT/SIGTERM, not uvicorn
     task = asyncio.create_task(server.serve(sockets=[sock]))
