@@ -3,9 +3,8 @@ OpenAI-compatible gateway): uvicorn on one socket in the running event loop, uvl
 `main`, and a graceful drain on SIGTERM/SIGINT: stop accepting, close idle keep-alive
 connections, let requests and streams in flight finish within the grace, then cancel them.
 
-The service's ASGI app serves its own /health and /ready; its metrics registry is served on a port
-of its own (as a gRPC service's), so /metrics is never open to the API's clients. This module runs
-the app inside gearshift.tracing's middleware (a span per request, the log ids)."""
+The service's ASGI app serves its own /health, /ready and /metrics; this module runs it inside
+gearshift.tracing's middleware (a span per request, the log ids)."""
 
 from __future__ import annotations
 
@@ -20,7 +19,6 @@ from typing import Any, TypeVar
 
 import uvicorn
 import uvloop
-from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 
 from gearshift import tracing
 from gearshift.server import configure_logging
@@ -60,8 +58,6 @@ class HttpService:
     on_close: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     host: str | None = None  # None: settings.host, as every service
     port: int | None = None  # None: settings.service_port(name)
-    metrics_registry: CollectorRegistry = REGISTRY  # what its /metrics port serves
-    metrics_port: int | None = None  # None: settings.service_metrics_port(name); 0: off
 
 
 class RunningHttpServer:
@@ -140,21 +136,12 @@ async def running(service: HttpService, settings: Settings) -> AsyncIterator[Run
         await server.stop(grace=0.5)
 
 
-def serve_metrics(service: HttpService, settings: Settings) -> int:
-    """Serves the service's metrics registry on its metrics port; returns the port (0: off)."""
-    port = service.metrics_port if service.metrics_port is not None else settings.service_metrics_port(service.name)
-    if port:
-        start_http_server(port, addr=service.host or settings.host, registry=service.metrics_registry)
-    return port
-
-
 async def serve(build: Callable[[Settings], Awaitable[HttpService]], settings: Settings) -> None:
     """Builds and runs a service until SIGTERM or SIGINT, then drains it."""
     service = await build(settings)
     server = await start(service, settings)
-    metrics_port = serve_metrics(service, settings)
-    log.info("%s listening on http://%s:%d (metrics on :%s, auth %s)", service.name, service.host or settings.host, server.port,
-             metrics_port or "off", "on" if settings.auth_token else "off")
+    log.info("%s listening on http://%s:%d (auth %s)", service.name, service.host or settings.host, server.port,
+             "on" if settings.auth_token else "off")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

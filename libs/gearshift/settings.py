@@ -281,10 +281,6 @@ class GatewaySettings(BaseModel):
 
     host: str | None = Field(None, description="Interface the gateway binds to (none: GEARSHIFT_HOST, as every service)")
     port: int | None = Field(None, description="HTTP port of the gateway (none: GEARSHIFT_PORT, else the services table's 8100)")
-    metrics_port: int | None = Field(
-        None, ge=0, le=65535, description="Port of the gateway's /metrics, apart from the API its clients reach (none: GEARSHIFT_METRICS_PORT, "
-        "else its port + 1000, as every service; 0 = off)",
-    )
     max_body_bytes: int = Field(1_048_576, gt=0, description="Largest request body; larger ones are answered 413")
     request_timeout_seconds: float = Field(
         600.0, gt=0, description="Deadline of one request's Solve call (then 504; the episode is stored as cancelled)"

@@ -51,7 +51,6 @@ from gearshift.protocol.parsers import a2fm as a2fm_format
 from gearshift.protocol.sampled import sampled_span, shifted
 from gearshift.protocol.sr2am import plan_block, plan_block_separator
 from gearshift.sampling import SEEDS, sampling_options, with_seed
-from gearshift.services.executor import metrics
 from gearshift.settings import ExecutorSettings, Limits
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -343,14 +342,14 @@ class EpisodeRunner:
             state.last_finish = "length"
             return
         text, finish, usage, token_ids, logprobs = [], None, None, None, None
-        async for chunk in metrics.awaiting_policy(self.policy.stream_chat(
+        async for chunk in self.policy.stream_chat(
             prompts.messages(state.trajectory.query, state.transcript, state.trajectory.conversation),
             max_tokens=remaining,
             **sampling_options(state.next_sampling(state.sampling)),
             stop=stop,
             continue_final_message=True,
             add_generation_prompt=False,
-        )):
+        ):
             if chunk.text:
                 text.append(chunk.text)
                 yield event(turn.index, chunk=said_chunk(chunk.text, state.said.feed(chunk.text)))
@@ -494,7 +493,6 @@ class EpisodeRunner:
         log.debug("episode %s: %s, %s, %d input and %d output tokens, $%.6f, %.2f s", trajectory.id, Mode.Name(trajectory.mode),
                   TrajectoryStatus.Name(trajectory.status), trajectory.usage.input_tokens, trajectory.usage.output_tokens,
                   trajectory.cost.total_usd, trajectory.wall_seconds)
-        metrics.record_episode(trajectory)
         await self.down.store.Put(store_pb2.PutRequest(trajectories=[trajectory]))
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import grpc
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from gearshift import openai_http, tracing
 from gearshift.api.executor.v1 import executor_pb2_grpc
 from gearshift.services.gateway import translate
@@ -20,6 +20,7 @@ from gearshift.services.gateway.middleware import BearerAuth, BodyLimit, Gateway
 from gearshift.services.gateway.schemas import ChatCompletionRequest, FeedbackRequest
 from gearshift.settings import Settings
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 log = logging.getLogger("gearshift.gateway")
 TRAJECTORY_HEADER = "x-gearshift-trajectory-id"
@@ -36,11 +37,10 @@ class Gateway:
     keys: ApiKeys
 
 
-def create_app(gateway: Gateway, metrics: GatewayMetrics | None = None):
-    """The gateway's ASGI application: the routes inside metrics, auth and the body limit. The
-    metrics' registry is served on a port of its own (HttpService.metrics_registry), not here."""
+def create_app(gateway: Gateway):
+    """The gateway's ASGI application: the routes inside metrics, auth and the body limit."""
     settings, config = gateway.settings, gateway.settings.gateway
-    metrics = metrics or GatewayMetrics()
+    metrics = GatewayMetrics()
     app = FastAPI(title="gearshift gateway", docs_url=None, redoc_url=None, openapi_url=None)
     started = int(time.time())
     native = settings.policy_client.protocol == "native"  # how the executor streams the policy's text
@@ -60,6 +60,10 @@ def create_app(gateway: Gateway, metrics: GatewayMetrics | None = None):
             state = f"DOWN ({exc.code().name})"
         serving = state == "SERVING"
         return JSONResponse({"status": "ready" if serving else "unavailable", "executor": state}, 200 if serving else 503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models() -> dict:

@@ -10,7 +10,6 @@ from gearshift.http_server import HttpService
 from gearshift.services.gateway.api_keys import ApiKeys
 from gearshift.services.gateway.app import Gateway, create_app
 from gearshift.services.gateway.feedback import FeedbackDesk
-from gearshift.services.gateway.middleware import GatewayMetrics
 from gearshift.settings import Settings
 from grpc_health.v1 import health_pb2_grpc
 
@@ -38,6 +37,4 @@ async def build(settings: Settings) -> HttpService:
         for channel in channels.values():
             await channel.close()
 
-    metrics = GatewayMetrics()
-    return HttpService("gateway", create_app(gateway, metrics), on_close=[close], host=settings.gateway.host, port=settings.gateway.port,
-                       metrics_registry=metrics.registry, metrics_port=settings.gateway.metrics_port)
+    return HttpService("gateway", create_app(gateway), on_close=[close], host=settings.gateway.host, port=settings.gateway.port)

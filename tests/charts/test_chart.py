@@ -854,8 +854,7 @@ def test_gateway_serves_http_probed_on_health_and_ready_with_the_platform_token(
     docs = render()
     container = gateway_container(docs)
     assert container["command"] == ["gearshift", "serve", "gateway"]
-    assert container["ports"] == [{"name": "http", "containerPort": 8100, "protocol": "TCP"},
-                                  {"name": "metrics", "containerPort": 9090, "protocol": "TCP"}]  # /metrics apart from the API
+    assert container["ports"] == [{"name": "http", "containerPort": 8100, "protocol": "TCP"}]
     assert container["startupProbe"]["httpGet"] == container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
     env = {item["name"]: item for item in container["env"]}
@@ -863,9 +862,8 @@ def test_gateway_serves_http_probed_on_health_and_ready_with_the_platform_token(
     # It calls services over gRPC and needs neither the database nor Redis.
     assert not {"GEARSHIFT_DATABASE_URL", "GEARSHIFT_REDIS_URL", "GEARSHIFT_METRICS_PORT"} & set(env)
     assert len(env) == len(container["env"]), "each variable once"
-    port, metrics = named(docs, "Service", name("gateway"))["spec"]["ports"]
+    (port,) = named(docs, "Service", name("gateway"))["spec"]["ports"]
     assert port == {"name": "http", "port": 8100, "targetPort": "http", "protocol": "TCP", "appProtocol": "http"}
-    assert metrics == {"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}
     assert container["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}
 
 
@@ -877,11 +875,10 @@ def test_gateway_settings_from_its_pod_environment_listen_where_the_probes_look_
     for item in container["env"]:
         monkeypatch.setenv(item["name"], item.get("value", "from-a-secret"))
     settings = Settings()
-    port, metrics = container["ports"]
+    (port,) = container["ports"]
     # As services/gateway/service.py binds: gateway.port when set, else GEARSHIFT_PORT, else the table's.
     listens = settings.gateway.port if settings.gateway.port is not None else settings.service_port("gateway")
     assert listens == port["containerPort"] == 9123
-    assert settings.gateway.metrics_port == metrics["containerPort"] == 9090  # what http_server.serve_metrics binds
     assert named(docs, "Service", name("gateway"))["spec"]["ports"][0]["port"] == 9123
     executor = named(docs, "Service", f"{name('executor')}-headless")["spec"]["ports"][0]
     assert settings.address_of("executor") == f"dns:///{name('executor')}-headless.{RELEASE}.svc.cluster.local:{executor['port']}"
@@ -917,12 +914,9 @@ def test_gateway_is_open_to_clients_unless_allow_from_names_them():
     spec = named(render(), "NetworkPolicy", name("gateway"))["spec"]
     assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "gateway"
     assert spec["policyTypes"] == ["Ingress"]
-    prometheus = {"ports": [{"port": "metrics", "protocol": "TCP"}],
-                  "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]}
-    assert spec["ingress"] == [{"ports": [{"port": "http", "protocol": "TCP"}]}, prometheus]  # the API: no `from`, any source
+    assert spec["ingress"] == [{"ports": [{"port": "http", "protocol": "TCP"}]}]  # no `from`: any source
     fenced = named(render((GATEWAY_INGRESS,)), "NetworkPolicy", name("gateway"))["spec"]
-    rule, metrics_rule = fenced["ingress"]
-    assert metrics_rule == prometheus
+    (rule,) = fenced["ingress"]
     assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
     assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}} in rule["from"]
     assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}} in rule["from"]  # Prometheus
@@ -939,7 +933,7 @@ def test_gateway_scales_and_is_scraped_like_every_component():
     monitor = named(docs, "ServiceMonitor", name("gateway"))
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     (endpoint,) = monitor["spec"]["endpoints"]
-    assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")  # not the API's port, which clients reach
+    assert (endpoint["port"], endpoint["path"]) == ("http", "/metrics")
     assert named(render(), "PodDisruptionBudget", name("gateway")) is None  # one replica: no PDB
 
 
