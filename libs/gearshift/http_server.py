@@ -3,8 +3,7 @@ OpenAI-compatible gateway): uvicorn on one socket in the running event loop, uvl
 `main`, and a graceful drain on SIGTERM/SIGINT: stop accepting, close idle keep-alive
 connections, let requests and streams in flight finish within the grace, then cancel them.
 
-The service's ASGI app serves its own /health, /ready and /metrics; this module runs it inside
-gearshift.tracing's middleware (a span per request, the log ids)."""
+The service's ASGI app serves its own /health, /ready and /metrics; this module only runs it."""
 
 from __future__ import annotations
 
@@ -20,7 +19,6 @@ from typing import Any, TypeVar
 import uvicorn
 import uvloop
 
-from gearshift import tracing
 from gearshift.server import configure_logging
 from gearshift.settings import Settings, get_settings
 
@@ -96,12 +94,6 @@ def _bind(host: str, port: int, name: str) -> socket.socket:
     return sock
 
 
-def uvicorn_logging(settings: Settings) -> dict:
-    """uvicorn's own logging set-up, except with JSON lines: then its loggers (the access log
-    among them) pass their records to the root logger's handler, which adds the ids."""
-    return {"log_config": None} if settings.log_format == "json" else {}
-
-
 async def start(service: HttpService, settings: Settings, port: int | None = None) -> RunningHttpServer:
     """Starts the service; port 0 picks a free one (tests). Returns once it accepts connections."""
     host = service.host or settings.host
@@ -109,10 +101,9 @@ async def start(service: HttpService, settings: Settings, port: int | None = Non
         port = service.port if service.port is not None else settings.service_port(service.name)
     sock = _bind(host, port, service.name)
     config = uvicorn.Config(
-        tracing.TracedHttp(service.app, tracing.setup(settings, service.name)), log_level=settings.log_level.lower(), lifespan="off",
-        access_log=settings.gateway.access_log,  # off by default: a line per request drowns the stack's output; /metrics counts them
+        service.app, log_level=settings.log_level.lower(), lifespan="off",
+        access_log=False,  # a line per request drowns the stack's output; /metrics counts them
         timeout_graceful_shutdown=max(settings.drain_seconds(service.name), 0.1),
-        **uvicorn_logging(settings),
     )
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # the caller owns SIGINT/SIGTERM, not uvicorn
@@ -158,7 +149,7 @@ async def serve(build: Callable[[Settings], Awaitable[HttpService]], settings: S
 def main(build: Callable[[Settings], Awaitable[HttpService]], settings: Settings | None = None) -> None:
     """An HTTP service's entry point (`python -m gearshift.services.NAME`, `gearshift serve NAME`)."""
     settings = settings or get_settings()
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.log_level)
     try:
         uvloop.run(serve(build, settings))
     except OSError as exc:  # a port in use: one line, not a traceback

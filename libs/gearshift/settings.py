@@ -286,7 +286,6 @@ class GatewaySettings(BaseModel):
         600.0, gt=0, description="Deadline of one request's Solve call (then 504; the episode is stored as cancelled)"
     )
     ready_timeout_seconds: float = Field(1.0, gt=0, description="How long GET /ready waits for the executor's health check")
-    access_log: bool = Field(False, description="Log a line per HTTP request (uvicorn's access log; with log_format json, it carries the trace and trajectory ids)")
     feedback_correct_at: float = Field(
         0.5, ge=0, le=1, description="A reward sent as feedback counts as correct at or above this (Reward.correct, which SFT selects on)"
     )
@@ -422,19 +421,6 @@ class RpcSettings(BaseModel):
     )
 
 
-class TracingSettings(BaseModel):
-    """OpenTelemetry traces of every RPC, policy call, tool call and store write, exported over
-    OTLP/gRPC (docs/operations.md, "Traces and JSON logs"). Off: no spans, no trace context sent."""
-
-    enabled: bool = Field(False, description="Record spans and export them to otlp_endpoint; carry W3C trace context (traceparent) on every call")
-    otlp_endpoint: str = Field("http://127.0.0.1:4317", description="OTLP/gRPC collector the spans go to (an OpenTelemetry Collector, Jaeger, Tempo)")
-    sample_ratio: float = Field(
-        1.0, ge=0, le=1,
-        description="Share of new traces recorded (ParentBased(TraceIdRatioBased)): a call that arrives with a sampled "
-        "traceparent is recorded whatever the ratio, so a trace is whole or absent",
-    )
-
-
 class _Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GEARSHIFT_", env_nested_delimiter="__", extra="ignore")
 
@@ -450,9 +436,6 @@ class _Settings(BaseSettings):
         "rpc deadline; the policy server: the policy client's timeout)",
     )
     log_level: str = Field("INFO", description="Python log level")
-    log_format: Literal["text", "json"] = Field(
-        "text", description="Log lines as text, or as JSON lines carrying trace_id, span_id, request_id and trajectory_id (for a log pipeline)"
-    )
 
     data_dir: Path = Field(Path.home() / ".gearshift", description="Embedded state (SQLite store, runs, evaluation reports)")
     models_dir: Path = Field(
@@ -476,7 +459,6 @@ class _Settings(BaseSettings):
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     orchestration: OrchestrationSettings = Field(default_factory=OrchestrationSettings)
     rpc: RpcSettings = Field(default_factory=RpcSettings)
-    tracing: TracingSettings = Field(default_factory=TracingSettings)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
 
     def service_port(self, service: str) -> int:

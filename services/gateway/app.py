@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import grpc
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from gearshift import openai_http, tracing
+from gearshift import openai_http
 from gearshift.api.executor.v1 import executor_pb2_grpc
 from gearshift.services.gateway import translate
 from gearshift.services.gateway.api_keys import ApiKeys
@@ -80,8 +80,6 @@ def create_app(gateway: Gateway):
         # is chosen here; a whole reply takes the executor's, which spares the executor the store
         # look-up a client-chosen id costs (an idempotent retry check).
         trajectory_id = translate.new_trajectory_id() if body.stream else ""
-        if trajectory_id:
-            tracing.bind_trajectory(trajectory_id)
         solve = translate.solve_request(body, trajectory_id, settings.store.max_label_chars, _caller(request))
         view = translate.EpisodeView(trajectory_id, time.monotonic(), translate.stop_words(body), native)
         call = gateway.executor.Solve(solve, timeout=config.request_timeout_seconds)
