@@ -289,14 +289,6 @@ class GatewaySettings(BaseModel):
     feedback_correct_at: float = Field(
         0.5, ge=0, le=1, description="A reward sent as feedback counts as correct at or above this (Reward.correct, which SFT selects on)"
     )
-    api_keys_file: Path | None = Field(
-        None,
-        description="JSON file of client API keys, name -> sha256 hex (`gearshift keys new NAME` makes one), re-read when it "
-        "changes; none: GEARSHIFT_AUTH_TOKEN is the one client key, as before keys existed (docs/operations.md)",
-    )
-    accept_platform_token: bool = Field(
-        False, description="With api_keys_file set, also accept GEARSHIFT_AUTH_TOKEN as a client key (named `platform`) while clients move to keys"
-    )
 
 
 class OrchestrationSettings(BaseModel):

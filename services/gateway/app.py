@@ -13,7 +13,6 @@ from fastapi.responses import JSONResponse, Response
 from gearshift import openai_http
 from gearshift.api.executor.v1 import executor_pb2_grpc
 from gearshift.services.gateway import translate
-from gearshift.services.gateway.api_keys import ApiKeys
 from gearshift.services.gateway.completions import Completion
 from gearshift.services.gateway.feedback import FeedbackDesk
 from gearshift.services.gateway.middleware import BearerAuth, BodyLimit, GatewayMetrics, Metrics, RequestIds
@@ -34,7 +33,6 @@ class Gateway:
     executor: executor_pb2_grpc.ExecutorStub
     executor_health: health_pb2_grpc.HealthStub
     feedback: FeedbackDesk
-    keys: ApiKeys
 
 
 def create_app(gateway: Gateway):
@@ -80,7 +78,7 @@ def create_app(gateway: Gateway):
         # is chosen here; a whole reply takes the executor's, which spares the executor the store
         # look-up a client-chosen id costs (an idempotent retry check).
         trajectory_id = translate.new_trajectory_id() if body.stream else ""
-        solve = translate.solve_request(body, trajectory_id, settings.store.max_label_chars, _caller(request))
+        solve = translate.solve_request(body, trajectory_id, settings.store.max_label_chars)
         view = translate.EpisodeView(trajectory_id, time.monotonic(), translate.stop_words(body), native)
         call = gateway.executor.Solve(solve, timeout=config.request_timeout_seconds)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -91,15 +89,10 @@ def create_app(gateway: Gateway):
         return JSONResponse(whole, headers={TRAJECTORY_HEADER: whole["gearshift"]["trajectory_id"]})
 
     @app.post("/v1/feedback")
-    async def feedback(body: FeedbackRequest, request: Request) -> dict:
-        return await gateway.feedback.submit(body, _caller(request))
+    async def feedback(body: FeedbackRequest) -> dict:
+        return await gateway.feedback.submit(body)
 
-    return Metrics(RequestIds(BearerAuth(BodyLimit(app, config.max_body_bytes), gateway.keys)), metrics)
-
-
-def _caller(request: Request) -> str:
-    """The name of the caller's API key (BearerAuth set it); empty where the gateway needs none."""
-    return getattr(request.state, "api_key", "")
+    return Metrics(RequestIds(BearerAuth(BodyLimit(app, config.max_body_bytes), settings.token())), metrics)
 
 
 def _card(model: translate.ServedModel, created: int) -> dict:

@@ -7,7 +7,6 @@ from gearshift.api.reward.v1 import reward_pb2_grpc
 from gearshift.api.store.v1 import store_pb2_grpc
 from gearshift.clients import service_channel
 from gearshift.http_server import HttpService
-from gearshift.services.gateway.api_keys import ApiKeys
 from gearshift.services.gateway.app import Gateway, create_app
 from gearshift.services.gateway.feedback import FeedbackDesk
 from gearshift.settings import Settings
@@ -30,7 +29,6 @@ async def build(settings: Settings) -> HttpService:
         executor=executor_pb2_grpc.ExecutorStub(channels["executor"]),
         executor_health=health_pb2_grpc.HealthStub(channels["executor"]),
         feedback=feedback,
-        keys=ApiKeys(settings.gateway.api_keys_file, settings.token(), settings.gateway.accept_platform_token),
     )
 
     async def close() -> None:

@@ -247,6 +247,16 @@ def test_sandbox_pod_gets_its_own_user_namespace_when_asked():
     kubernetes_validate.validate(named(docs, "Deployment", name("sandbox")), KUBE_VERSION, strict=True)
 
 
+def test_store_accepts_only_platform_pods_of_this_release():
+    spec = named(render(), "NetworkPolicy", name("store"))["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    grpc_rule = spec["ingress"][0]
+    assert grpc_rule["from"] == [
+        {"podSelector": {"matchLabels": {"app.kubernetes.io/instance": RELEASE, "app.kubernetes.io/part-of": "gearshift"}}}
+    ]
+    assert grpc_rule["ports"] == [{"port": "grpc", "protocol": "TCP"}]
+
+
 @pytest.mark.parametrize(
     "sets, expected",
     [
@@ -688,10 +698,10 @@ def test_vllm_replicas_load_published_adapters_at_startup_through_an_init_contai
     assert script == """eval 'exec python3 -m vllm.entrypoints.openai.api_server "$@"' "$(cat /var/run/gearshift/lora/args)\""""
     assert vllm["args"][:2] == ["--model", "/models/smollm2"] and "--enable-lora" in vllm["args"]
     assert {e["name"]: e.get("value") for e in vllm["env"]}["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
-    # The store lets the policy pods in (their init container asks it for the adapters).
-    peers = named(docs, "NetworkPolicy", name("store"))["spec"]["ingress"][0]["from"]
+    # The store lets the policy pods in (its NetworkPolicy selects every platform pod of the release).
+    selector = named(docs, "NetworkPolicy", name("store"))["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
     labels = named(docs, "Deployment", name("policy"))["spec"]["template"]["metadata"]["labels"]
-    assert any(peer["podSelector"]["matchLabels"].items() <= labels.items() for peer in peers)
+    assert selector.items() <= labels.items()
     env = worker_env(docs)
     assert env["GEARSHIFT_ORCHESTRATION__PUBLISH_TARGET"] == "vllm_lora" and env["GEARSHIFT_KUBERNETES__POLICY_SERVICE"] == name("policy")
 

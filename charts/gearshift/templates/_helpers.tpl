@@ -37,6 +37,12 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" }}
 {{- end }}
 
+{{/* Selects every platform pod of this release (the store's and databases' allowed clients). */}}
+{{- define "gearshift.platformSelector" -}}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/part-of: gearshift
+{{- end }}
+
 {{/*
 An image reference. Args: root, image (repository, tag, digest). gearshift-* repositories get
 .Values.image.registry in front and default to the chart's appVersion; others need their tag.
