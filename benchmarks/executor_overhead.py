@@ -20,6 +20,13 @@ figure hardly moves with other load on the machine, so it is the one to compare 
     .venv/bin/python benchmarks/executor_overhead.py [--episodes 200] [--postgres URL] [--in-process]
 
 Goal (issues 3 and 13): overhead at most 1.5x the floor.
+
+With --tracing it measures instead what tracing costs an episode (issue 51): three in-process
+platforms, tracing off, on at ratio 1.0 and on at ratio 0.1, started together and their episodes
+taken in turn (so the machine's drift falls on all three alike), the spans exported over OTLP/gRPC
+to a receiver in this process as they would go to a collector.
+
+    .venv/bin/python benchmarks/executor_overhead.py --tracing [--episodes 200]
 """
 
 from __future__ import annotations
@@ -31,15 +38,18 @@ import statistics
 import tempfile
 import time
 import uuid
+from pathlib import Path
 
 import psutil
 
 from gearshift.api.common.v1.common_pb2 import Mode
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
+from gearshift import tracing
 from gearshift.clients import channel
-from gearshift.settings import Settings
+from gearshift.settings import Settings, TracingSettings
 from gearshift.stack import Stack
 from gearshift.topology import GRPC_SERVICE_NAMES
+from gearshift.testing.otlp_receiver import OtlpReceiver
 from gearshift.testing.scripted_policy import instant_policy, serve_scripted
 from gearshift.embedded import embedded
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -129,11 +139,52 @@ async def measure(stack: Settings, episodes: int, processes: dict[str, psutil.Pr
         print(line)
 
 
-async def main(episodes: int, postgres: str | None, in_process: bool) -> None:
+TRACING = {"off": None, "on, ratio 1.0": 1.0, "on, ratio 0.1": 0.1}
+
+
+async def one_episode(stub: executor_pb2_grpc.ExecutorStub, mode: int, tagged: bool) -> float:
+    request = executor_pb2.SolveRequest(query="What is the capital of France?", mode=mode, trajectory_id=str(uuid.uuid4()) if tagged else "")
+    started = time.perf_counter()
+    async for _ in stub.Solve(request):
+        pass
+    return time.perf_counter() - started
+
+
+async def tracing_overhead(settings: Settings, episodes: int) -> None:
+    with OtlpReceiver() as receiver:
+        async with contextlib.AsyncExitStack() as stack:
+            stubs = {}
+            for name, ratio in TRACING.items():
+                traced = TracingSettings(enabled=ratio is not None, otlp_endpoint=receiver.endpoint, sample_ratio=ratio or 1.0)
+                own = settings.model_copy(update={"tracing": traced, "data_dir": Path(tempfile.mkdtemp(prefix="gearshift-bench-"))})
+                platform = await stack.enter_async_context(embedded(own))
+                stubs[name] = executor_pb2_grpc.ExecutorStub(await stack.enter_async_context(channel(platform.settings.executor_addr, own)))
+            print(f"{'episode':<32} " + " ".join(f"{name + ' ms':>16}" for name in TRACING) + f" {'ratio 1.0/off':>14} {'ratio 0.1/off':>14}")
+            for shape_name, shape in SHAPES.items():
+                samples: dict[str, list[float]] = {name: [] for name in TRACING}
+                for index in range(episodes + WARM_UP):
+                    order = list(TRACING)[index % 3:] + list(TRACING)[:index % 3]  # each goes first in turn
+                    for name in order:
+                        elapsed = await one_episode(stubs[name], shape["mode"], shape.get("tagged", False))
+                        if index >= WARM_UP:
+                            samples[name].append(elapsed)
+                medians = {name: statistics.median(values) for name, values in samples.items()}
+                off = medians["off"]
+                print(f"{shape_name:<32} " + " ".join(f"{value * 1e3:>16.2f}" for value in medians.values())
+                      + f" {medians['on, ratio 1.0'] / off:>14.3f} {medians['on, ratio 0.1'] / off:>14.3f}")
+        await asyncio.to_thread(tracing.flush)
+        print(f"spans received by the OTLP receiver: {len(receiver.spans)} in {len({s.trace_id for s in receiver.spans})} traces")
+
+
+async def main(episodes: int, postgres: str | None, in_process: bool, traced: bool = False) -> None:
     settings = Settings(data_dir=tempfile.mkdtemp(prefix="gearshift-bench-"), metrics_port=0, database_url=postgres)
     print(f"store: {'Postgres' if postgres else 'SQLite file'}; policy: ScriptedPolicy stand-in (answers instantly)")
     async with serve_scripted(instant_policy) as policy_url:
         settings = settings.with_policy(policy_url)
+        if traced:
+            print("services: three platforms in this process (tracing off, on at 1.0, on at 0.1), one event loop")
+            await tracing_overhead(settings, episodes)
+            return
         if in_process:
             print("services: all in this process, one event loop")
             async with embedded(settings) as platform:
@@ -156,5 +207,6 @@ if __name__ == "__main__":
     parser.add_argument("--episodes", type=int, default=200, help="Measured episodes per shape")
     parser.add_argument("--postgres", default=None, help="Store on this Postgres URL instead of a SQLite file")
     parser.add_argument("--in-process", action="store_true", help="All services in this process instead of one each")
+    parser.add_argument("--tracing", action="store_true", help="Tracing off against on at ratio 1.0 and 0.1 (in process)")
     args = parser.parse_args()
-    asyncio.run(main(args.episodes, args.postgres, args.in_process))
+    asyncio.run(main(args.episodes, args.postgres, args.in_process, args.tracing))

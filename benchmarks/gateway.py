@@ -16,6 +16,12 @@ episode is a forced instant answer to the same question.
 
     .venv/bin/python benchmarks/gateway.py [--requests 300] [--streams 64] [--seconds 20]
 
+With --tracing it measures instead what tracing costs a request through the gateway (issue 51):
+three stacks, tracing off, on at ratio 1.0 and on at ratio 0.1, their requests taken in turn, the
+spans exported over OTLP/gRPC to a receiver in this process.
+
+    .venv/bin/python benchmarks/gateway.py --tracing [--requests 300]
+
 Goals: no errors at 64 streams; the gateway adds a few milliseconds at most per request.
 """
 
@@ -41,6 +47,7 @@ from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.clients import channel
 from gearshift.settings import Settings
 from gearshift.stack import Stack
+from gearshift.testing.otlp_receiver import OtlpReceiver
 from gearshift.testing.postgres import scratch_database
 from gearshift.testing.scripted_policy import instant_policy_process
 
@@ -149,6 +156,46 @@ async def measure(settings: Settings, args: argparse.Namespace, processes: dict[
     return figures
 
 
+TRACING = {"off": None, "on, ratio 1.0": 1.0, "on, ratio 0.1": 0.1}
+
+
+def tracing_figures(args: argparse.Namespace, database_url: str, policy_url: str) -> dict:
+    """p50 and p99 of a plain completion through the gateway of each of three stacks (tracing off,
+    on at 1.0, on at 0.1), one request of each in turn; the spans the receiver got."""
+    with OtlpReceiver() as receiver:
+        with contextlib.ExitStack() as exits:
+            gateways = {}
+            for offset, (name, ratio) in enumerate(TRACING.items()):
+                traced = {"GEARSHIFT_TRACING__ENABLED": str(ratio is not None).lower(), "GEARSHIFT_TRACING__OTLP_ENDPOINT": receiver.endpoint,
+                          "GEARSHIFT_TRACING__SAMPLE_RATIO": str(ratio or 1.0)}
+                os.environ.update(traced)  # the service processes read their settings from the environment
+                settings = Settings(data_dir=tempfile.mkdtemp(prefix="gearshift-gateway-bench-"), database_url=database_url).with_policy(
+                    policy_url, "smollm2")
+                stack = Stack(settings, base_port=BASE_PORT + 10 * offset, with_policy=False)
+                stack.start()
+                exits.callback(stack.stop)
+                if any(state != "SERVING" for _, state in stack.wait_ready().values()):
+                    raise RuntimeError(f"the {name} stack did not come up")
+                gateways[name] = stack.client_settings().gateway_addr
+            for key in traced:
+                del os.environ[key]
+
+            async def measure_each() -> dict:
+                async with contextlib.AsyncExitStack() as clients:
+                    kinds = {}
+                    for name, address in gateways.items():
+                        client = await clients.enter_async_context(openai.AsyncOpenAI(
+                            base_url=f"http://{address}/v1", api_key="unused", max_retries=0, timeout=60))
+                        kinds[name] = plain(client)
+                    return await latencies(kinds, args.requests)
+
+            latency = asyncio.run(measure_each())
+        off = latency["off"]
+        return {"tracing_latency": {name: {q: round(v, 3) for q, v in values.items()} for name, values in latency.items()},
+                "ratio_to_off": {name: {q: round(values[q] / off[q], 3) for q in values} for name, values in latency.items()},
+                "spans_received": len(receiver.spans), "traces_received": len({span.trace_id for span in receiver.spans})}
+
+
 def _rotating(stubs: list[executor_pb2_grpc.ExecutorStub]) -> Callable[[], Awaitable[None]]:
     requests = itertools.cycle([direct(stub) for stub in stubs])
     return lambda: next(requests)()
@@ -160,11 +207,17 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=64, help="concurrent streams for the throughput")
     parser.add_argument("--seconds", type=float, default=20.0, help="measured seconds of each throughput run")
     parser.add_argument("--warmup-seconds", type=float, default=3.0, help="load before each measured run (not counted)")
+    parser.add_argument("--tracing", action="store_true", help="Latency with tracing off against on at ratio 1.0 and 0.1")
     args = parser.parse_args()
     with scratch_database("gearshift_gateway_bench") as database_url, contextlib.ExitStack() as exits:
         os.environ["GEARSHIFT_DATABASE_URL"] = database_url  # the service processes read their settings from the environment
         os.environ["GEARSHIFT_LOG_LEVEL"] = "WARNING"
         url = exits.enter_context(instant_policy_process())
+        if args.tracing:
+            figures = tracing_figures(args, database_url, url) | {"requests": args.requests, "policy": "ScriptedPolicy stand-in",
+                                                                  "load_average_1min": round(os.getloadavg()[0], 2)}
+            print(json.dumps(figures, indent=2))
+            return
         settings = Settings(data_dir=tempfile.mkdtemp(prefix="gearshift-gateway-bench-"), database_url=database_url).with_policy(url, "smollm2")
         stack = Stack(settings, base_port=BASE_PORT, with_policy=False)
         stack.start()

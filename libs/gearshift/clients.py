@@ -1,9 +1,11 @@
 """Client channels between services: balanced over every replica an address resolves to, with a
 deadline on every call, retries past a dead replica for idempotent methods, keepalive, the
-bearer token, message limits, and a request id that follows a request from service to service."""
+bearer token, message limits, and a request id, trajectory id and trace context (a client span
+per call, when tracing is on) that follow a request from service to service."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import grpc
@@ -14,7 +16,7 @@ from gearshift.api.reward.v1 import reward_pb2
 from gearshift.api.router.v1 import router_pb2
 from gearshift.api.sandbox.v1 import sandbox_pb2
 from gearshift.api.store.v1 import store_pb2
-from gearshift.interceptors import REQUEST_ID_KEY, request_id
+from gearshift import logs, tracing
 from gearshift.settings import RpcSettings, Settings, get_settings
 
 # Each gRPC service of the platform (the one service of its proto file) by its name in the services table.
@@ -43,18 +45,33 @@ MAX_RECONNECT_BACKOFF_MS = 5_000
 
 
 class _Metadata:
-    """Adds the token and the request id to a call's metadata."""
+    """Adds the token, the request and trajectory ids and the trace context to a call's metadata."""
 
     def __init__(self, token: str | None):
         self._auth = (("authorization", f"Bearer {token}"),) if token else ()
 
-    def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
+    def _details(self, details: grpc.aio.ClientCallDetails, span) -> grpc.aio.ClientCallDetails:
         metadata = list(details.metadata or ())
         metadata.extend(self._auth)
-        rid = request_id.get()
-        if rid != "-":
-            metadata.append((REQUEST_ID_KEY, rid))
+        metadata.extend(logs.id_headers().items())
+        metadata.extend(tracing.trace_headers(span).items())
         return details._replace(metadata=metadata)
+
+    async def _traced(self, continuation, details: grpc.aio.ClientCallDetails, request):
+        """Starts the call under a client span that ends with it (streams too: after their end)."""
+        method = details.method.decode() if isinstance(details.method, bytes) else details.method
+        service, _, name = method.lstrip("/").rpartition("/")
+        span = tracing.start_client_span(f"{service}/{name}", {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name})
+        call = await continuation(self._details(details, span), request)
+        if span is not None and span.is_recording():  # an unsampled trace's span records nothing: no end to wait for
+            call.add_done_callback(lambda done: asyncio.ensure_future(_end_span(span, done)))
+        return call
+
+
+async def _end_span(span, call) -> None:
+    code = await call.code()
+    span.set_attribute("rpc.grpc.status_code", code.value[0])
+    tracing.end_call(span, None if code == grpc.StatusCode.OK else code.name)
 
 
 # grpc.aio files each interceptor under the first call shape it implements (an if/elif on its
@@ -62,22 +79,22 @@ class _Metadata:
 # streaming calls (executor Solve, store Export) would go out without the token: one per shape.
 class _UnaryUnary(_Metadata, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation, details, request):
-        return await continuation(self._details(details), request)
+        return await self._traced(continuation, details, request)
 
 
 class _UnaryStream(_Metadata, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation, details, request):
-        return await continuation(self._details(details), request)
+        return await self._traced(continuation, details, request)
 
 
 class _StreamUnary(_Metadata, grpc.aio.StreamUnaryClientInterceptor):
     async def intercept_stream_unary(self, continuation, details, request_iterator):
-        return await continuation(self._details(details), request_iterator)
+        return await self._traced(continuation, details, request_iterator)
 
 
 class _StreamStream(_Metadata, grpc.aio.StreamStreamClientInterceptor):
     async def intercept_stream_stream(self, continuation, details, request_iterator):
-        return await continuation(self._details(details), request_iterator)
+        return await self._traced(continuation, details, request_iterator)
 
 
 def metadata_interceptors(token: str | None) -> list:

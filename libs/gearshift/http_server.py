@@ -3,7 +3,9 @@ OpenAI-compatible gateway): uvicorn on one socket in the running event loop, uvl
 `main`, and a graceful drain on SIGTERM/SIGINT: stop accepting, close idle keep-alive
 connections, let requests and streams in flight finish within the grace, then cancel them.
 
-The service's ASGI app serves its own /health, /ready and /metrics; this module only runs it."""
+The service's ASGI app serves its own /health and /ready; its metrics registry is served on a port
+of its own (as a gRPC service's), so /metrics is never open to the API's clients. This module runs
+the app inside gearshift.tracing's middleware (a span per request, the log ids)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,9 @@ from typing import Any, TypeVar
 
 import uvicorn
 import uvloop
+from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 
+from gearshift import tracing
 from gearshift.server import configure_logging
 from gearshift.settings import Settings, get_settings
 
@@ -56,6 +60,8 @@ class HttpService:
     on_close: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     host: str | None = None  # None: settings.host, as every service
     port: int | None = None  # None: settings.service_port(name)
+    metrics_registry: CollectorRegistry = REGISTRY  # what its /metrics port serves
+    metrics_port: int | None = None  # None: settings.service_metrics_port(name); 0: off
 
 
 class RunningHttpServer:
@@ -94,6 +100,12 @@ def _bind(host: str, port: int, name: str) -> socket.socket:
     return sock
 
 
+def uvicorn_logging(settings: Settings) -> dict:
+    """uvicorn's own logging set-up, except with JSON lines: then its loggers (the access log
+    among them) pass their records to the root logger's handler, which adds the ids."""
+    return {"log_config": None} if settings.log_format == "json" else {}
+
+
 async def start(service: HttpService, settings: Settings, port: int | None = None) -> RunningHttpServer:
     """Starts the service; port 0 picks a free one (tests). Returns once it accepts connections."""
     host = service.host or settings.host
@@ -101,10 +113,15 @@ async def start(service: HttpService, settings: Settings, port: int | None = Non
         port = service.port if service.port is not None else settings.service_port(service.name)
     sock = _bind(host, port, service.name)
     config = uvicorn.Config(
-        service.app, log_level=settings.log_level.lower(), lifespan="off",
-        access_log=False,  # a line per request drowns the stack's output; /metrics counts them
+        tracing.TracedHttp(service.app, tracing.setup(settings, service.name)), log_level=settings.log_level.lower(), lifespan="off",
+        access_log=settings.gateway.access_log,  # off by default: a line per request drowns the stack's output; /metrics counts them
         timeout_graceful_shutdown=max(settings.drain_seconds(service.name), 0.1),
+        **uvicorn_logging(settings),
     )
+    if settings.log_format == "json" and config.access_log:
+        # uvicorn's access logger is process-wide, and a server configured before (the embedded
+        # policy server) turned it off: on, its lines go to the root handler's JSON lines.
+        logging.getLogger("uvicorn.access").propagate = True
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # the caller owns SIGINT/SIGTERM, not uvicorn
     task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -127,12 +144,21 @@ async def running(service: HttpService, settings: Settings) -> AsyncIterator[Run
         await server.stop(grace=0.5)
 
 
+def serve_metrics(service: HttpService, settings: Settings) -> int:
+    """Serves the service's metrics registry on its metrics port; returns the port (0: off)."""
+    port = service.metrics_port if service.metrics_port is not None else settings.service_metrics_port(service.name)
+    if port:
+        start_http_server(port, addr=service.host or settings.host, registry=service.metrics_registry)
+    return port
+
+
 async def serve(build: Callable[[Settings], Awaitable[HttpService]], settings: Settings) -> None:
     """Builds and runs a service until SIGTERM or SIGINT, then drains it."""
     service = await build(settings)
     server = await start(service, settings)
-    log.info("%s listening on http://%s:%d (auth %s)", service.name, service.host or settings.host, server.port,
-             "on" if settings.auth_token else "off")
+    metrics_port = serve_metrics(service, settings)
+    log.info("%s listening on http://%s:%d (metrics on :%s, auth %s)", service.name, service.host or settings.host, server.port,
+             metrics_port or "off", "on" if settings.auth_token else "off")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -149,7 +175,7 @@ async def serve(build: Callable[[Settings], Awaitable[HttpService]], settings: S
 def main(build: Callable[[Settings], Awaitable[HttpService]], settings: Settings | None = None) -> None:
     """An HTTP service's entry point (`python -m gearshift.services.NAME`, `gearshift serve NAME`)."""
     settings = settings or get_settings()
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     try:
         uvloop.run(serve(build, settings))
     except OSError as exc:  # a port in use: one line, not a traceback

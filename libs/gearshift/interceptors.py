@@ -1,9 +1,9 @@
 """The one server interceptor every service runs: request ids, bearer-token auth, domain
-error -> status mapping, undecodable requests -> INVALID_ARGUMENT, and Prometheus metrics."""
+error -> status mapping, undecodable requests -> INVALID_ARGUMENT, Prometheus metrics, and a
+server span per call that continues the caller's trace (when tracing is on)."""
 
 from __future__ import annotations
 
-import contextvars
 import hmac
 import logging
 import time
@@ -14,13 +14,14 @@ import grpc
 from google.protobuf.message import DecodeError
 from prometheus_client import Counter, Gauge, Histogram
 
+from gearshift import logs, tracing
 from gearshift.errors import GearshiftError
+from gearshift.logs import REQUEST_ID_KEY, TRAJECTORY_ID_KEY, request_id
 
 log = logging.getLogger("gearshift.rpc")
 
-request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+__all__ = ["REQUEST_ID_KEY", "TRAJECTORY_ID_KEY", "RequestInterceptor", "request_id"]
 
-REQUEST_ID_KEY = "x-request-id"
 # Kubernetes gRPC probes cannot send a token, so health checks stay open.
 UNAUTHENTICATED_METHODS = ("/grpc.health.v1.Health/",)
 
@@ -68,8 +69,9 @@ def _tolerant(deserializer):
 
 
 class RequestInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, auth_token: str | None = None):
+    def __init__(self, auth_token: str | None = None, tracer=None):
         self._token = f"Bearer {auth_token}".encode() if auth_token else None
+        self._tracer = tracer  # the service's (gearshift.tracing.setup); None: tracing off
 
     async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
         handler = await continuation(details)
@@ -83,8 +85,15 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
         service = service.lstrip("/")
         in_flight = IN_FLIGHT.labels(service, name)
 
+        def spanning():
+            if self._tracer is None or method.startswith(UNAUTHENTICATED_METHODS):  # off, or a probe: untraced
+                return tracing.serving(None, method, metadata)
+            attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": name, "gearshift.request_id": rid}
+            return tracing.serving(self._tracer, f"{service}/{name}", metadata, attributes=attributes)
+
         async def prologue(request, context) -> None:
             request_id.set(rid)
+            logs.begin_request(metadata.get(TRAJECTORY_ID_KEY))
             context.set_trailing_metadata(((REQUEST_ID_KEY, rid),))
             if not authorized:
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
@@ -104,26 +113,29 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
             in_flight.inc()
             return time.perf_counter()
 
-        def record(started: float, context) -> None:
+        def record(started: float, context, span) -> None:
             in_flight.dec()
             code = context.code() if hasattr(context, "code") else None
             HANDLED.labels(service, name, (code or grpc.StatusCode.OK).name if code else "OK").inc()
             LATENCY.labels(service, name).observe(time.perf_counter() - started)
+            if span is not None:
+                span.set_attribute("rpc.grpc.status_code", (code or grpc.StatusCode.OK).value[0])
 
         if handler.unary_unary:
             inner = handler.unary_unary
 
             async def unary_unary(request, context):
                 started = begin()
-                try:
-                    await prologue(request, context)
-                    return await inner(request, context)
-                except Exception as exc:  # noqa: BLE001 - every failure becomes a status
-                    if _is_abort(exc):
-                        raise
-                    await fail(exc, context)
-                finally:
-                    record(started, context)
+                with spanning() as span:
+                    try:
+                        await prologue(request, context)
+                        return await inner(request, context)
+                    except Exception as exc:  # noqa: BLE001 - every failure becomes a status
+                        if _is_abort(exc):
+                            raise
+                        await fail(exc, context)
+                    finally:
+                        record(started, context, span)
 
             return grpc.unary_unary_rpc_method_handler(
                 unary_unary, _tolerant(handler.request_deserializer), handler.response_serializer
@@ -133,20 +145,21 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
 
             async def unary_stream(request, context):
                 started = begin()
-                try:
-                    await prologue(request, context)
-                    stream = inner_stream(request, context)
-                    if hasattr(stream, "__aiter__"):
-                        async for item in stream:
-                            yield item
-                    else:  # a handler that writes with context.write (the health service's Watch)
-                        await stream
-                except Exception as exc:  # noqa: BLE001
-                    if _is_abort(exc):
-                        raise
-                    await fail(exc, context)
-                finally:
-                    record(started, context)
+                with spanning() as span:
+                    try:
+                        await prologue(request, context)
+                        stream = inner_stream(request, context)
+                        if hasattr(stream, "__aiter__"):
+                            async for item in stream:
+                                yield item
+                        else:  # a handler that writes with context.write (the health service's Watch)
+                            await stream
+                    except Exception as exc:  # noqa: BLE001
+                        if _is_abort(exc):
+                            raise
+                        await fail(exc, context)
+                    finally:
+                        record(started, context, span)
 
             return grpc.unary_stream_rpc_method_handler(
                 unary_stream, _tolerant(handler.request_deserializer), handler.response_serializer

@@ -40,7 +40,7 @@ from gearshift.errors import (
     Unauthenticated,
     Unavailable,
 )
-from gearshift import vllm_plugins
+from gearshift import logs, tracing, vllm_plugins
 from gearshift.api.common.v1.common_pb2 import TokenUsage
 from gearshift.settings import Settings, get_settings
 
@@ -81,6 +81,11 @@ class Usage:
     def tokens(self) -> TokenUsage:
         """The call's usage as the trajectory records it."""
         return TokenUsage(input_tokens=self.prompt_tokens, output_tokens=self.completion_tokens, cached_input_tokens=self.cached_tokens)
+
+    def span_attributes(self) -> dict:
+        """The usage as OpenTelemetry's GenAI attributes (prompt and completion tokens)."""
+        return {"gen_ai.usage.input_tokens": self.prompt_tokens, "gen_ai.usage.output_tokens": self.completion_tokens,
+                "gearshift.usage.cached_input_tokens": self.cached_tokens}
 
 
 @dataclass
@@ -291,20 +296,23 @@ class PolicyClient:
 
     async def _request(self, method: str, path: str, root: bool = False, admin: bool = False, **kwargs) -> aiohttp.ClientResponse:
         session = self._admin_session() if admin else self._session()
+        # The ids and trace context go along (the built-in server and vLLM continue the trace); a
+        # traced call's own headers (its span's traceparent) win over the current span's.
+        kwargs["headers"] = logs.id_headers() | tracing.trace_headers() | (kwargs.get("headers") or {})
         try:
             return await session.request(method, self._url(path, root), **kwargs)
         except READ_TIMEOUTS as exc:
             raise DeadlineExceeded(f"policy server {self._url(path, root)} did not answer in time: {exc!r}") from None
 
-    async def _open(self, path: str, body: dict, root: bool = False) -> aiohttp.ClientResponse:
+    async def _open(self, path: str, body: dict, root: bool = False, headers: dict | None = None) -> aiohttp.ClientResponse:
         """Sends a POST with retries; returns a response with a 2xx status, body unread. A model
         the server stopped serving is followed to its alias's newest version, once."""
         try:
-            return await self._send(path, body, root)
+            return await self._send(path, body, root, headers)
         except _ModelNotServed:
             if "model" not in body or not await self._follow_alias(body["model"]):
                 raise
-            return await self._send(path, body | {"model": self.served_model}, root)
+            return await self._send(path, body | {"model": self.served_model}, root, headers)
 
     async def _follow_alias(self, used: str) -> bool:
         """Moves served_model to the newest version of the alias self.model names; False when
@@ -319,12 +327,12 @@ class PolicyClient:
         self.served_model = newest
         return True
 
-    async def _send(self, path: str, body: dict, root: bool = False) -> aiohttp.ClientResponse:
+    async def _send(self, path: str, body: dict, root: bool = False, headers: dict | None = None) -> aiohttp.ClientResponse:
         reason, status = "", None
         for attempt in range(self.retries + 1):
             response = None
             try:
-                response = await self._request("POST", path, root, json=body)
+                response = await self._request("POST", path, root, json=body, headers=headers)
             except aiohttp.ClientConnectionError as exc:  # refused, reset, dropped, connect timeout
                 reason, status = f"{type(exc).__name__}: {exc}", None
             else:
@@ -349,13 +357,13 @@ class PolicyClient:
         finally:
             response.release()
 
-    async def _post(self, path: str, body: dict, root: bool = False) -> dict:
-        return await self._json(await self._open(path, body, root), path)
+    async def _post(self, path: str, body: dict, root: bool = False, headers: dict | None = None) -> dict:
+        return await self._json(await self._open(path, body, root, headers), path)
 
-    async def _events(self, path: str, body: dict) -> AsyncIterator[dict]:
+    async def _events(self, path: str, body: dict, headers: dict | None = None) -> AsyncIterator[dict]:
         """The JSON events of a server-sent-event stream, up to [DONE]. Leaving early closes the
         connection, which tells the server to stop generating."""
-        response = await self._open(path, body)
+        response = await self._open(path, body, headers=headers)
         done = False
         try:
             async for raw in response.content:
@@ -379,6 +387,14 @@ class PolicyClient:
                 response.release()
             else:
                 response.close()
+
+    def _traced(self, operation: str, body: dict):
+        """A client span for one generation (tracing.client_call): its model and token limit now,
+        its usage and finish reason once the reply is in."""
+        return tracing.client_call(f"policy {operation}", {
+            "gen_ai.operation.name": operation, "gen_ai.request.model": body["model"],
+            "gen_ai.request.max_tokens": body["max_tokens"], "server.address": self.base_url,
+        })
 
     def _body(self, max_tokens: int, temperature: float, top_p: float, stop, seed, extra: dict, chat: bool = False) -> dict:
         body = {"model": self.served_model, "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p, **self._token_ids}
@@ -406,10 +422,13 @@ class PolicyClient:
     ) -> Completion:
         """Raw text completion; the text stops before the first stop word."""
         body = self._body(max_tokens, temperature, top_p, stop, seed, extra) | {"prompt": prompt}
-        reply = await self._post("/completions", body)
-        choice = (reply.get("choices") or [{}])[0]
-        return Completion(choice.get("text") or "", choice.get("finish_reason"), Usage.of(reply.get("usage")), choice.get("token_ids"),
-                          _sampled_logprobs(choice, choice.get("token_ids")))
+        with self._traced("text_completion", body) as span:
+            reply = await self._post("/completions", body, headers=tracing.trace_headers(span))
+            choice = (reply.get("choices") or [{}])[0]
+            done = Completion(choice.get("text") or "", choice.get("finish_reason"), Usage.of(reply.get("usage")), choice.get("token_ids"),
+                              _sampled_logprobs(choice, choice.get("token_ids")))
+            _describe(span, done.usage, done.finish_reason)
+            return done
 
     async def chat(
         self,
@@ -427,8 +446,10 @@ class PolicyClient:
         """Chat completion; tool calls and reasoning come back parsed by the server."""
         body = self._body(max_tokens, temperature, top_p, stop, seed, extra, chat=True) | {"messages": messages}
         body |= _tool_fields(tools, tool_choice)
-        reply = await self._post("/chat/completions", body)
-        choice = (reply.get("choices") or [{}])[0]
+        with self._traced("chat", body) as span:
+            reply = await self._post("/chat/completions", body, headers=tracing.trace_headers(span))
+            choice = (reply.get("choices") or [{}])[0]
+            _describe(span, Usage.of(reply.get("usage")), choice.get("finish_reason"))
         message = choice.get("message") or {}
         return ChatCompletion(
             content=message.get("content"),
@@ -470,13 +491,15 @@ class PolicyClient:
         body = self._body(max_tokens, temperature, top_p, stop, seed, extra)
         body |= {"prompt": prompt, "stream": True, "stream_options": {"include_usage": True}}
         finish, usage, ids = None, None, _TokenIds()
-        async for event in self._events("/completions", body):
-            usage = Usage.of(event["usage"]) if event.get("usage") else usage
-            for choice in event.get("choices") or []:
-                finish = choice.get("finish_reason") or finish
-                ids.add(choice)
-                if choice.get("text"):
-                    yield StreamChunk(text=choice["text"])
+        with self._traced("text_completion", body) as span:
+            async for event in self._events("/completions", body, tracing.trace_headers(span)):
+                usage = Usage.of(event["usage"]) if event.get("usage") else usage
+                for choice in event.get("choices") or []:
+                    finish = choice.get("finish_reason") or finish
+                    ids.add(choice)
+                    if choice.get("text"):
+                        yield StreamChunk(text=choice["text"])
+            _describe(span, usage, finish)
         yield StreamChunk(finish_reason=finish, usage=usage, token_ids=ids.all, logprobs=ids.matching_logprobs)
 
     async def stream_chat(
@@ -499,17 +522,19 @@ class PolicyClient:
         body |= _tool_fields(tools, tool_choice)
         finish, usage, ids = None, None, _TokenIds()
         pending: dict[int, dict] = {}  # vLLM sends a call's arguments in several deltas
-        async for event in self._events("/chat/completions", body):
-            usage = Usage.of(event["usage"]) if event.get("usage") else usage
-            for choice in event.get("choices") or []:
-                delta = choice.get("delta") or {}
-                finish = choice.get("finish_reason") or finish
-                ids.add(choice)
-                for call in delta.get("tool_calls") or []:
-                    _merge_call(pending.setdefault(call.get("index", 0), {"function": {"arguments": ""}}), call)
-                text, reasoning = delta.get("content") or "", delta.get("reasoning_content") or delta.get("reasoning") or ""
-                if text or reasoning:
-                    yield StreamChunk(text=text, reasoning=reasoning)
+        with self._traced("chat", body) as span:
+            async for event in self._events("/chat/completions", body, tracing.trace_headers(span)):
+                usage = Usage.of(event["usage"]) if event.get("usage") else usage
+                for choice in event.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    finish = choice.get("finish_reason") or finish
+                    ids.add(choice)
+                    for call in delta.get("tool_calls") or []:
+                        _merge_call(pending.setdefault(call.get("index", 0), {"function": {"arguments": ""}}), call)
+                    text, reasoning = delta.get("content") or "", delta.get("reasoning_content") or delta.get("reasoning") or ""
+                    if text or reasoning:
+                        yield StreamChunk(text=text, reasoning=reasoning)
+            _describe(span, usage, finish)
         calls = [ToolCall.of(call) for _, call in sorted(pending.items())]
         yield StreamChunk(tool_calls=calls, finish_reason=finish, usage=usage, token_ids=ids.all, logprobs=ids.matching_logprobs)
 
@@ -654,6 +679,12 @@ def _sampled_logprobs(choice: dict, token_ids: list[int] | None) -> list[float] 
     """A finished choice's log-probabilities when there is one for every sampled id, else None."""
     values = _logprob_values(choice.get("logprobs"))
     return values if token_ids and len(values) == len(token_ids) else None
+
+
+def _describe(span, usage: Usage | None, finish_reason: str | None) -> None:
+    """A policy call's span gets its prompt and completion tokens and its finish reason."""
+    if span is not None:
+        tracing.annotate(span, **(usage.span_attributes() if usage else {}), **{"gen_ai.response.finish_reasons": (finish_reason or "",)})
 
 
 def _tool_fields(tools: list[dict] | None, tool_choice: str | dict | None) -> dict:

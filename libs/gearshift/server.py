@@ -1,7 +1,7 @@
 """The one gRPC server bootstrap every service uses: grpc.aio, the standard health service,
-optional reflection, the request interceptor, Prometheus metrics on their own port, connections
-that age out (so clients re-resolve and find new replicas), and a drain on SIGTERM/SIGINT that
-loses no call in flight."""
+optional reflection, the request interceptor, Prometheus metrics on their own port, traces and
+the log format as settings say, connections that age out (so clients re-resolve and find new
+replicas), and a drain on SIGTERM/SIGINT that loses no call in flight."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
+from gearshift import logs, tracing
 from gearshift.interceptors import RequestInterceptor
 from gearshift.settings import Settings, get_settings
 
@@ -47,8 +48,8 @@ class Service:
     on_close: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
 
 
-def configure_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def configure_logging(level: str, log_format: str = "text") -> None:
+    logs.configure(level, log_format)
 
 
 def grpc_options(settings: Settings) -> list[tuple[str, int]]:
@@ -120,7 +121,8 @@ class RunningServer:
 
 async def start(service: Service, settings: Settings, port: int | None = None) -> RunningServer:
     """Starts the service on settings.host; port 0 picks a free one (tests)."""
-    server = grpc.aio.server(interceptors=[RequestInterceptor(settings.token())], options=grpc_options(settings))
+    interceptor = RequestInterceptor(settings.token(), tracing.setup(settings, service.name))
+    server = grpc.aio.server(interceptors=[interceptor], options=grpc_options(settings))
     for handler in service.handlers:
         handler.register(handler.servicer, server)
 
@@ -181,7 +183,7 @@ def main(build: Callable[[Settings], Awaitable[Service]], settings: Settings | N
     serves until SIGTERM or SIGINT, on uvloop (its loop costs less per gRPC call: an instant
     episode took 12 % less time, benchmarks/executor_overhead.py)."""
     settings = settings or get_settings()
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     try:
         uvloop.run(serve(build, settings))
     except OSError as exc:  # a port in use: one line, not a traceback

@@ -281,13 +281,26 @@ class GatewaySettings(BaseModel):
 
     host: str | None = Field(None, description="Interface the gateway binds to (none: GEARSHIFT_HOST, as every service)")
     port: int | None = Field(None, description="HTTP port of the gateway (none: GEARSHIFT_PORT, else the services table's 8100)")
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="Port of the gateway's /metrics, apart from the API its clients reach (none: GEARSHIFT_METRICS_PORT, "
+        "else its port + 1000, as every service; 0 = off)",
+    )
     max_body_bytes: int = Field(1_048_576, gt=0, description="Largest request body; larger ones are answered 413")
     request_timeout_seconds: float = Field(
         600.0, gt=0, description="Deadline of one request's Solve call (then 504; the episode is stored as cancelled)"
     )
     ready_timeout_seconds: float = Field(1.0, gt=0, description="How long GET /ready waits for the executor's health check")
+    access_log: bool = Field(False, description="Log a line per HTTP request (uvicorn's access log; with log_format json, it carries the trace and trajectory ids)")
     feedback_correct_at: float = Field(
         0.5, ge=0, le=1, description="A reward sent as feedback counts as correct at or above this (Reward.correct, which SFT selects on)"
+    )
+    api_keys_file: Path | None = Field(
+        None,
+        description="JSON file of client API keys, name -> sha256 hex (`gearshift keys new NAME` makes one), re-read when it "
+        "changes; none: GEARSHIFT_AUTH_TOKEN is the one client key, as before keys existed (docs/operations.md)",
+    )
+    accept_platform_token: bool = Field(
+        False, description="With api_keys_file set, also accept GEARSHIFT_AUTH_TOKEN as a client key (named `platform`) while clients move to keys"
     )
 
 
@@ -413,6 +426,19 @@ class RpcSettings(BaseModel):
     )
 
 
+class TracingSettings(BaseModel):
+    """OpenTelemetry traces of every RPC, policy call, tool call and store write, exported over
+    OTLP/gRPC (docs/operations.md, "Traces and JSON logs"). Off: no spans, no trace context sent."""
+
+    enabled: bool = Field(False, description="Record spans and export them to otlp_endpoint; carry W3C trace context (traceparent) on every call")
+    otlp_endpoint: str = Field("http://127.0.0.1:4317", description="OTLP/gRPC collector the spans go to (an OpenTelemetry Collector, Jaeger, Tempo)")
+    sample_ratio: float = Field(
+        1.0, ge=0, le=1,
+        description="Share of new traces recorded (ParentBased(TraceIdRatioBased)): a call that arrives with a sampled "
+        "traceparent is recorded whatever the ratio, so a trace is whole or absent",
+    )
+
+
 class _Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GEARSHIFT_", env_nested_delimiter="__", extra="ignore")
 
@@ -428,6 +454,9 @@ class _Settings(BaseSettings):
         "rpc deadline; the policy server: the policy client's timeout)",
     )
     log_level: str = Field("INFO", description="Python log level")
+    log_format: Literal["text", "json"] = Field(
+        "text", description="Log lines as text, or as JSON lines carrying trace_id, span_id, request_id and trajectory_id (for a log pipeline)"
+    )
 
     data_dir: Path = Field(Path.home() / ".gearshift", description="Embedded state (SQLite store, runs, evaluation reports)")
     models_dir: Path = Field(
@@ -451,6 +480,7 @@ class _Settings(BaseSettings):
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     orchestration: OrchestrationSettings = Field(default_factory=OrchestrationSettings)
     rpc: RpcSettings = Field(default_factory=RpcSettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
 
     def service_port(self, service: str) -> int:

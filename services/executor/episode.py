@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -40,6 +41,7 @@ from gearshift.api.reward.v1 import reward_pb2, reward_pb2_grpc
 from gearshift.api.router.v1 import router_pb2, router_pb2_grpc
 from gearshift.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
+from gearshift import tracing
 from gearshift.errors import GearshiftError, InvalidArgument
 from gearshift.policy_client import PolicyClient
 from gearshift.pricing import CostTable, add_usage
@@ -49,9 +51,11 @@ from gearshift.protocol.parsers import a2fm as a2fm_format
 from gearshift.protocol.sampled import sampled_span, shifted
 from gearshift.protocol.sr2am import plan_block, plan_block_separator
 from gearshift.sampling import SEEDS, sampling_options, with_seed
+from gearshift.services.executor import metrics
 from gearshift.settings import ExecutorSettings, Limits
 from google.protobuf.timestamp_pb2 import Timestamp
 
+log = logging.getLogger("gearshift.executor")
 ROUTING_TURN = -1
 # Sandbox statuses that end one tool call, not the episode: the model reads them as the call's error.
 TOOL_ERRORS = {
@@ -157,6 +161,7 @@ class EpisodeRunner:
     async def solve(self, request: executor_pb2.SolveRequest) -> AsyncIterator[executor_pb2.SolveEvent]:
         self._validate(request)
         state = self._new_state(request)
+        tracing.bind_trajectory(state.trajectory.id)  # every log line and span of the episode from here on
         # Routing starts beside the idempotency check, a store round-trip on every request that
         # names its trajectory id (evaluation, rollouts, teaching): the check costs no time then.
         routed = asyncio.ensure_future(self._route(request, state))
@@ -338,14 +343,14 @@ class EpisodeRunner:
             state.last_finish = "length"
             return
         text, finish, usage, token_ids, logprobs = [], None, None, None, None
-        async for chunk in self.policy.stream_chat(
+        async for chunk in metrics.awaiting_policy(self.policy.stream_chat(
             prompts.messages(state.trajectory.query, state.transcript, state.trajectory.conversation),
             max_tokens=remaining,
             **sampling_options(state.next_sampling(state.sampling)),
             stop=stop,
             continue_final_message=True,
             add_generation_prompt=False,
-        ):
+        )):
             if chunk.text:
                 text.append(chunk.text)
                 yield event(turn.index, chunk=said_chunk(chunk.text, state.said.feed(chunk.text)))
@@ -376,7 +381,9 @@ class EpisodeRunner:
     async def _execute(self, trajectory_id: str, call: ToolCall) -> ToolResult:
         request = sandbox_pb2.ExecuteRequest(call=call, trajectory_id=trajectory_id, timeout_seconds=self.config.tool_timeout_seconds)
         try:
-            reply = await self.down.sandbox.Execute(request, timeout=self.config.tool_timeout_seconds + 5)
+            with tracing.span(f"tool {call.name}", **{"gearshift.tool.name": call.name}) as span:
+                reply = await self.down.sandbox.Execute(request, timeout=self.config.tool_timeout_seconds + 5)
+                tracing.annotate(span, **{"gearshift.tool.is_error": reply.result.is_error})
         except grpc.aio.AioRpcError as exc:
             if exc.code() not in TOOL_ERRORS:
                 raise
@@ -483,6 +490,11 @@ class EpisodeRunner:
             trajectory.reward.CopyFrom(scored.reward)
             state.account(None, scored.judge_usage)
         trajectory.cost.CopyFrom(self.costs.price_trajectory(trajectory))  # every model call, a judge's included
+        tracing.describe_episode(trajectory)  # on the Solve span: mode and why, tokens, cost
+        log.debug("episode %s: %s, %s, %d input and %d output tokens, $%.6f, %.2f s", trajectory.id, Mode.Name(trajectory.mode),
+                  TrajectoryStatus.Name(trajectory.status), trajectory.usage.input_tokens, trajectory.usage.output_tokens,
+                  trajectory.cost.total_usd, trajectory.wall_seconds)
+        metrics.record_episode(trajectory)
         await self.down.store.Put(store_pb2.PutRequest(trajectories=[trajectory]))
 
 

@@ -25,6 +25,7 @@ from gearshift.api.executor.v1 import executor_pb2
 from gearshift.protocol import native, parsers
 from gearshift.protocol.sr2am import plan_block_separator
 from gearshift.sampling import sampling_options
+from gearshift.services.executor import metrics
 from gearshift.services.executor.episode import Budget, EpisodeRunner, EpisodeState, event, said_chunk
 
 
@@ -87,7 +88,7 @@ class NativeEpisodeRunner(EpisodeRunner):
             return
         content, reasoning, finish, usage, token_ids, logprobs = [], [], None, None, None, None
         opened = native.opening_message(turn) is not None
-        async for chunk in self.policy.stream_chat(
+        async for chunk in metrics.awaiting_policy(self.policy.stream_chat(
             native.messages(trajectory, upcoming=turn),
             continue_final_message=opened,
             add_generation_prompt=not opened,
@@ -96,7 +97,7 @@ class NativeEpisodeRunner(EpisodeRunner):
             **sampling_options(state.next_sampling(state.sampling)),
             chat_template_kwargs=native.served_kwargs(trajectory),
             **({"chat_template": self.policy.chat_template} if self.policy.chat_template else {}),
-        ):
+        )):
             if chunk.text:
                 content.append(chunk.text)
                 yield event(turn.index, chunk=said_chunk(chunk.text, state.said.feed(chunk.text) if not tools else []))

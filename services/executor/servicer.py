@@ -5,14 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from prometheus_client import Gauge
-
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.services.executor.episode import EpisodeRunner
+from gearshift.services.executor.metrics import EPISODES_IN_FLIGHT
 
 END = None  # queued after the episode's last event, whether it finished or failed
-# What the executor's load is (it waits on the policy, so its CPU says little): autoscaling reads it.
-EPISODES_IN_FLIGHT = Gauge("gearshift_executor_episodes_in_flight", "Episodes (Solve streams) running")
 
 
 class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):

@@ -9,17 +9,17 @@ from dataclasses import dataclass
 
 import grpc
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
-from gearshift import openai_http
+from fastapi.responses import JSONResponse
+from gearshift import openai_http, tracing
 from gearshift.api.executor.v1 import executor_pb2_grpc
 from gearshift.services.gateway import translate
+from gearshift.services.gateway.api_keys import ApiKeys
 from gearshift.services.gateway.completions import Completion
 from gearshift.services.gateway.feedback import FeedbackDesk
 from gearshift.services.gateway.middleware import BearerAuth, BodyLimit, GatewayMetrics, Metrics, RequestIds
 from gearshift.services.gateway.schemas import ChatCompletionRequest, FeedbackRequest
 from gearshift.settings import Settings
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 log = logging.getLogger("gearshift.gateway")
 TRAJECTORY_HEADER = "x-gearshift-trajectory-id"
@@ -33,12 +33,14 @@ class Gateway:
     executor: executor_pb2_grpc.ExecutorStub
     executor_health: health_pb2_grpc.HealthStub
     feedback: FeedbackDesk
+    keys: ApiKeys
 
 
-def create_app(gateway: Gateway):
-    """The gateway's ASGI application: the routes inside metrics, auth and the body limit."""
+def create_app(gateway: Gateway, metrics: GatewayMetrics | None = None):
+    """The gateway's ASGI application: the routes inside metrics, auth and the body limit. The
+    metrics' registry is served on a port of its own (HttpService.metrics_registry), not here."""
     settings, config = gateway.settings, gateway.settings.gateway
-    metrics = GatewayMetrics()
+    metrics = metrics or GatewayMetrics()
     app = FastAPI(title="gearshift gateway", docs_url=None, redoc_url=None, openapi_url=None)
     started = int(time.time())
     native = settings.policy_client.protocol == "native"  # how the executor streams the policy's text
@@ -59,10 +61,6 @@ def create_app(gateway: Gateway):
         serving = state == "SERVING"
         return JSONResponse({"status": "ready" if serving else "unavailable", "executor": state}, 200 if serving else 503)
 
-    @app.get("/metrics")
-    async def prometheus() -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
-
     @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [_card(model, started) for model in translate.MODELS.values()]}
@@ -78,7 +76,9 @@ def create_app(gateway: Gateway):
         # is chosen here; a whole reply takes the executor's, which spares the executor the store
         # look-up a client-chosen id costs (an idempotent retry check).
         trajectory_id = translate.new_trajectory_id() if body.stream else ""
-        solve = translate.solve_request(body, trajectory_id, settings.store.max_label_chars)
+        if trajectory_id:
+            tracing.bind_trajectory(trajectory_id)
+        solve = translate.solve_request(body, trajectory_id, settings.store.max_label_chars, _caller(request))
         view = translate.EpisodeView(trajectory_id, time.monotonic(), translate.stop_words(body), native)
         call = gateway.executor.Solve(solve, timeout=config.request_timeout_seconds)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -89,10 +89,15 @@ def create_app(gateway: Gateway):
         return JSONResponse(whole, headers={TRAJECTORY_HEADER: whole["gearshift"]["trajectory_id"]})
 
     @app.post("/v1/feedback")
-    async def feedback(body: FeedbackRequest) -> dict:
-        return await gateway.feedback.submit(body)
+    async def feedback(body: FeedbackRequest, request: Request) -> dict:
+        return await gateway.feedback.submit(body, _caller(request))
 
-    return Metrics(RequestIds(BearerAuth(BodyLimit(app, config.max_body_bytes), settings.token())), metrics)
+    return Metrics(RequestIds(BearerAuth(BodyLimit(app, config.max_body_bytes), gateway.keys)), metrics)
+
+
+def _caller(request: Request) -> str:
+    """The name of the caller's API key (BearerAuth set it); empty where the gateway needs none."""
+    return getattr(request.state, "api_key", "")
 
 
 def _card(model: translate.ServedModel, created: int) -> dict:

@@ -13,6 +13,7 @@ from typing import TypeVar
 import grpc
 from fastapi import Request
 from fastapi.responses import StreamingResponse
+from gearshift import tracing
 from gearshift.api.common.v1.common_pb2 import Trajectory
 from gearshift.http_server import ClientGone, unless_disconnected
 from gearshift.interceptors import request_id
@@ -70,6 +71,8 @@ class Completion:
         if event is grpc.aio.EOF:
             raise ApiError(502, "executor: the stream ended before the episode did")
         delta = self.view.on_event(event)
+        if event.WhichOneof("event") == "final":  # the request's span (the trace's root) and log lines say which episode it was
+            tracing.describe_episode(self.view.trajectory)
         if event.WhichOneof("event") == "mode_chosen":
             self.metrics.routing.labels(self.model).observe(self.view.routing_seconds)
         return delta

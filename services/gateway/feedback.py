@@ -18,6 +18,7 @@ from gearshift.rewards.feedback import feedback_verifier
 from gearshift.rewards.formats import check_trajectory_format
 from gearshift.rewards.scoring import CORRECTNESS
 from gearshift.openai_http import ApiError
+from gearshift.services.gateway.api_keys import LABEL, PLATFORM_KEY_NAME
 from gearshift.services.gateway.errors import from_rpc
 from gearshift.services.gateway.schemas import FeedbackRequest
 from google.protobuf.json_format import MessageToDict
@@ -33,13 +34,17 @@ class FeedbackDesk:
     max_answer_chars: int
     timeout_seconds: float
 
-    async def submit(self, body: FeedbackRequest) -> dict:
+    async def submit(self, body: FeedbackRequest, caller: str) -> dict:
+        """Sets the reward of a trajectory served to the caller's API key (caller: its name)."""
         trajectory_id = _canonical_id(body.trajectory_id)
         given = [name for name in ("reward", "correct", "reference_answer") if getattr(body, name) is not None]
         if len(given) != 1:
             raise ApiError(400, "give exactly one of reward, correct and reference_answer", given[1] if len(given) > 1 else None)
         self._check(body)
         trajectory = await self._trajectory(trajectory_id)
+        if not _served_to(trajectory, caller):
+            raise ApiError(403, f"trajectory {trajectory_id} was not served to this API key: only its own key may give feedback on it",
+                           "trajectory_id")
         reward = await self._graded(trajectory, body.reference_answer) if body.reference_answer is not None else self._given(trajectory, body)
         try:
             reply = await self.store.SetReward(store_pb2.SetRewardRequest(id=trajectory_id, reward=reward), timeout=self.timeout_seconds)
@@ -88,6 +93,12 @@ class FeedbackDesk:
         reward.CopyFrom(scored.reward)
         reward.verifier = feedback_verifier(scored.reward.verifier)
         return reward
+
+
+def _served_to(trajectory: Trajectory, caller: str) -> bool:
+    owner = trajectory.labels.get(LABEL, "")
+    # Unlabelled: stored before keys existed or put by a platform service, so the platform token's.
+    return owner == caller or (not owner and caller == PLATFORM_KEY_NAME)
 
 
 def _canonical_id(text: str) -> str:

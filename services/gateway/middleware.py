@@ -3,7 +3,6 @@ bearer-token auth on /v1 (before a body is read), and the body size limit (befor
 
 from __future__ import annotations
 
-import hmac
 import time
 import uuid
 
@@ -11,6 +10,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gearshift.interceptors import REQUEST_ID_KEY, request_id
 from gearshift.openai_http import error_response
+from gearshift.services.gateway.api_keys import ApiKeys
 
 ROUTES = ("/v1/chat/completions", "/v1/feedback", "/v1/models", "/health", "/ready", "/metrics")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -86,19 +86,22 @@ class RequestIds:
 
 
 class BearerAuth:
-    """Requires `Authorization: Bearer <token>` on /v1 when a token is set; /health, /ready and
-    /metrics stay open, as the gRPC services leave their health checks open for probes."""
+    """Requires `Authorization: Bearer <API key>` on /v1 when keys are required, and puts the key's
+    name in request.state.api_key; /health, /ready and /metrics stay open, as the gRPC services
+    leave their health checks open for probes."""
 
-    def __init__(self, app, token: str | None):
+    def __init__(self, app, keys: ApiKeys):
         self.app = app
-        self.expected = f"Bearer {token}".encode() if token else None
+        self.keys = keys
 
     async def __call__(self, scope, receive, send):
-        if self.expected is not None and scope["type"] == "http" and scope["path"].startswith("/v1"):
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                return await error_response(401, "missing or wrong API key: send Authorization: Bearer <GEARSHIFT_AUTH_TOKEN>")(
+        if self.keys.required and scope["type"] == "http" and scope["path"].startswith("/v1"):
+            given = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+            name = self.keys.name_of(given.removeprefix("Bearer ")) if given.startswith("Bearer ") else None
+            if name is None:
+                return await error_response(401, "missing, wrong or revoked API key: send Authorization: Bearer <your API key>")(
                     scope, receive, send)
+            scope.setdefault("state", {})["api_key"] = name
         return await self.app(scope, receive, send)
 
 

@@ -7,8 +7,10 @@ from gearshift.api.reward.v1 import reward_pb2_grpc
 from gearshift.api.store.v1 import store_pb2_grpc
 from gearshift.clients import service_channel
 from gearshift.http_server import HttpService
+from gearshift.services.gateway.api_keys import ApiKeys
 from gearshift.services.gateway.app import Gateway, create_app
 from gearshift.services.gateway.feedback import FeedbackDesk
+from gearshift.services.gateway.middleware import GatewayMetrics
 from gearshift.settings import Settings
 from grpc_health.v1 import health_pb2_grpc
 
@@ -29,10 +31,13 @@ async def build(settings: Settings) -> HttpService:
         executor=executor_pb2_grpc.ExecutorStub(channels["executor"]),
         executor_health=health_pb2_grpc.HealthStub(channels["executor"]),
         feedback=feedback,
+        keys=ApiKeys(settings.gateway.api_keys_file, settings.token(), settings.gateway.accept_platform_token),
     )
 
     async def close() -> None:
         for channel in channels.values():
             await channel.close()
 
-    return HttpService("gateway", create_app(gateway), on_close=[close], host=settings.gateway.host, port=settings.gateway.port)
+    metrics = GatewayMetrics()
+    return HttpService("gateway", create_app(gateway, metrics), on_close=[close], host=settings.gateway.host, port=settings.gateway.port,
+                       metrics_registry=metrics.registry, metrics_port=settings.gateway.metrics_port)

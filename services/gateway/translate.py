@@ -25,7 +25,7 @@ from gearshift.protocol.a2fm import render_transcript
 from gearshift.protocol.modes import MODE_OF, mode_name
 from gearshift.protocol.parsers.a2fm import EpisodeText
 from gearshift.sampling import SEEDS
-from gearshift.services.gateway import schemas
+from gearshift.services.gateway import api_keys, schemas
 from gearshift.openai_http import ApiError
 from gearshift.services.gateway.deltas import Delta, StopCut
 
@@ -93,8 +93,10 @@ def served_model(name: str) -> ServedModel:
     return model
 
 
-def solve_request(body: schemas.ChatCompletionRequest, trajectory_id: str, max_label_chars: int) -> executor_pb2.SolveRequest:
-    """The SolveRequest for a chat completion request; ApiError when the gateway cannot honour it."""
+def solve_request(body: schemas.ChatCompletionRequest, trajectory_id: str, max_label_chars: int,
+                  api_key: str = "") -> executor_pb2.SolveRequest:
+    """The SolveRequest for a chat completion request, labelled with the name of the API key that
+    asked for it; ApiError when the gateway cannot honour it."""
     for name, refused, message in UNSUPPORTED:
         if refused(getattr(body, name)):
             raise ApiError(400, message, name)
@@ -104,7 +106,7 @@ def solve_request(body: schemas.ChatCompletionRequest, trajectory_id: str, max_l
     query, conversation = _conversation(body.messages)
     request = executor_pb2.SolveRequest(
         query=query, mode=mode, strategy=strategy, trajectory_id=trajectory_id, conversation=conversation,
-        labels=_labels(body, max_label_chars),
+        labels=_labels(body, max_label_chars, api_key),
     )
     tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if tokens is not None:  # what the policy generates, as OpenAI counts it; prompts are the platform's
@@ -172,7 +174,7 @@ def _text(message: schemas.ChatMessage, index: int) -> str:
     return "\n".join(texts)
 
 
-def _labels(body: schemas.ChatCompletionRequest, max_chars: int) -> dict[str, str]:
+def _labels(body: schemas.ChatCompletionRequest, max_chars: int, api_key: str) -> dict[str, str]:
     labels = dict(body.metadata or {})
     if len(labels) > MAX_METADATA:
         raise ApiError(400, f"metadata takes at most {MAX_METADATA} pairs", "metadata")
@@ -181,6 +183,10 @@ def _labels(body: schemas.ChatCompletionRequest, max_chars: int) -> dict[str, st
     for key, value in labels.items():
         if not key or len(key) > max_chars or len(value) > max_chars:
             raise ApiError(400, f"user and metadata keys and values take 1 to {max_chars} characters", "user" if key == "user" else "metadata")
+    # The gateway's word, never the client's: feedback trusts it.
+    labels.pop(api_keys.LABEL, None)
+    if api_key:
+        labels[api_keys.LABEL] = api_key
     return labels
 
 

@@ -1,4 +1,5 @@
-"""Runs the policy server: load the model, then serve the app with uvicorn on one socket."""
+"""Runs the policy server: load the model, then serve the app with uvicorn on one socket, inside
+gearshift.tracing's middleware (it continues the trace of a caller's traceparent)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,18 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import uvicorn
-from gearshift import weights
+from gearshift import tracing, weights
+from gearshift.http_server import uvicorn_logging
 from gearshift.services.policy_server.app import create_app
 from gearshift.services.policy_server.core import PolicyEngine
 from gearshift.settings import Settings, get_settings
 
 log = logging.getLogger("gearshift.policy_server")
+SERVICE_NAME = "policy-server"  # its spans' service.name
+
+
+def traced_app(engine: PolicyEngine, settings: Settings):
+    return tracing.TracedHttp(create_app(engine), tracing.setup(settings, SERVICE_NAME))
 
 
 @dataclass
@@ -55,7 +62,8 @@ async def running(settings: Settings, loaded: weights.LoadedModel | None = None)
     policy = settings.policy_server
     engine = PolicyEngine(loaded, policy, settings.models_dir) if loaded else await PolicyEngine.start(policy, settings.models_dir)
     sock = _bind(policy.host, policy.port)
-    config = uvicorn.Config(create_app(engine), log_level=settings.log_level.lower(), access_log=False, lifespan="off")
+    config = uvicorn.Config(traced_app(engine, settings), log_level=settings.log_level.lower(), access_log=False, lifespan="off",
+                            **uvicorn_logging(settings))
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # the caller owns SIGINT/SIGTERM, not uvicorn
     task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -78,9 +86,9 @@ async def serve(settings: Settings) -> None:
     engine = await PolicyEngine.start(policy, settings.models_dir)
     log.info("serving %s as %r on http://%s:%d/v1", engine.current.path, engine.served_name, policy.host, policy.port)
     config = uvicorn.Config(
-        create_app(engine), host=policy.host, port=policy.port, log_level=settings.log_level.lower(),
+        traced_app(engine, settings), host=policy.host, port=policy.port, log_level=settings.log_level.lower(),
         access_log=False,  # a line per request drowns the stack's output; /metrics counts them
-        timeout_graceful_shutdown=int(settings.drain_seconds("policy")),
+        timeout_graceful_shutdown=int(settings.drain_seconds("policy")), **uvicorn_logging(settings),
     )
     try:
         await uvicorn.Server(config).serve()
@@ -96,5 +104,5 @@ def main(model: str | None = None, port: int | None = None) -> None:
     overrides = {key: value for key, value in (("model", model), ("port", port)) if value is not None}
     if overrides:
         settings = settings.model_copy(update={"policy_server": settings.policy_server.model_copy(update=overrides)})
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     asyncio.run(serve(settings))

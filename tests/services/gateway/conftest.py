@@ -27,10 +27,10 @@ class Served:
     store: store_pb2_grpc.TrajectoryStoreStub
 
 
-@pytest.fixture(scope="module")
-async def served(postgres_url, tmp_path_factory):
-    settings = Settings(
-        data_dir=tmp_path_factory.mktemp("gateway"), metrics_port=0, log_level="WARNING", database_url=postgres_url,
+def stack_settings(postgres_url: str, data_dir, gateway: GatewaySettings | None = None) -> Settings:
+    """The module's platform: small budgets, the test token, and these gateway settings."""
+    return Settings(
+        data_dir=data_dir, metrics_port=0, log_level="WARNING", database_url=postgres_url,
         auth_token=SecretStr(TOKEN),
         # One agentic turn (a plan and a tool call, or the answer): an agentic episode then takes
         # seconds, not a minute, on a shared 2-core machine.
@@ -38,8 +38,13 @@ async def served(postgres_url, tmp_path_factory):
         planner=PlannerSettings(max_tokens=32, max_horizon=1),
         router=RouterSettings(max_attempts=2, max_tokens=48),
         learned_router=LearnedRouterSettings(poll_seconds=0.2),
-        gateway=GatewaySettings(max_body_bytes=MAX_BODY_BYTES),
+        gateway=gateway or GatewaySettings(max_body_bytes=MAX_BODY_BYTES),
     )
+
+
+@pytest.fixture(scope="module")
+async def served(postgres_url, tmp_path_factory):
+    settings = stack_settings(postgres_url, tmp_path_factory.mktemp("gateway"))
     async with embedded(settings, policy_model=weights.DEFAULT) as platform, channel(platform.settings.store_addr, platform.settings) as ch:
         yield Served(platform.settings, f"http://{platform.settings.gateway_addr}/v1", store_pb2_grpc.TrajectoryStoreStub(ch))
 

@@ -9,6 +9,7 @@ import httpx
 import pytest
 from gearshift.http_server import HttpService, running
 from gearshift.openai_http import RETRY_AFTER_SECONDS
+from gearshift.services.gateway.api_keys import ApiKeys
 from gearshift.services.gateway.app import Gateway, create_app
 from gearshift.settings import Settings
 
@@ -42,7 +43,7 @@ class RefusingExecutor:
 @pytest.mark.parametrize("stream", [False, True])
 async def test_an_executor_that_is_full_is_a_429_rate_limit_error_with_retry_after(tmp_path, stream):
     settings = Settings(data_dir=tmp_path, metrics_port=0, log_level="WARNING")
-    app = create_app(Gateway(settings, RefusingExecutor(grpc.StatusCode.RESOURCE_EXHAUSTED), None, None))
+    app = create_app(Gateway(settings, RefusingExecutor(grpc.StatusCode.RESOURCE_EXHAUSTED), None, None, ApiKeys(None, None, False)))
     async with running(HttpService("gateway", app, host="127.0.0.1"), settings) as gateway:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gateway.port}/v1", timeout=30) as http:
             reply = await http.post("/chat/completions", json=ASK | {"stream": stream})

@@ -17,6 +17,7 @@ import uuid
 import httpx
 import openai
 import pytest
+from prometheus_client import generate_latest
 from gearshift.api.common.v1.common_pb2 import ChatRole, Mode, TrajectoryStatus
 from gearshift.api.store.v1 import store_pb2
 from gearshift.http_server import running
@@ -184,7 +185,7 @@ async def test_request_fields_reach_the_episode(served, client):
     raw = await client.chat.completions.with_raw_response.create(
         model="gearshift-instant", messages=ASK, user="alice", metadata={"app": "tests"}, temperature=0.7, top_p=0.9)
     trajectory = await stored(served, raw.headers["x-gearshift-trajectory-id"])
-    assert dict(trajectory.labels) == {"app": "tests", "user": "alice"}
+    assert dict(trajectory.labels) == {"app": "tests", "user": "alice", "api_key": "platform"}  # no keys file: the token is the key
 
     # The token budget covers every model call of the episode: routing alone spends one token.
     raw = await client.chat.completions.with_raw_response.create(model="gearshift", messages=ASK, max_completion_tokens=1)
@@ -347,12 +348,17 @@ async def test_feedback_refusals(client, body, error):
     assert refused.value.type == ("not_found_error" if error is openai.NotFoundError else "invalid_request_error")
 
 
-async def test_metrics_health_and_readiness(served, client):
-    await client.chat.completions.create(model="gearshift-instant", messages=ASK)
-    async with httpx.AsyncClient(base_url=served.base_url.removesuffix("/v1"), timeout=10) as http:  # open: no token
-        live, ready, metrics = await http.get("/health"), await http.get("/ready"), await http.get("/metrics")
+async def test_metrics_on_their_own_port_health_and_readiness(served):
+    service = await build(served.settings)
+    async with running(service, served.settings) as gateway:
+        base = f"http://127.0.0.1:{gateway.port}"
+        async with openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=TOKEN, max_retries=0, timeout=600) as client:
+            await client.chat.completions.create(model="gearshift-instant", messages=ASK)
+        async with httpx.AsyncClient(base_url=base, timeout=10) as http:  # open: no token
+            live, ready, on_api_port = await http.get("/health"), await http.get("/ready"), await http.get("/metrics")
     assert live.status_code == 200 and ready.json() == {"status": "ready", "executor": "SERVING"}
-    text = metrics.text
+    assert on_api_port.status_code == 404  # clients never read the metrics; Prometheus reads the metrics port
+    text = generate_latest(service.metrics_registry).decode()  # what serve_metrics serves there
     assert 'gearshift_gateway_requests_total{model="gearshift-instant",route="/v1/chat/completions",status="200"}' in text
     assert 'gearshift_gateway_request_seconds_bucket{le="0.5",model="gearshift-instant",route="/v1/chat/completions"}' in text
     assert 'gearshift_gateway_routing_seconds_count{model="gearshift-instant"}' in text
