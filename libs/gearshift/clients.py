@@ -16,7 +16,7 @@ from gearshift.api.reward.v1 import reward_pb2
 from gearshift.api.router.v1 import router_pb2
 from gearshift.api.sandbox.v1 import sandbox_pb2
 from gearshift.api.store.v1 import store_pb2
-from gearshift import logs, tracing
+from gearshift import logs, tls, tracing
 from gearshift.settings import RpcSettings, Settings, get_settings
 
 # Each gRPC service of the platform (the one service of its proto file) by its name in the services table.
@@ -157,7 +157,11 @@ def channel(address: str, settings: Settings | None = None) -> grpc.aio.Channel:
     """An aio channel to another gearshift service: address is any gRPC target (host:port,
     dns:///name:port, ipv4:a:p,b:p), balanced over what it resolves to, carrying the token."""
     settings = settings or get_settings()
-    return grpc.aio.insecure_channel(address, options=channel_options(settings), interceptors=metadata_interceptors(settings.token()))
+    options, interceptors = channel_options(settings), metadata_interceptors(settings.token())
+    if settings.tls.enabled:
+        options += tls.channel_options(settings.tls)
+        return grpc.aio.secure_channel(address, tls.channel_credentials(settings.tls), options=options, interceptors=interceptors)
+    return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
 
 
 def service_channel(service: str, settings: Settings | None = None) -> grpc.aio.Channel:

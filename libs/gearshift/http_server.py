@@ -22,7 +22,7 @@ import uvicorn
 import uvloop
 from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 
-from gearshift import tracing
+from gearshift import tls, tracing
 from gearshift.server import configure_logging
 from gearshift.settings import Settings, get_settings
 
@@ -116,12 +116,14 @@ async def start(service: HttpService, settings: Settings, port: int | None = Non
         tracing.TracedHttp(service.app, tracing.setup(settings, service.name)), log_level=settings.log_level.lower(), lifespan="off",
         access_log=settings.gateway.access_log,  # off by default: a line per request drowns the stack's output; /metrics counts them
         timeout_graceful_shutdown=max(settings.drain_seconds(service.name), 0.1),
-        **uvicorn_logging(settings),
+        **uvicorn_logging(settings), **tls.uvicorn_options(settings.tls, ask_clients=False),  # the gateway's clients send API keys
     )
     if settings.log_format == "json" and config.access_log:
-        # uvicorn's access logger is process-wide, and a server configured before (the embedded
-        # policy server) turned it off: on, its lines go to the root handler's JSON lines.
-        logging.getLogger("uvicorn.access").propagate = True
+        # uvicorn's access logger is process-wide: a server configured before may have turned it
+        # off, a library's dictConfig disabled it. On, its lines go to the root's JSON handler.
+        access = logging.getLogger("uvicorn.access")
+        access.handlers, access.propagate, access.disabled = [], True, False
+        access.setLevel(logging.INFO)
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # the caller owns SIGINT/SIGTERM, not uvicorn
     task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -157,7 +159,7 @@ async def serve(build: Callable[[Settings], Awaitable[HttpService]], settings: S
     service = await build(settings)
     server = await start(service, settings)
     metrics_port = serve_metrics(service, settings)
-    log.info("%s listening on http://%s:%d (metrics on :%s, auth %s)", service.name, service.host or settings.host, server.port,
+    log.info("%s listening on %s://%s:%d (metrics on :%s, auth %s)", service.name, tls.scheme(settings.tls), service.host or settings.host, server.port,
              metrics_port or "off", "on" if settings.auth_token else "off")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -40,7 +41,7 @@ from gearshift.errors import (
     Unauthenticated,
     Unavailable,
 )
-from gearshift import logs, tracing, vllm_plugins
+from gearshift import logs, tls, tracing, vllm_plugins
 from gearshift.api.common.v1.common_pb2 import TokenUsage
 from gearshift.settings import Settings, get_settings
 
@@ -206,6 +207,8 @@ class PolicyClient:
         token_ids: bool = False,
         logprobs: bool = False,
         chat_template: str | None = None,
+        tls_context: ssl.SSLContext | None = None,
+        server_name: str = "",
     ):
         self.base_url = base_url.rstrip("/")
         self.model = model  # what the settings name: a served model, or an alias of versioned names
@@ -220,10 +223,13 @@ class PolicyClient:
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=timeout)
         self._http: aiohttp.ClientSession | None = None  # made on first use, inside the running loop
         self._admin: aiohttp.ClientSession | None = None  # admin calls: a new connection each
+        self._tls = tls_context  # None: the system's CAs (an https URL) or plaintext
+        self._server_name = {"server_hostname": server_name} if server_name else {}  # checked in the certificate, not the host dialed
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> PolicyClient:
-        client = (settings or get_settings()).policy_client
+        settings = settings or get_settings()
+        client = settings.policy_client
         return cls(
             client.url,
             client.model,
@@ -234,6 +240,8 @@ class PolicyClient:
             token_ids=client.return_token_ids,
             logprobs=client.return_logprobs,
             chat_template=vllm_plugins.chat_template_text(client.chat_template),
+            tls_context=tls.client_context(settings.tls),
+            server_name=settings.tls.server_name if settings.tls.enabled else "",
         )
 
     async def __aenter__(self) -> PolicyClient:
@@ -251,7 +259,8 @@ class PolicyClient:
 
     def _session(self) -> aiohttp.ClientSession:
         if self._http is None or self._http.closed:
-            self._http = aiohttp.ClientSession(headers=self._headers, timeout=self._timeout)
+            connector = aiohttp.TCPConnector(ssl=self._tls or True)
+            self._http = aiohttp.ClientSession(headers=self._headers, timeout=self._timeout, connector=connector)
         return self._http
 
     def _admin_session(self) -> aiohttp.ClientSession:
@@ -259,7 +268,7 @@ class PolicyClient:
         # server has closed a pooled connection after its keep-alive timeout, and a POST sent on it
         # in the moment before the client notices fails. A new connection costs under a millisecond.
         if self._admin is None or self._admin.closed:
-            connector = aiohttp.TCPConnector(force_close=True)
+            connector = aiohttp.TCPConnector(force_close=True, ssl=self._tls or True)
             self._admin = aiohttp.ClientSession(headers=self._headers, timeout=self._timeout, connector=connector)
         return self._admin
 
@@ -300,7 +309,7 @@ class PolicyClient:
         # traced call's own headers (its span's traceparent) win over the current span's.
         kwargs["headers"] = logs.id_headers() | tracing.trace_headers() | (kwargs.get("headers") or {})
         try:
-            return await session.request(method, self._url(path, root), **kwargs)
+            return await session.request(method, self._url(path, root), **self._server_name, **kwargs)
         except READ_TIMEOUTS as exc:
             raise DeadlineExceeded(f"policy server {self._url(path, root)} did not answer in time: {exc!r}") from None
 

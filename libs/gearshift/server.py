@@ -19,7 +19,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from gearshift import logs, tracing
+from gearshift import logs, tls, tracing
 from gearshift.interceptors import RequestInterceptor
 from gearshift.settings import Settings, get_settings
 
@@ -100,11 +100,13 @@ class DrainingHealth(health.aio.HealthServicer):
 class RunningServer:
     """A started server: its bound port and a way to drain it."""
 
-    def __init__(self, server: grpc.aio.Server, health_servicer: DrainingHealth, port: int, service: Service):
+    def __init__(self, server: grpc.aio.Server, health_servicer: DrainingHealth, port: int, service: Service,
+                 health_server: grpc.aio.Server | None = None):
         self.server = server
         self.health = health_servicer
         self.port = port
         self.service = service
+        self.health_server = health_server  # the plaintext health port beside a TLS one
 
     async def stop(self, grace: float, notice: float = 0.0) -> None:
         """Drains: health says NOT_SERVING and, for `notice` seconds, calls are still served while
@@ -115,6 +117,8 @@ class RunningServer:
         await self.health.enter_graceful_shutdown()
         await asyncio.sleep(notice)
         await self.server.stop(grace)
+        if self.health_server:
+            await self.health_server.stop(0)
         for close in self.service.on_close:
             await close()
 
@@ -135,14 +139,27 @@ async def start(service: Service, settings: Settings, port: int | None = None) -
         reflection.enable_server_reflection([*names, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
 
     port = settings.service_port(service.name) if port is None else port
+    credentials = tls.server_credentials(settings.tls) if settings.tls.enabled else None
+    bound = _listen(server, settings.host, port, service.name, credentials)
+    health_server = None
+    if settings.tls.enabled and settings.tls.health_port:
+        health_server = grpc.aio.server()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, health_server)
+        _listen(health_server, settings.host, settings.tls.health_port, f"{service.name} health", None)
+        await health_server.start()
+    await server.start()
+    return RunningServer(server, health_servicer, bound, service, health_server)
+
+
+def _listen(server: grpc.aio.Server, host: str, port: int, name: str, credentials: grpc.ServerCredentials | None) -> int:
+    address = f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(f"{settings.host}:{port}")
+        bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
     except RuntimeError:  # newer grpcio raises where older ones returned 0
         bound = 0
     if bound == 0:
-        raise OSError(f"{service.name}: cannot listen on {settings.host}:{port} (is the port in use?)")
-    await server.start()
-    return RunningServer(server, health_servicer, bound, service)
+        raise OSError(f"{name}: cannot listen on {address} (is the port in use?)")
+    return bound
 
 
 @contextlib.asynccontextmanager

@@ -439,6 +439,24 @@ class TracingSettings(BaseModel):
     )
 
 
+class TlsSettings(BaseModel):
+    """TLS on every gRPC connection, on the HTTP listeners (gateway, built-in policy server) and
+    the policy client: one certificate for the stack, as cert-manager writes it (docs/operations.md,
+    "TLS"). Metrics ports stay plaintext."""
+
+    enabled: bool = Field(False, description="Serve and dial with TLS; a plaintext client is refused")
+    cert_file: Path | None = Field(None, description="This process's certificate chain (PEM, a Secret's tls.crt): served, and presented to servers that ask")
+    key_file: Path | None = Field(None, description="Its private key (PEM, tls.key)")
+    ca_file: Path | None = Field(None, description="CA bundle that signed the peers' certificates (PEM, ca.crt)")
+    server_name: str = Field(
+        "", description="The name clients check in every server's certificate (one certificate for the stack); empty: the host dialed")
+    client_auth: bool = Field(
+        False, description="gRPC services and the built-in policy server require a client certificate the CA signed (mutual TLS); "
+        "never the gateway, whose clients send API keys")
+    health_port: int = Field(
+        0, ge=0, description="With TLS, a plaintext port serving only grpc.health.v1 (kubelet's gRPC probes speak no TLS); 0: none")
+
+
 class _Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GEARSHIFT_", env_nested_delimiter="__", extra="ignore")
 
@@ -481,6 +499,7 @@ class _Settings(BaseSettings):
     orchestration: OrchestrationSettings = Field(default_factory=OrchestrationSettings)
     rpc: RpcSettings = Field(default_factory=RpcSettings)
     tracing: TracingSettings = Field(default_factory=TracingSettings)
+    tls: TlsSettings = Field(default_factory=TlsSettings)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
 
     def service_port(self, service: str) -> int:

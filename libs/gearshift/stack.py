@@ -22,6 +22,7 @@ import httpx
 import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gearshift import tls
 from gearshift.clients import channel
 from gearshift.settings import Settings
 from gearshift.topology import METRICS_PORT_OFFSET, SERVICE_NAMES, SERVICES
@@ -53,8 +54,8 @@ async def check_health(settings: Settings, timeout: float = 2.0) -> dict[str, tu
 
     async def http_state(address: str) -> str:
         try:
-            async with httpx.AsyncClient(timeout=timeout) as client:
-                response = await client.get(f"http://{address}/ready")
+            async with httpx.AsyncClient(timeout=timeout, verify=tls.client_context(settings.tls) or True) as client:
+                response = await client.get(f"{tls.scheme(settings.tls)}://{address}/ready", extensions=sni(settings))
         except httpx.TransportError:
             return "DOWN"
         return {200: "SERVING", 503: "NOT_SERVING"}.get(response.status_code, f"DOWN ({response.status_code})")
@@ -76,10 +77,16 @@ def redis_answers(url: str, timeout: float = 1.0) -> bool:
         return False
 
 
-def policy_health(policy_url: str) -> str:
+def sni(settings: Settings) -> dict:
+    """httpx's request extension checking the certificate for tls.server_name, not the host dialed."""
+    return {"sni_hostname": settings.tls.server_name} if settings.tls.enabled and settings.tls.server_name else {}
+
+
+def policy_health(policy_url: str, settings: Settings) -> str:
     """SERVING when the policy server's /health answers 200."""
     try:
-        response = httpx.get(policy_url.removesuffix("/v1") + "/health", timeout=1.0)
+        with httpx.Client(timeout=1.0, verify=tls.client_context(settings.tls) or True) as client:
+            response = client.get(policy_url.removesuffix("/v1") + "/health", extensions=sni(settings))
     except httpx.TransportError:
         return "DOWN"
     return "SERVING" if response.status_code == 200 else f"DOWN ({response.status_code})"
@@ -103,7 +110,7 @@ class Stack:
 
     @property
     def policy_url(self) -> str:
-        return f"http://{self.settings.host}:{self.policy_port}/v1" if self.with_policy else self.settings.policy_client.url
+        return f"{tls.scheme(self.settings.tls)}://{self.settings.host}:{self.policy_port}/v1" if self.with_policy else self.settings.policy_client.url
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -178,7 +185,7 @@ class Stack:
                 raise RuntimeError(f"exited during start-up: {', '.join(dead)}")
             results = asyncio.run(check_health(settings, timeout=1.0))
             if self.with_policy:
-                results["policy"] = (self.policy_url, policy_health(self.policy_url))
+                results["policy"] = (self.policy_url, policy_health(self.policy_url, self.settings))
             if all(state == "SERVING" for _, state in results.values()) or time.monotonic() > deadline:
                 return results
             time.sleep(0.3)

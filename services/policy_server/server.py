@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import uvicorn
-from gearshift import tracing, weights
+from gearshift import tls, tracing, weights
 from gearshift.http_server import uvicorn_logging
 from gearshift.services.policy_server.app import create_app
 from gearshift.services.policy_server.core import PolicyEngine
@@ -33,10 +33,11 @@ class RunningPolicyServer:
     engine: PolicyEngine
     host: str
     port: int
+    scheme: str = "http"
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}/v1"
+        return f"{self.scheme}://{self.host}:{self.port}/v1"
 
     @property
     def served_name(self) -> str:
@@ -63,7 +64,7 @@ async def running(settings: Settings, loaded: weights.LoadedModel | None = None)
     engine = PolicyEngine(loaded, policy, settings.models_dir) if loaded else await PolicyEngine.start(policy, settings.models_dir)
     sock = _bind(policy.host, policy.port)
     config = uvicorn.Config(traced_app(engine, settings), log_level=settings.log_level.lower(), access_log=False, lifespan="off",
-                            **uvicorn_logging(settings))
+                            **uvicorn_logging(settings), **tls.uvicorn_options(settings.tls, ask_clients=True))
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # the caller owns SIGINT/SIGTERM, not uvicorn
     task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -72,7 +73,7 @@ async def running(settings: Settings, loaded: weights.LoadedModel | None = None)
             if task.done():
                 task.result()  # raises why it could not start
             await asyncio.sleep(0.01)
-        yield RunningPolicyServer(engine, policy.host, sock.getsockname()[1])
+        yield RunningPolicyServer(engine, policy.host, sock.getsockname()[1], tls.scheme(settings.tls))
     finally:
         server.should_exit = True
         await task
@@ -84,11 +85,12 @@ async def serve(settings: Settings) -> None:
     """Loads the model and serves until SIGTERM/SIGINT (uvicorn drains open requests)."""
     policy = settings.policy_server
     engine = await PolicyEngine.start(policy, settings.models_dir)
-    log.info("serving %s as %r on http://%s:%d/v1", engine.current.path, engine.served_name, policy.host, policy.port)
+    log.info("serving %s as %r on %s://%s:%d/v1", engine.current.path, engine.served_name, tls.scheme(settings.tls), policy.host, policy.port)
     config = uvicorn.Config(
         traced_app(engine, settings), host=policy.host, port=policy.port, log_level=settings.log_level.lower(),
         access_log=False,  # a line per request drowns the stack's output; /metrics counts them
         timeout_graceful_shutdown=int(settings.drain_seconds("policy")), **uvicorn_logging(settings),
+        **tls.uvicorn_options(settings.tls, ask_clients=True),
     )
     try:
         await uvicorn.Server(config).serve()

@@ -12,6 +12,7 @@ import time
 
 import httpx
 import pytest
+from gearshift.testing.certs import issue
 from gearshift.topology import SERVICE_NAMES, SERVICES
 
 BASE_PORT = 26500  # one gRPC port per service from here, metrics on port + 1000: below the ephemeral range (32768-60999), where a client socket of another test cannot take them
@@ -62,8 +63,7 @@ def test_up_status_metrics_and_ctrl_c(tmp_path):
         assert (tmp_path / "store.db").exists()
 
         status = gearshift("status", env=ENV | ADDRESSES)
-        serving = [line for line in status.stdout.splitlines() if line.split()[-1:] == ["SERVING"]]
-        assert len(serving) == len(SERVICES)  # the policy server was not started: reported down
+        assert len(serving(status)) == len(SERVICES)  # the policy server was not started: reported down
         assert status.returncode == 1 and "policy" in status.stdout
 
         metrics = httpx.get(f"http://127.0.0.1:{BASE_PORT + 1000 + SERVICE_NAMES.index('store')}/metrics", timeout=5).text
@@ -74,6 +74,22 @@ def test_up_status_metrics_and_ctrl_c(tmp_path):
     assert up.returncode == 0 and "gearshift stopped" in out
     after = gearshift("status", env=ENV | ADDRESSES)
     assert after.returncode == 1 and "SERVING" not in after.stdout
+
+
+def serving(status: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in status.stdout.splitlines() if line.split()[-1:] == ["SERVING"]]
+
+
+def test_up_over_mutual_tls_serves_clients_with_the_certificate_and_refuses_plaintext(tmp_path):
+    tls_env = ENV | issue(tmp_path / "tls").env(client_auth=True)
+    up, _ = start_up(tmp_path / "data", tls_env)  # up waits for every service to answer its health check over TLS
+    try:
+        assert len(serving(gearshift("status", env=tls_env | ADDRESSES))) == len(SERVICES)
+        assert serving(gearshift("status", env=ENV | ADDRESSES)) == []
+    finally:
+        up.send_signal(signal.SIGINT)
+        out, _ = up.communicate(timeout=60)
+    assert up.returncode == 0, out
 
 
 def test_a_killed_up_takes_its_services_and_their_workers_with_it(tmp_path):

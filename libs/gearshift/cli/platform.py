@@ -58,7 +58,7 @@ def status(timeout: float) -> None:
 
     settings = get_settings()
     results = asyncio.run(check_health(settings, timeout))
-    results["policy"] = (settings.policy_client.url, policy_health(settings.policy_client.url))
+    results["policy"] = (settings.policy_client.url, policy_health(settings.policy_client.url, settings))
     width = max(map(len, results))
     for name, (address, state) in results.items():
         click.echo(f"{name:<{width}}  {address:<22} {state}")
@@ -161,7 +161,10 @@ def ask_the_gateway(settings: Settings, out) -> None:
     """The demo's first question again, through the OpenAI-compatible gateway with the official
     openai client (the dev extra, which `make install` installs): the answer, and the mode and
     cost from the reply's `gearshift` extension object."""
+    import httpx
     from rich.markup import escape
+
+    from gearshift import tls
 
     try:
         import openai
@@ -169,8 +172,8 @@ def ask_the_gateway(settings: Settings, out) -> None:
         out.print("[dim]pip install openai to see the same stack answer through its OpenAI-compatible gateway[/]")
         return
     question = DEMO_QUESTIONS[0][0]
-    client = openai.OpenAI(base_url=f"http://{settings.gateway_addr}/v1", api_key=settings.token() or "no-token-set",
-                           max_retries=0, timeout=600)
+    client = openai.OpenAI(base_url=f"{tls.scheme(settings.tls)}://{settings.gateway_addr}/v1", api_key=settings.token() or "no-token-set",
+                           max_retries=0, timeout=600, http_client=httpx.Client(verify=tls.client_context(settings.tls) or True))
     out.print(f"[bold]{question}[/]  [dim](the openai client at {client.base_url}, model gearshift)[/]")
     try:
         reply = client.chat.completions.create(model="gearshift", messages=[{"role": "user", "content": question}])
