@@ -2,8 +2,8 @@
 validating every rendered object strictly (`python -m tests.charts.k8s < rendered.yaml` is
 scripts/check-chart.sh's validation step): built-in kinds with kubernetes-validate, KEDA's
 ScaledObjects and TriggerAuthentications against KEDA's own CRD schemas (tests/charts/schemas),
-ServiceMonitors and TrainJobs against theirs, PrometheusRules with `promtool check rules`
-(what Prometheus itself loads)."""
+ServiceMonitors, cert-manager Certificates and TrainJobs against theirs, PrometheusRules with
+`promtool check rules` (what Prometheus itself loads)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ COMPONENTS = (*SERVICE_NAMES, "worker", "beat", "policy")
 POD_KINDS = ("Deployment", "StatefulSet", "Job", "CronJob", "Pod")
 TRAINER_API = "trainer.kubeflow.org/v1alpha1"
 SERVICE_MONITOR_SCHEMA = json.loads((ROOT / "tests" / "charts" / "servicemonitor.schema.json").read_text())
+CERTIFICATE_SCHEMA = json.loads((ROOT / "tests" / "charts" / "certificate.schema.json").read_text())
 SCHEMAS = ROOT / "tests" / "charts" / "schemas"  # upstream schemas, their origin in its README.md
 KEDA_API = "keda.sh/v1alpha1"
 API_VERSIONS_LINE = "# api-versions:"  # a values file's first line may name the CRD API versions its cluster serves
@@ -259,6 +260,7 @@ def validate_prometheus_rule(doc: dict) -> None:
 CUSTOM_KINDS = {
     "PrometheusRule": validate_prometheus_rule,
     "ServiceMonitor": lambda doc: jsonschema.validate(doc, SERVICE_MONITOR_SCHEMA),
+    "Certificate": lambda doc: jsonschema.validate(doc, CERTIFICATE_SCHEMA),
     "ScaledObject": validate_crd("ScaledObject", "keda-scaledobject.json"),
     "TriggerAuthentication": validate_crd("TriggerAuthentication", "keda-triggerauthentication.json"),
     "TrainJob": validate_trainjob,

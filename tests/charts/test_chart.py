@@ -180,15 +180,17 @@ def test_every_deployment_has_probes_and_resources(scenario):
 
 @matrix()
 def test_grpc_services_use_native_grpc_probes_on_the_grpc_port(scenario):
+    """On the gRPC port, or with TLS on the plaintext health port (the kubelet speaks no TLS; test_tls.py)."""
     docs = rendered(scenario)
     for service in GRPC_SERVICES:
         deployment = named(docs, "Deployment", name(service))
         if deployment is None:
             continue
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
-        grpc_port = next(p["containerPort"] for p in container["ports"] if p["name"] == "grpc")
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        probed = ports.get("grpc-health", ports["grpc"])
         for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-            assert container[probe]["grpc"]["port"] == grpc_port, f"{service} {probe}"
+            assert container[probe]["grpc"]["port"] == probed, f"{service} {probe}"
             assert "service" not in container[probe]["grpc"]  # "" = the server's overall health
         assert container["command"] == ["gearshift", "serve", service]
         ports = {p["name"]: p for p in named(docs, "Service", name(service))["spec"]["ports"]}

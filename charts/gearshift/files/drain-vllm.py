@@ -2,11 +2,15 @@
 SIGTERM that follows stops an idle server (a rolling publish drops no request). The kubelet ends
 the hook when terminationGracePeriodSeconds runs out, whatever it is doing.
 
-Arguments: PORT SETTLE_SECONDS. It first waits SETTLE_SECONDS: the pod is leaving the Service's
-endpoints meanwhile, and requests still sent to it in that time are waited for too. Runs in the
-vLLM image with python3 alone (no curl needed); the metrics endpoint needs no API key.
+Arguments: PORT SETTLE_SECONDS [CA_FILE CERT_FILE KEY_FILE]. It first waits SETTLE_SECONDS: the
+pod is leaving the Service's endpoints meanwhile, and requests still sent to it in that time are
+waited for too. With the TLS files (tls.enabled) it asks over HTTPS, with the pod's certificate
+(which a server under tls.clientAuth requires), the server's checked against the CA but not its
+name (it is the loopback address). Runs in the vLLM image with python3 alone (no curl needed);
+the metrics endpoint needs no API key.
 """
 
+import ssl
 import sys
 import time
 import urllib.request
@@ -22,10 +26,16 @@ def busy(metrics: str) -> float:
 
 def main(argv: list[str]) -> int:
     port, settle = int(argv[0]), float(argv[1])
+    url, context = f"http://127.0.0.1:{port}/metrics", None
+    if len(argv) > 2:
+        ca, cert, key = argv[2:5]
+        url, context = f"https://127.0.0.1:{port}/metrics", ssl.create_default_context(cafile=ca)
+        context.check_hostname = False
+        context.load_cert_chain(cert, key)
     time.sleep(settle)
     while True:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            with urllib.request.urlopen(url, timeout=5, context=context) as reply:
                 if busy(reply.read().decode()) == 0:
                     return 0
         except OSError:

@@ -17,6 +17,9 @@ Args (a dict):
   headlessPorts   list of ports of a headless Service <name>-headless beside it, whose DNS name
                   resolves to every ready pod (gRPC clients balance calls over them); none: none
   metricsPort     name of the Service port Prometheus scrapes ("" when there is none)
+  metricsTLS      that port is the API's, under TLS with tls.enabled (the policy server): the
+                  ServiceMonitor scrapes it over HTTPS with the CA (and, with tls.clientAuth, the
+                  certificate) of the TLS Secret; the other metrics ports stay plaintext
   automountToken  mount the ServiceAccount token (only the worker, which calls the API server)
   strategy        Deployment strategy (optional; default: roll with a surge pod and none
                   unavailable, so a rollout never lowers the capacity)
@@ -29,6 +32,8 @@ Args (a dict):
                   Prometheus series the component exports, summed over this release's pods as its
                   ServiceMonitor labels them) or `trigger` (a complete KEDA trigger; its metadata's
                   threshold key `thresholdKey`, default threshold); none: KEDA is refused
+With tls.enabled every component's pod mounts the TLS Secret (gearshift.tlsVolumes) into its
+container; its env (gearshift.tlsEnv) is the template's to give.
 */}}
 {{- define "gearshift.component" -}}
 {{- $root := .root -}}
@@ -162,6 +167,9 @@ spec:
             {{- with $container.volumeMounts }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
+            {{- with include "gearshift.tlsVolumeMounts" $root }}
+            {{- . | nindent 12 }}
+            {{- end }}
       volumes:
         # The root filesystem is read-only: scratch space lives here.
         - name: tmp
@@ -169,6 +177,9 @@ spec:
             sizeLimit: 1Gi
         {{- with .volumes }}
         {{- toYaml . | nindent 8 }}
+        {{- end }}
+        {{- with include "gearshift.tlsVolumes" $root }}
+        {{- . | nindent 8 }}
         {{- end }}
       {{- with $v.nodeSelector }}
       nodeSelector:
@@ -313,14 +324,34 @@ spec:
       path: /metrics
       interval: {{ $v.serviceMonitor.interval }}
       scrapeTimeout: {{ $v.serviceMonitor.scrapeTimeout }}
+      {{- if and .metricsTLS (include "gearshift.tls" $root) }}
+      {{- $secret := include "gearshift.tlsSecretName" $root }}
+      scheme: https
+      tlsConfig:
+        serverName: {{ include "gearshift.tlsServerName" $root }}
+        ca:
+          secret:
+            name: {{ $secret }}
+            key: ca.crt
+        {{- if $root.Values.tls.clientAuth }}
+        cert:
+          secret:
+            name: {{ $secret }}
+            key: tls.crt
+        keySecret:
+          name: {{ $secret }}
+          key: tls.key
+        {{- end }}
+      {{- end }}
 {{- end }}
 {{- end }}
 {{- end }}
 
 {{/*
 A gRPC platform service (router, planner, executor, sandbox, reward, store): `gearshift serve
-<name>` with native gRPC probes, the gRPC and metrics ports, a headless Service for the gRPC
-port, and a drain on stop, on the one component helper.
+<name>` with native gRPC probes, the gRPC and metrics ports (and with tls.enabled the plaintext
+health port the probes use), a headless Service for the gRPC port, and a drain on stop, on the
+one component helper.
 Args: root, name, database (bool: the service gets the database URL), env (extra variables,
 before the component's own), metric (the Prometheus series KEDA scales it on; none: none).
 */}}
@@ -329,10 +360,15 @@ before the component's own), metric (the Prometheus series KEDA scales it on; no
 {{- $v := index $root.Values .name -}}
 {{- $env := concat (fromYamlArray (include "gearshift.platformEnv" (dict "root" $root "database" .database))) (.env | default list) (fromYamlArray (include "gearshift.componentEnv" (dict "values" $v) | default "[]")) -}}
 {{- $probes := fromYaml (include "gearshift.grpcProbes" $root) -}}
+{{- $ports := list (dict "name" "grpc" "containerPort" $root.Values.ports.grpc "protocol" "TCP") (dict "name" "metrics" "containerPort" $root.Values.ports.metrics "protocol" "TCP") -}}
+{{- if include "gearshift.tls" $root }}
+{{- /* The plaintext grpc.health.v1 port the probes use (in no Service: only the kubelet asks it). */ -}}
+{{- $ports = append $ports (dict "name" "grpc-health" "containerPort" $root.Values.ports.health "protocol" "TCP") }}
+{{- end }}
 {{- $container := dict
   "command" (list "gearshift" "serve" .name)
   "env" $env
-  "ports" (list (dict "name" "grpc" "containerPort" $root.Values.ports.grpc "protocol" "TCP") (dict "name" "metrics" "containerPort" $root.Values.ports.metrics "protocol" "TCP"))
+  "ports" $ports
   "startupProbe" $probes.startupProbe
   "livenessProbe" $probes.livenessProbe
   "readinessProbe" $probes.readinessProbe

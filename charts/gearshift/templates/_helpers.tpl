@@ -124,10 +124,122 @@ by default builtin for the built-in server and deployment (a rolling restart) fo
 {{- if and .Values.policy.enabled (or .Values.policy.mountCheckpoints (eq (include "gearshift.publishTarget" .) "vllm_lora")) }}true{{ end }}
 {{- end }}
 
-{{/* The policy server's base URL (GEARSHIFT_POLICY_CLIENT__URL). */}}
+{{/* The policy server's base URL (GEARSHIFT_POLICY_CLIENT__URL): https with tls.enabled. */}}
 {{- define "gearshift.policyURL" -}}
 {{- $port := ternary .Values.policy.vllm.port .Values.policy.builtin.port (eq .Values.policy.engine "vllm") -}}
-{{- printf "http://%s:%v/v1" (include "gearshift.componentName" (dict "root" . "name" "policy")) $port }}
+{{- printf "%s://%s:%v/v1" (include "gearshift.httpScheme" .) (include "gearshift.componentName" (dict "root" . "name" "policy")) $port }}
+{{- end }}
+
+{{/*
+TLS inside the platform (values `tls`). "true" when tls.enabled, else empty; refuses what cannot
+work: TLS without a certificate (no secretName, no certManager), a Certificate without an issuer,
+certManager without tls.enabled.
+*/}}
+{{- define "gearshift.tls" -}}
+{{- $tls := .Values.tls -}}
+{{- if and $tls.certManager.enabled (not $tls.enabled) }}
+{{- fail "tls.certManager.enabled makes the certificate of tls.enabled: set tls.enabled=true too" }}
+{{- end }}
+{{- if and $tls.certManager.enabled (not $tls.certManager.issuerRef.name) }}
+{{- fail "tls.certManager.enabled needs tls.certManager.issuerRef.name (a cert-manager Issuer or ClusterIssuer that writes ca.crt)" }}
+{{- end }}
+{{- if and $tls.enabled (not $tls.secretName) (not $tls.certManager.enabled) }}
+{{- fail "tls.enabled needs a certificate: set tls.secretName (a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt) or tls.certManager.enabled" }}
+{{- end }}
+{{- if $tls.enabled }}true{{ end }}
+{{- end }}
+
+{{/* http or https: the scheme of the gateway's and the policy server's API. */}}
+{{- define "gearshift.httpScheme" -}}
+{{- ternary "https" "http" (eq (include "gearshift.tls" .) "true") }}
+{{- end }}
+
+{{/* The Secret holding tls.crt, tls.key and ca.crt. */}}
+{{- define "gearshift.tlsSecretName" -}}
+{{- .Values.tls.secretName | default (printf "%s-internal-tls" (include "gearshift.fullname" .)) }}
+{{- end }}
+
+{{/* The name clients check in every server's certificate (GEARSHIFT_TLS__SERVER_NAME). */}}
+{{- define "gearshift.tlsServerName" -}}
+{{- .Values.tls.serverName | default (printf "%s.%s.svc" (include "gearshift.fullname" .) .Release.Namespace) }}
+{{- end }}
+
+{{/* Where every pod that speaks TLS mounts the Secret. */}}
+{{- define "gearshift.tlsDir" -}}
+/etc/gearshift/tls
+{{- end }}
+
+{{/*
+The TLS settings of a pod that runs gearshift code (servers and clients both), with tls.enabled;
+empty otherwise. A YAML list of EnvVars.
+*/}}
+{{- define "gearshift.tlsEnv" -}}
+{{- if include "gearshift.tls" . }}
+{{- $dir := include "gearshift.tlsDir" . -}}
+- name: GEARSHIFT_TLS__ENABLED
+  value: "true"
+- name: GEARSHIFT_TLS__CERT_FILE
+  value: {{ printf "%s/tls.crt" $dir | quote }}
+- name: GEARSHIFT_TLS__KEY_FILE
+  value: {{ printf "%s/tls.key" $dir | quote }}
+- name: GEARSHIFT_TLS__CA_FILE
+  value: {{ printf "%s/ca.crt" $dir | quote }}
+- name: GEARSHIFT_TLS__SERVER_NAME
+  value: {{ include "gearshift.tlsServerName" . | quote }}
+- name: GEARSHIFT_TLS__CLIENT_AUTH
+  value: {{ .Values.tls.clientAuth | toString | quote }}
+- name: GEARSHIFT_TLS__HEALTH_PORT
+  value: {{ .Values.ports.health | quote }}
+{{- end }}
+{{- end }}
+
+{{/* The Secret as a pod volume (a YAML list: one volume, or empty without TLS). */}}
+{{- define "gearshift.tlsVolumes" -}}
+{{- if include "gearshift.tls" . }}
+- name: tls
+  secret:
+    secretName: {{ include "gearshift.tlsSecretName" . }}
+{{- end }}
+{{- end }}
+
+{{/* Its mount, read-only (a YAML list: one mount, or empty without TLS). */}}
+{{- define "gearshift.tlsVolumeMounts" -}}
+{{- if include "gearshift.tls" . }}
+- name: tls
+  mountPath: {{ include "gearshift.tlsDir" . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/*
+The handler of an HTTP probe on the API port of the gateway or the policy server: httpGet on
+`path`, HTTPS with tls.enabled (the kubelet does not verify the certificate). With tls.clientAuth,
+a server that requires client certificates (mutual: the policy server, not the gateway) would
+refuse the kubelet, which has none: files/probe-https.py then asks from inside the container,
+with the pod's certificate. Args: root, path, port (number), mutual (bool), python (the
+interpreter of the container's image).
+*/}}
+{{- define "gearshift.httpProbeHandler" -}}
+{{- $root := .root -}}
+{{- if and (include "gearshift.tls" $root) $root.Values.tls.clientAuth .mutual }}
+{{- $dir := include "gearshift.tlsDir" $root -}}
+exec:
+  command:
+    - {{ .python }}
+    - -c
+    - {{ $root.Files.Get "files/probe-https.py" | quote }}
+    - {{ printf "https://127.0.0.1:%v%s" .port .path | quote }}
+    - {{ printf "%s/ca.crt" $dir }}
+    - {{ printf "%s/tls.crt" $dir }}
+    - {{ printf "%s/tls.key" $dir }}
+{{- else }}
+httpGet:
+  path: {{ .path }}
+  port: http
+  {{- if include "gearshift.tls" $root }}
+  scheme: HTTPS
+  {{- end }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -173,6 +285,9 @@ dataDir (GEARSHIFT_DATA_DIR, default /var/lib/gearshift).
       key: {{ include "gearshift.databaseSecretKey" $root }}
 {{- end }}
 {{ include "gearshift.observabilityEnv" $root }}
+{{- with include "gearshift.tlsEnv" $root }}
+{{ . }}
+{{- end }}
 {{- range $name, $value := $root.Values.env }}
 - name: {{ $name }}
   value: {{ $value | quote }}
@@ -208,22 +323,24 @@ dataDir (GEARSHIFT_DATA_DIR, default /var/lib/gearshift).
 {{- toYaml (mergeOverwrite (deepCopy .root.Values.containerSecurityContext) (deepCopy (.values.securityContext | default dict))) }}
 {{- end }}
 
-{{/* Native gRPC probes on the overall health (empty service name) of the standard health service. */}}
+{{/* Native gRPC probes on the overall health (empty service name) of the standard health service:
+on the gRPC port, or with tls.enabled on the plaintext health port (the kubelet speaks no TLS). */}}
 {{- define "gearshift.grpcProbes" -}}
+{{- $port := ternary .Values.ports.health .Values.ports.grpc (eq (include "gearshift.tls" .) "true") -}}
 startupProbe:
   grpc:
-    port: {{ .Values.ports.grpc }}
+    port: {{ $port }}
   periodSeconds: 2
   failureThreshold: 60
 livenessProbe:
   grpc:
-    port: {{ .Values.ports.grpc }}
+    port: {{ $port }}
   periodSeconds: 10
   timeoutSeconds: 3
   failureThreshold: 3
 readinessProbe:
   grpc:
-    port: {{ .Values.ports.grpc }}
+    port: {{ $port }}
   periodSeconds: 5
   timeoutSeconds: 3
   failureThreshold: 2

@@ -71,7 +71,7 @@ Args: values (training), processes, cpu (the CPU limit).
 What a training pod is made of under either launcher, from the training values: the processes
 per pod (GPUs, at least one), resources (GPUs in the limits, RDMA devices in both), the train
 container's env, security context (IPC_LOCK for RDMA when asked) and volume mounts, and the pod's volumes (the run's config from configMap, checkpoints on the shared
-claim, /tmp and /dev/shm as emptyDirs). Args: root, configMap.
+claim, /tmp and /dev/shm as emptyDirs, with tls.enabled the TLS Secret). Args: root, configMap.
 */}}
 {{- define "gearshift.trainingPodParts" -}}
 {{- $root := .root -}}
@@ -111,6 +111,9 @@ volumeMounts:
   - name: config
     mountPath: /etc/gearshift/train
     readOnly: true
+  {{- with include "gearshift.tlsVolumeMounts" $root }}
+  {{- . | nindent 2 }}
+  {{- end }}
 volumes:
   - name: tmp
     emptyDir:
@@ -126,6 +129,9 @@ volumes:
   - name: config
     configMap:
       name: {{ .configMap }}
+  {{- with include "gearshift.tlsVolumes" $root }}
+  {{- . | nindent 2 }}
+  {{- end }}
 {{- end }}
 
 {{/* The ServiceAccount of training pods: no API token, the pods never call the API server. */}}
