@@ -8,7 +8,6 @@ TLS servers with a throwaway CA."""
 from __future__ import annotations
 
 import os
-import shutil
 import ssl
 import subprocess
 import sys
@@ -19,6 +18,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from gearshift.settings import Settings
+from gearshift.testing.certs import issue
 
 from tests.charts.k8s import CHART, GRPC_SERVICES, RELEASE, HelmError, component_of, containers, named, of_kind, render, workloads
 
@@ -310,25 +311,8 @@ def test_the_schema_refuses_a_misspelt_tls_key():
 def pki(tmp_path_factory) -> dict[str, str]:
     """A throwaway CA and one certificate it signed for SERVER_NAME (server and client usages), as
     cert-manager writes them: ca.crt, tls.crt, tls.key; and a stranger CA that signed nothing here."""
-    if not shutil.which("openssl"):
-        pytest.skip("openssl is not installed")
-    folder = tmp_path_factory.mktemp("pki")
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=folder, check=True, capture_output=True)
-
-    for ca in ("ca", "stranger"):
-        openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
-                "-keyout", f"{ca}.key", "-out", f"{ca}.crt", "-subj", f"/CN={ca}",
-                "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
-    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", "tls.key", "-out", "tls.csr",
-            "-subj", "/CN=gearshift")
-    (folder / "ext.cnf").write_text(
-        f"subjectAltName=DNS:{SERVER_NAME}\nbasicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
-        "extendedKeyUsage=serverAuth,clientAuth\nsubjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid\n")
-    openssl("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2",
-            "-out", "tls.crt", "-extfile", "ext.cnf")
-    return {key: str(folder / key) for key in ("ca.crt", "tls.crt", "tls.key", "stranger.crt")}
+    cert, stranger = issue(tmp_path_factory.mktemp("pki"), names=(SERVER_NAME,), ips=()), issue(tmp_path_factory.mktemp("stranger"))
+    return {"ca.crt": str(cert.ca), "tls.crt": str(cert.cert), "tls.key": str(cert.key), "stranger.crt": str(stranger.ca)}
 
 
 def tls_env(pki: dict[str, str], server_name: str = SERVER_NAME) -> dict[str, str]:
@@ -429,12 +413,7 @@ def test_the_health_check_speaks_mutual_tls_and_checks_the_server_name(pki):
 
 
 def test_the_pods_tls_env_is_what_gearshift_reads(docs, monkeypatch):
-    """Once libs/gearshift/settings.py has the tls section: the router's environment read as
-    gearshift reads it (skipped before)."""
-    from gearshift.settings import Settings
-
-    if "tls" not in Settings.model_fields:
-        pytest.skip("gearshift.settings has no tls section yet")
+    """The router's environment read as gearshift reads it."""
     (router,) = named(docs, "Deployment", name("router"))["spec"]["template"]["spec"]["containers"]
     for item in router["env"]:
         monkeypatch.setenv(item["name"], item.get("value", "from-a-secret"))
