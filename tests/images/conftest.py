@@ -13,6 +13,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import yaml
+
+from gearshift.testing.certs import StackCertificate, issue
 
 from tests.charts.k8s import render
 from tests.images.pods import cluster_domain, container_runs
@@ -33,12 +36,38 @@ def docs():
     return render((str(VALUES),))
 
 
+def env_value(docs, name: str) -> str:
+    """The value the chart gives a variable (the first container that has it)."""
+    for doc in docs:
+        for container in doc.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+            for item in container.get("env", []):
+                if item["name"] == name:
+                    return item["value"]
+    raise AssertionError(f"the chart sets no {name}")
+
+
 @pytest.fixture(scope="session")
-def stack(docs):
+def certificate(docs) -> StackCertificate:
+    """The stack's certificate, for the name every client checks and for loopback (the gateway's
+    published port)."""
+    return issue(Path(tempfile.mkdtemp(prefix="gearshift-images-tls-")), names=(env_value(docs, "GEARSHIFT_TLS__SERVER_NAME"), "localhost"),
+                 ips=("127.0.0.1",))
+
+
+@pytest.fixture(scope="session")
+def given_secrets(certificate) -> dict[tuple[str, str], str]:
+    """The Secrets made outside the chart: the TLS one, as cert-manager writes it."""
+    secret = yaml.safe_load(VALUES.read_text())["tls"]["secretName"]
+    return {(secret, path.name): path.read_text() for path in (certificate.cert, certificate.key, certificate.ca)}
+
+
+@pytest.fixture(scope="session")
+def stack(docs, certificate, given_secrets):
     why = docker_ready()
     if why:
         pytest.fail(why)
-    runs = container_runs(docs, Path(tempfile.mkdtemp(prefix="gearshift-images-")), domain=cluster_domain((str(VALUES),)))
+    runs = container_runs(docs, Path(tempfile.mkdtemp(prefix="gearshift-images-")), domain=cluster_domain((str(VALUES),)),
+                          given_secrets=given_secrets)
     assert set(ORDER) == set(runs), f"the chart renders {sorted(runs)}; the tests start {sorted(ORDER)}"
     for component, port in PUBLISHED.items():
         runs[component].publish = [p["containerPort"] for p in runs[component].spec["ports"] if p["name"] == port]
@@ -48,7 +77,7 @@ def stack(docs):
                if docker("image", "inspect", image, check=False).returncode]
     if missing:
         pytest.fail(f"images missing: {sorted(missing)} (make images; make test-images builds them all)")
-    stack = Stack(runs, files_dir=Path(tempfile.mkdtemp(prefix="gearshift-images-files-")))
+    stack = Stack(runs, files_dir=Path(tempfile.mkdtemp(prefix="gearshift-images-files-")), certificate=certificate)
     try:
         stack.create_network()
         for component in ORDER:

@@ -192,9 +192,11 @@ def _security(pod: dict, container: dict) -> list[str]:
     return flags
 
 
-def _volumes(pod: dict, container: dict, docs, files_dir: Path, workload: str) -> tuple[list[str], dict[str, str], dict[Path, str]]:
+def _volumes(pod: dict, container: dict, docs, files_dir: Path, workload: str,
+             secrets: dict[tuple[str, str], str]) -> tuple[list[str], dict[str, str], dict[Path, str]]:
     """Mounts for the container's volumeMounts: emptyDir -> tmpfs (exec, like a node's disk),
-    ConfigMap -> its files bound read-only, claim (or claim template) -> a named volume."""
+    ConfigMap or Secret -> its files bound read-only (a whole volume: rewriting a file on the host
+    is what the kubelet does when the object changes), claim (or claim template) -> a named volume."""
     sources = {volume["name"]: volume for volume in pod.get("volumes", [])}
     context = {**pod.get("securityContext", {}), **container.get("securityContext", {})}
     # A kubelet makes emptyDirs writable to the pod (0777, fsGroup). The engine gives a tmpfs over
@@ -217,16 +219,24 @@ def _volumes(pod: dict, container: dict, docs, files_dir: Path, workload: str) -
             for key, text in config.get("data", {}).items():
                 files[folder / key] = text
             mounts += ["--mount", f"type=bind,source={folder},target={path},readonly"]
+        elif "secret" in volume:
+            name = volume["secret"]["secretName"]
+            keys = {key: value for (secret, key), value in secrets.items() if secret == name}
+            assert keys, f"volume {mount['name']}: no Secret {name} rendered or given"
+            folder = files_dir / mount["name"]
+            files |= {folder / key: value for key, value in keys.items()}
+            mounts += ["--mount", f"type=bind,source={folder},target={path},readonly"]
         else:
             raise AssertionError(f"volume {mount['name']}: unsupported source {sorted(volume)}")
     return mounts, named, files
 
 
 def container_runs(docs, files_dir: Path, namespace: str = "gearshift", kinds=("Deployment", "StatefulSet"),
-                   domain: str | None = None) -> dict[str, ContainerRun]:
+                   domain: str | None = None, given_secrets: dict[tuple[str, str], str] | None = None) -> dict[str, ContainerRun]:
     """component -> ContainerRun for every workload of these kinds the chart renders; domain: the
-    clusterDomain the chart was rendered with (default: the chart's own)."""
-    secrets = secret_values(docs)
+    clusterDomain the chart was rendered with (default: the chart's own); given_secrets: (name,
+    key) -> value of Secrets made outside the chart (cert-manager's)."""
+    secrets = secret_values(docs) | (given_secrets or {})
     domain = domain or cluster_domain()
     runs = {}
     for doc in docs:
@@ -237,7 +247,7 @@ def container_runs(docs, files_dir: Path, namespace: str = "gearshift", kinds=("
         container = pod["containers"][0]
         name = doc["metadata"]["name"]
         component = doc["metadata"]["labels"]["app.kubernetes.io/component"]
-        mounts, named, files = _volumes(pod, container, docs, files_dir / component, name)
+        mounts, named, files = _volumes(pod, container, docs, files_dir / component, name, secrets)
         flags = _security(pod, container)
         limits = container.get("resources", {}).get("limits", {})
         if "memory" in limits:

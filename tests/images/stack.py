@@ -18,6 +18,8 @@ import grpc
 import httpx
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gearshift.testing.certs import StackCertificate
+
 from tests.images.pods import ContainerRun
 
 DOCKER_TIMEOUT = 180  # seconds for one docker command (a `docker run` of a large image on a busy machine)
@@ -53,6 +55,7 @@ class Stack:
 
     runs: dict[str, ContainerRun]
     files_dir: Path
+    certificate: StackCertificate | None = None  # the TLS Secret's, when the chart's values turn TLS on
     prefix: str = field(default_factory=lambda: f"gs-{uuid.uuid4().hex[:6]}-")
     started: list[str] = field(default_factory=list)
     ready_seconds: dict[str, float] = field(default_factory=dict)  # component -> docker run to ready
@@ -146,9 +149,10 @@ class Stack:
                     return f"grpc health {error.code().name}"
             return None if reply.status == health_pb2.HealthCheckResponse.SERVING else f"grpc health {reply.status}"
         if "httpGet" in probe:
-            url = f"http://{self.ip(component)}:{self.port(component, probe['httpGet']['port'])}{probe['httpGet'].get('path', '/')}"
+            get = probe["httpGet"]
+            url = f"{get.get('scheme', 'HTTP').lower()}://{self.ip(component)}:{self.port(component, get['port'])}{get.get('path', '/')}"
             try:
-                status = httpx.get(url, timeout=2).status_code
+                status = httpx.get(url, timeout=2, verify=False).status_code  # the kubelet checks no certificate
             except httpx.HTTPError as error:
                 return f"GET {url}: {type(error).__name__}"
             return None if 200 <= status < 400 else f"GET {url}: {status}"

@@ -7,23 +7,28 @@ chart's seccomp profile, a store restart that keeps every trajectory, and SIGTER
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import ssl
 import time
 
 import grpc
 import httpx
 import openai
 import pytest
-from gearshift.api.common.v1.common_pb2 import Mode
+from gearshift import tls as gearshift_tls
+from gearshift.api.common.v1.common_pb2 import Mode, ToolCall
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
-from gearshift.api.common.v1.common_pb2 import ToolCall
 from gearshift.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
 from gearshift.settings import Settings
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.charts.k8s import named
 from tests.images.pods import container_runs
 from tests.images.stack import Stack, docker
+from tests.services.gateway.test_client_keys import every_method, status_of
 from tests.services.sandbox.conftest import run_python
 from tests.services.sandbox.test_hostile import BATTERY, Hostile
 
@@ -35,9 +40,22 @@ HTTP_SERVICES = ("gateway",)
 solved: list[str] = []  # trajectory ids the Solve test stored
 
 
-def client_settings(stack: Stack) -> Settings:
-    """Settings carrying the token the chart gave every service."""
-    return Settings(auth_token=stack.runs["executor"].env["GEARSHIFT_AUTH_TOKEN"])
+def client_settings(stack: Stack, token: str | None = None) -> Settings:
+    """Settings carrying the token the chart gave every service (or `token`), dialing with the
+    stack's certificate and checking the server name the chart gives every client."""
+    env = stack.runs["executor"].env
+    tls = stack.certificate.settings(client_auth=True, server_name=env["GEARSHIFT_TLS__SERVER_NAME"])
+    return Settings(auth_token=token or env["GEARSHIFT_AUTH_TOKEN"], tls=tls)
+
+
+def https_client(stack: Stack) -> httpx.Client:
+    """An HTTPS client with the stack's certificate (the policy server asks for one)."""
+    return httpx.Client(verify=gearshift_tls.client_context(client_settings(stack).tls), timeout=10)
+
+
+def sni(stack: Stack) -> dict:
+    """httpx's request extension checking the certificate for the server name, not the pod IP dialed."""
+    return {"sni_hostname": stack.runs["executor"].env["GEARSHIFT_TLS__SERVER_NAME"]}
 
 
 def psql(stack: Stack, sql: str) -> str:
@@ -72,13 +90,13 @@ def test_images_run_as_the_chart_runs_them(stack: Stack):
         assert "Read-only file system" in probe.stdout, f"{component}: {probe.stdout}"
 
 
-def test_the_chart_health_check_pod_passes(stack: Stack, docs, tmp_path):
+def test_the_chart_health_check_pod_passes(stack: Stack, docs, given_secrets, tmp_path):
     """`helm test`'s pod (in the router image) run on the stack's network: every service SERVING."""
     pod = named(docs, "Pod", "gearshift-health-check")
     container = pod["spec"]["containers"][0]
     deployment = {"kind": "Deployment", "metadata": {"name": "gearshift-health-check", "labels": {"app.kubernetes.io/component": "health-check"}},
                   "spec": {"template": {"spec": pod["spec"]}}}
-    run = container_runs([deployment], tmp_path)["health-check"]
+    run = container_runs([deployment], tmp_path, given_secrets=given_secrets)["health-check"]
     command = run.command(stack.network, stack.prefix)
     command[command.index("-d")] = "--rm"
     result = docker(*command[1:], check=False, timeout=120)
@@ -91,8 +109,10 @@ def test_the_chart_health_check_pod_passes(stack: Stack, docs, tmp_path):
 
 def test_metrics_ports_serve_prometheus_text(stack: Stack):
     for component in (*GRPC_SERVICES, *HTTP_SERVICES, "policy"):
-        port = "http" if component == "policy" else "metrics"  # the gateway's too: its own port, apart from the API
-        reply = httpx.get(f"http://{stack.address(component, port)}/metrics", timeout=10)
+        if component == "policy":  # on its API port, over mutual TLS
+            reply = https_client(stack).get(f"https://{stack.address(component, 'http')}/metrics", extensions=sni(stack))
+        else:  # a port of its own, plaintext (the gateway's too, apart from the API)
+            reply = httpx.get(f"http://{stack.address(component, 'metrics')}/metrics", timeout=10)
         assert reply.status_code == 200 and "# TYPE" in reply.text, f"{component}: {reply.status_code} {reply.text[:200]}"
 
 
@@ -106,16 +126,19 @@ def test_the_worker_answers_its_liveness_probe(stack: Stack):
 READ_JOB_CONFIG = """
 import sys, grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from gearshift import tls
+from gearshift.settings import get_settings
 from gearshift.training.jobs import load_config
 config = load_config(sys.argv[1], sys.argv[2])
-with grpc.insecure_channel(config.store_addr) as channel:
+settings = get_settings().tls  # the Job's own certificate, as the chart mounts it
+with grpc.secure_channel(config.store_addr, tls.channel_credentials(settings), options=tls.channel_options(settings)) as channel:
     status = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=30).status
 print(config.output.dir, config.store_addr, health_pb2.HealthCheckResponse.ServingStatus.Name(status))
 """
 
 
-def test_the_training_job_runs_its_config_in_the_training_image(stack: Stack, docs, tmp_path):
-    run = container_runs(docs, tmp_path, kinds=("Job",))["training"]
+def test_the_training_job_runs_its_config_in_the_training_image(stack: Stack, docs, given_secrets, tmp_path):
+    run = container_runs(docs, tmp_path, kinds=("Job",), given_secrets=given_secrets)["training"]
     assert run.entrypoint == ["gearshift", "train"] and run.args[1] == "--config"
     algorithm, config_path = run.args[0], run.args[2]
     for path, text in run.files.items():
@@ -155,8 +178,9 @@ QUESTION = [{"role": "user", "content": "What is 2 + 3?"}]
 def gateway_client(stack: Stack, api_key: str | None = None) -> openai.OpenAI:
     """The official client on the gateway container's port published on loopback, with the token
     the chart gave every service as its API key."""
-    return openai.OpenAI(base_url=f"http://{stack.published('gateway', 'http')}/v1", max_retries=0, timeout=240,
-                         api_key=api_key or stack.runs["gateway"].env["GEARSHIFT_AUTH_TOKEN"])
+    return openai.OpenAI(base_url=f"https://{stack.published('gateway', 'http')}/v1", max_retries=0, timeout=240,
+                         api_key=api_key or stack.runs["gateway"].env["GEARSHIFT_AUTH_TOKEN"],
+                         http_client=httpx.Client(verify=gearshift_tls.client_context(client_settings(stack).tls)))
 
 
 def test_the_gateway_is_ready_lists_its_models_and_refuses_a_wrong_key(stack: Stack):
@@ -200,6 +224,78 @@ async def test_a_streamed_completion_through_the_gateway_container_adds_up_to_th
     assert stored.trajectory.mode == Mode.MODE_INSTANT and stored.trajectory.usage.output_tokens == last.usage.completion_tokens
     if finish == ["stop"]:
         assert content == stored.trajectory.answer
+
+
+# ---------------------------------------------------------------- TLS and client keys
+
+APP_KEY, OTHER_KEY = "gsk-images-app-0f3c9a1d", "gsk-images-other-7b21e4c8"  # their sha256 are in tests/images/values.yaml
+
+
+async def test_every_service_refuses_plaintext_and_a_client_without_a_certificate(stack: Stack):
+    settings = client_settings(stack)
+    plaintext = Settings(auth_token=settings.auth_token)
+    anonymous = settings.model_copy(update={"tls": settings.tls.model_copy(update={"cert_file": None, "key_file": None})})
+    for component in GRPC_SERVICES:
+        for refused in (plaintext, anonymous):
+            async with channel(stack.address(component), refused) as ch:
+                with pytest.raises(grpc.aio.AioRpcError) as error:
+                    await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10)
+                assert error.value.code() == grpc.StatusCode.UNAVAILABLE, (component, error.value)
+        async with channel(stack.address(component), settings) as ch:  # with the certificate: served
+            reply = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=10)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"http://{stack.published('gateway', 'http')}/health", timeout=10)
+    policy = f"{stack.address('policy', 'http')}/health"
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"http://{policy}", timeout=10)
+    with pytest.raises((httpx.TransportError, ssl.SSLError)):  # trusts the CA, presents no certificate
+        httpx.Client(verify=ssl.create_default_context(cafile=stack.certificate.ca)).get(f"https://{policy}", extensions=sni(stack))
+    assert https_client(stack).get(f"https://{policy}", extensions=sni(stack)).status_code == 200
+
+
+async def test_a_client_key_gets_unauthenticated_from_every_internal_service(stack: Stack):
+    tls_settings = client_settings(stack).tls
+    for service, method, streaming in every_method():
+        assert await status_of(stack.address(service), method, streaming, APP_KEY, tls_settings) == grpc.StatusCode.UNAUTHENTICATED, method
+    token = stack.runs["executor"].env["GEARSHIFT_AUTH_TOKEN"]  # the refusal was the key's: the token gets past
+    assert await status_of(stack.address("store"), "/gearshift.store.v1.TrajectoryStore/Export", True, token, tls_settings) == grpc.StatusCode.OK
+
+
+async def test_feedback_is_accepted_only_from_the_key_that_was_served(stack: Stack):
+    raw = gateway_client(stack, api_key=APP_KEY).chat.completions.with_raw_response.create(model="gearshift-instant", messages=QUESTION)
+    trajectory_id = raw.headers["x-gearshift-trajectory-id"]
+    feedback = {"trajectory_id": trajectory_id, "correct": True}
+    with pytest.raises(openai.PermissionDeniedError):
+        gateway_client(stack, api_key=OTHER_KEY).post("/feedback", body=feedback, cast_to=object)
+    async with channel(stack.address("store"), client_settings(stack)) as ch:
+        stored = await store_pb2_grpc.TrajectoryStoreStub(ch).Get(store_pb2.GetRequest(id=trajectory_id), timeout=30)
+    assert stored.trajectory.labels["api_key"] == "images-app"
+    given = gateway_client(stack, api_key=APP_KEY).post("/feedback", body=feedback, cast_to=object)
+    assert given["reward"]["verifier"] == "feedback"
+
+
+def test_a_revoked_key_is_refused_within_seconds(stack: Stack):
+    """The key removed from the Secret's file, as the kubelet rewrites a mounted Secret: the
+    gateway container refuses it without a restart."""
+    (keys_file,) = [path for path in stack.runs["gateway"].files if path.name == "api-keys.json"]
+    other = gateway_client(stack, api_key=OTHER_KEY)
+    other.models.list()
+    keys = json.loads(keys_file.read_text())
+    del keys["images-other"]
+    partial = keys_file.with_name("partial")
+    partial.write_text(json.dumps(keys))
+    os.replace(partial, keys_file)
+    revoked_at = time.monotonic()
+    while True:
+        try:
+            other.models.list()
+        except openai.AuthenticationError:
+            break
+        assert time.monotonic() - revoked_at < 5, "the revoked key is still accepted"
+        time.sleep(0.1)
+    gateway_client(stack, api_key=APP_KEY).models.list()  # the key left in the file still works
 
 
 @pytest.fixture(scope="module")

@@ -16,12 +16,12 @@ from pathlib import Path
 import grpc
 import openai
 import pytest
-from gearshift import weights
+from gearshift import tls, weights
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
 from gearshift.embedded import embedded
 from gearshift.services.gateway.api_keys import key_hash, new_key
-from gearshift.settings import GatewaySettings, Settings
+from gearshift.settings import GatewaySettings, Settings, TlsSettings
 from gearshift.topology import GRPC_SERVICE_NAMES
 
 from tests.services.gateway.conftest import TOKEN, stack_settings
@@ -71,10 +71,15 @@ def every_method() -> list[tuple[str, str, bool]]:
     return methods
 
 
-async def status_of(address: str, method: str, streaming: bool, bearer: str) -> grpc.StatusCode:
-    """The status of one call with an empty request (the interceptor judges the caller before the request)."""
+async def status_of(address: str, method: str, streaming: bool, bearer: str, tls_settings: TlsSettings | None = None) -> grpc.StatusCode:
+    """The status of one call with an empty request (the interceptor judges the caller before the
+    request), over TLS when tls_settings are given."""
     metadata = (("authorization", f"Bearer {bearer}"),)
-    async with grpc.aio.insecure_channel(address) as ch:
+    if tls_settings:
+        opened = grpc.aio.secure_channel(address, tls.channel_credentials(tls_settings), options=tls.channel_options(tls_settings))
+    else:
+        opened = grpc.aio.insecure_channel(address)
+    async with opened as ch:
         try:
             if streaming:
                 async for _ in ch.unary_stream(method)(b"", metadata=metadata, timeout=30):
