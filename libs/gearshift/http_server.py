@@ -114,16 +114,10 @@ async def start(service: HttpService, settings: Settings, port: int | None = Non
     sock = _bind(host, port, service.name)
     config = uvicorn.Config(
         tracing.TracedHttp(service.app, tracing.setup(settings, service.name)), log_level=settings.log_level.lower(), lifespan="off",
-        access_log=settings.gateway.access_log,  # off by default: a line per request drowns the stack's output; /metrics counts them
+        access_log=False,  # uvicorn's is process-wide; the gateway writes its own (GatewaySettings.access_log)
         timeout_graceful_shutdown=max(settings.drain_seconds(service.name), 0.1),
         **uvicorn_logging(settings), **tls.uvicorn_options(settings.tls, ask_clients=False),  # the gateway's clients send API keys
     )
-    if settings.log_format == "json" and config.access_log:
-        # uvicorn's access logger is process-wide: a server configured before may have turned it
-        # off, a library's dictConfig disabled it. On, its lines go to the root's JSON handler.
-        access = logging.getLogger("uvicorn.access")
-        access.handlers, access.propagate, access.disabled = [], True, False
-        access.setLevel(logging.INFO)
     server = uvicorn.Server(config)
     server.capture_signals = contextlib.nullcontext  # the caller owns SIGINT/SIGTERM, not uvicorn
     task = asyncio.create_task(server.serve(sockets=[sock]))

@@ -290,7 +290,7 @@ class GatewaySettings(BaseModel):
         600.0, gt=0, description="Deadline of one request's Solve call (then 504; the episode is stored as cancelled)"
     )
     ready_timeout_seconds: float = Field(1.0, gt=0, description="How long GET /ready waits for the executor's health check")
-    access_log: bool = Field(False, description="Log a line per HTTP request (uvicorn's access log; with log_format json, it carries the trace and trajectory ids)")
+    access_log: bool = Field(False, description="Log a line per HTTP request (logger gearshift.gateway.access; with log_format json, it carries the trace and trajectory ids)")
     feedback_correct_at: float = Field(
         0.5, ge=0, le=1, description="A reward sent as feedback counts as correct at or above this (Reward.correct, which SFT selects on)"
     )

@@ -16,7 +16,7 @@ from gearshift.services.gateway import translate
 from gearshift.services.gateway.api_keys import ApiKeys
 from gearshift.services.gateway.completions import Completion
 from gearshift.services.gateway.feedback import FeedbackDesk
-from gearshift.services.gateway.middleware import BearerAuth, BodyLimit, GatewayMetrics, Metrics, RequestIds
+from gearshift.services.gateway.middleware import AccessLog, BearerAuth, BodyLimit, GatewayMetrics, Metrics, RequestIds
 from gearshift.services.gateway.schemas import ChatCompletionRequest, FeedbackRequest
 from gearshift.settings import Settings
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -92,7 +92,8 @@ def create_app(gateway: Gateway, metrics: GatewayMetrics | None = None):
     async def feedback(body: FeedbackRequest, request: Request) -> dict:
         return await gateway.feedback.submit(body, _caller(request))
 
-    return Metrics(RequestIds(BearerAuth(BodyLimit(app, config.max_body_bytes), gateway.keys)), metrics)
+    inner = BearerAuth(BodyLimit(app, config.max_body_bytes), gateway.keys)
+    return Metrics(RequestIds(AccessLog(inner) if config.access_log else inner), metrics)
 
 
 def _caller(request: Request) -> str:

@@ -1,8 +1,10 @@
 """The gateway's ASGI layers, outermost first: Prometheus metrics of every request, request ids,
-bearer-token auth on /v1 (before a body is read), and the body size limit (before it is parsed)."""
+the access log (a setting), bearer-token auth on /v1 (before a body is read), and the body size
+limit (before it is parsed)."""
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 
@@ -80,6 +82,28 @@ class RequestIds:
         async def sending(message):
             if message["type"] == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", []), (REQUEST_ID_KEY.encode(), rid.encode("latin-1"))]}
+            await send(message)
+
+        return await self.app(scope, receive, sending)
+
+
+class AccessLog:
+    """A line per request, as uvicorn's access log writes it, when the reply starts: the request
+    and trajectory ids and the trace are still those of the request then (JSON lines carry them).
+    The gateway's own logger: uvicorn's is one per process, which an embedded server turns off."""
+
+    def __init__(self, app):
+        self.app = app
+        self.log = logging.getLogger("gearshift.gateway.access")
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                client = "%s:%d" % tuple(scope["client"]) if scope.get("client") else "-"
+                self.log.info('%s - "%s %s HTTP/%s" %d', client, scope["method"], scope["path"], scope["http_version"], message["status"])
             await send(message)
 
         return await self.app(scope, receive, sending)

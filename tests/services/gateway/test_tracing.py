@@ -107,6 +107,6 @@ async def test_one_episode_is_one_connected_trace_and_its_log_lines_carry_its_id
 
     parsed = [json.loads(line) for line in lines]  # every line is JSON
     episode = [line for line in parsed if line["logger"] != "httpx"]  # all but the test client's own
-    assert {"uvicorn.access", "gearshift.executor"} <= {line["logger"] for line in episode}, "the access log and the episode's line"
+    assert {"gearshift.gateway.access", "gearshift.executor"} <= {line["logger"] for line in episode}, "the access log and the episode's line"
     ids = {(line["trace_id"], line["request_id"], line["trajectory_id"]) for line in episode}
     assert ids == {(root.trace_id, request_id, trajectory_id)}, episode
