@@ -112,6 +112,19 @@ def span(name: str, **attributes) -> Iterator[Span | None]:
         yield made
 
 
+def publish_headers(name: str, fallback: Tracer | None = None) -> dict[str, str]:
+    """A producer span for a message sent now (a Celery task), under the current span or, outside
+    any, as a new trace of fallback's (the beat's); the traceparent the message carries to its
+    consumer. {} when untraced."""
+    tracer = _tracer.get() or fallback
+    if tracer is None:
+        return {}
+    carrier: dict[str, str] = {}
+    with tracer.start_as_current_span(name, kind=SpanKind.PRODUCER):
+        _propagator.inject(carrier)
+    return carrier
+
+
 def trace_headers(client_span: Span | None = None) -> dict[str, str]:
     """The traceparent (and tracestate) of client_span, else of the current span; {} when untraced."""
     carrier: dict[str, str] = {}

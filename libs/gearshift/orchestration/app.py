@@ -13,7 +13,8 @@ worker still holds it: that copy finds the journal's lease fresh and waits to ch
 
 On SIGTERM a worker shuts down softly (orchestration.soft_shutdown_seconds): running tasks get
 that long, then the rest are stopped and put back on the queue. The worker also serves
-gearshift_celery_queue_length on orchestration.metrics_port.
+gearshift_celery_queue_length on orchestration.metrics_port. With tracing on, every task sent
+and run is a span of the trace that sent it (traced_tasks.py).
 
     celery -A gearshift.orchestration.app worker -Q default,training
     celery -A gearshift.orchestration.app beat      # the training trigger: one per cluster
@@ -31,6 +32,7 @@ from kombu.transport.redis import PRIORITY_STEPS, Channel
 from prometheus_client import REGISTRY, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
+from gearshift.orchestration import traced_tasks  # noqa: F401  (its signal handlers trace every task sent and run)
 from gearshift.settings import OrchestrationSettings, get_settings
 
 log = logging.getLogger(__name__)
