@@ -27,6 +27,10 @@ taken in turn (so the machine's drift falls on all three alike), the spans expor
 to a receiver in this process as they would go to a collector.
 
     .venv/bin/python benchmarks/executor_overhead.py --tracing [--episodes 200]
+
+With --tls, the same for TLS (issue 51): plaintext against TLS and mutual TLS on every gRPC hop.
+
+    .venv/bin/python benchmarks/executor_overhead.py --tls [--episodes 200]
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from gearshift.clients import channel
 from gearshift.settings import Settings, TracingSettings
 from gearshift.stack import Stack
 from gearshift.topology import GRPC_SERVICE_NAMES
+from gearshift.testing.certs import StackCertificate, issue
 from gearshift.testing.otlp_receiver import OtlpReceiver
 from gearshift.testing.scripted_policy import instant_policy, serve_scripted
 from gearshift.embedded import embedded
@@ -139,7 +144,15 @@ async def measure(stack: Settings, episodes: int, processes: dict[str, psutil.Pr
         print(line)
 
 
-TRACING = {"off": None, "on, ratio 1.0": 1.0, "on, ratio 0.1": 0.1}
+def tracing_variants(receiver: OtlpReceiver) -> dict[str, dict]:
+    """Tracing off, on at ratio 1.0 and at 0.1, exporting to the receiver."""
+    return {name: {"tracing": TracingSettings(enabled=ratio is not None, otlp_endpoint=receiver.endpoint, sample_ratio=ratio or 1.0)}
+            for name, ratio in {"off": None, "on, ratio 1.0": 1.0, "on, ratio 0.1": 0.1}.items()}
+
+
+def tls_variants(certificate: StackCertificate) -> dict[str, dict]:
+    """Plaintext, TLS, and mutual TLS on every gRPC hop (the stand-in policy stays plaintext HTTP)."""
+    return {"plaintext": {}, "TLS": {"tls": certificate.settings()}, "mutual TLS": {"tls": certificate.settings(client_auth=True)}}
 
 
 async def one_episode(stub: executor_pb2_grpc.ExecutorStub, mode: int, tagged: bool) -> float:
@@ -150,40 +163,47 @@ async def one_episode(stub: executor_pb2_grpc.ExecutorStub, mode: int, tagged: b
     return time.perf_counter() - started
 
 
-async def tracing_overhead(settings: Settings, episodes: int) -> None:
-    with OtlpReceiver() as receiver:
-        async with contextlib.AsyncExitStack() as stack:
-            stubs = {}
-            for name, ratio in TRACING.items():
-                traced = TracingSettings(enabled=ratio is not None, otlp_endpoint=receiver.endpoint, sample_ratio=ratio or 1.0)
-                own = settings.model_copy(update={"tracing": traced, "data_dir": Path(tempfile.mkdtemp(prefix="gearshift-bench-"))})
-                platform = await stack.enter_async_context(embedded(own))
-                stubs[name] = executor_pb2_grpc.ExecutorStub(await stack.enter_async_context(channel(platform.settings.executor_addr, own)))
-            print(f"{'episode':<32} " + " ".join(f"{name + ' ms':>16}" for name in TRACING) + f" {'ratio 1.0/off':>14} {'ratio 0.1/off':>14}")
-            for shape_name, shape in SHAPES.items():
-                samples: dict[str, list[float]] = {name: [] for name in TRACING}
-                for index in range(episodes + WARM_UP):
-                    order = list(TRACING)[index % 3:] + list(TRACING)[:index % 3]  # each goes first in turn
-                    for name in order:
-                        elapsed = await one_episode(stubs[name], shape["mode"], shape.get("tagged", False))
-                        if index >= WARM_UP:
-                            samples[name].append(elapsed)
-                medians = {name: statistics.median(values) for name, values in samples.items()}
-                off = medians["off"]
-                print(f"{shape_name:<32} " + " ".join(f"{value * 1e3:>16.2f}" for value in medians.values())
-                      + f" {medians['on, ratio 1.0'] / off:>14.3f} {medians['on, ratio 0.1'] / off:>14.3f}")
-        await asyncio.to_thread(tracing.flush)
-        print(f"spans received by the OTLP receiver: {len(receiver.spans)} in {len({s.trace_id for s in receiver.spans})} traces")
+async def side_by_side(settings: Settings, variants: dict[str, dict], episodes: int) -> None:
+    """One in-process platform per variant (a settings update), started together, their episodes
+    taken in turn (so the machine's drift falls on all alike); the median of each and its ratio
+    to the first variant's."""
+    async with contextlib.AsyncExitStack() as stack:
+        stubs = {}
+        for name, update in variants.items():
+            own = settings.model_copy(update=update | {"data_dir": Path(tempfile.mkdtemp(prefix="gearshift-bench-"))})
+            platform = await stack.enter_async_context(embedded(own))
+            stubs[name] = executor_pb2_grpc.ExecutorStub(await stack.enter_async_context(channel(platform.settings.executor_addr, own)))
+        base, *others = variants
+        print(f"{'episode':<32} " + " ".join(f"{name + ' ms':>16}" for name in variants) + " " + " ".join(f"{name + '/' + base:>22}" for name in others))
+        for shape_name, shape in SHAPES.items():
+            samples: dict[str, list[float]] = {name: [] for name in variants}
+            for index in range(episodes + WARM_UP):
+                turn = index % len(variants)
+                for name in list(variants)[turn:] + list(variants)[:turn]:  # each goes first in turn
+                    elapsed = await one_episode(stubs[name], shape["mode"], shape.get("tagged", False))
+                    if index >= WARM_UP:
+                        samples[name].append(elapsed)
+            medians = {name: statistics.median(values) for name, values in samples.items()}
+            print(f"{shape_name:<32} " + " ".join(f"{value * 1e3:>16.2f}" for value in medians.values())
+                  + " " + " ".join(f"{medians[name] / medians[base]:>22.3f}" for name in others))
 
 
-async def main(episodes: int, postgres: str | None, in_process: bool, traced: bool = False) -> None:
+async def main(episodes: int, postgres: str | None, in_process: bool, traced: bool = False, tls: bool = False) -> None:
     settings = Settings(data_dir=tempfile.mkdtemp(prefix="gearshift-bench-"), metrics_port=0, database_url=postgres)
     print(f"store: {'Postgres' if postgres else 'SQLite file'}; policy: ScriptedPolicy stand-in (answers instantly)")
     async with serve_scripted(instant_policy) as policy_url:
         settings = settings.with_policy(policy_url)
         if traced:
             print("services: three platforms in this process (tracing off, on at 1.0, on at 0.1), one event loop")
-            await tracing_overhead(settings, episodes)
+            with OtlpReceiver() as receiver:
+                await side_by_side(settings, tracing_variants(receiver), episodes)
+                await asyncio.to_thread(tracing.flush)
+                print(f"spans received by the OTLP receiver: {len(receiver.spans)} in {len({s.trace_id for s in receiver.spans})} traces")
+            return
+        if tls:
+            print("services: three platforms in this process (plaintext, TLS, mutual TLS), one event loop")
+            with tempfile.TemporaryDirectory(prefix="gearshift-bench-tls-") as folder:
+                await side_by_side(settings, tls_variants(issue(Path(folder))), episodes)
             return
         if in_process:
             print("services: all in this process, one event loop")
@@ -208,5 +228,6 @@ if __name__ == "__main__":
     parser.add_argument("--postgres", default=None, help="Store on this Postgres URL instead of a SQLite file")
     parser.add_argument("--in-process", action="store_true", help="All services in this process instead of one each")
     parser.add_argument("--tracing", action="store_true", help="Tracing off against on at ratio 1.0 and 0.1 (in process)")
+    parser.add_argument("--tls", action="store_true", help="Plaintext against TLS and mutual TLS (in process)")
     args = parser.parse_args()
-    asyncio.run(main(args.episodes, args.postgres, args.in_process, args.tracing))
+    asyncio.run(main(args.episodes, args.postgres, args.in_process, args.tracing, args.tls))
