@@ -51,6 +51,12 @@ class ContainerRun:
     # Replicas of one workload share them, so each name answers with every replica.
     aliases: list[str] = field(default_factory=list)
 
+    def write_files(self) -> None:
+        """Writes the ConfigMap and Secret files its mounts bind, as the kubelet would."""
+        for path, text in self.files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+
     @property
     def needs_ip(self) -> bool:
         """Whether its environment names the pod's IP (status.podIP), so the address is chosen before the run."""

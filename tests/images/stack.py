@@ -88,9 +88,7 @@ class Stack:
     def start(self, component: str, image: str | None = None, timeout: float = READY_TIMEOUT) -> float:
         """docker run the component's pod and wait for its startup (else readiness) probe; returns the seconds that took."""
         run = self.runs[component]
-        for path, text in run.files.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+        run.write_files()
         docker("rm", "-f", self.container(component), check=False)
         started = time.monotonic()
         docker(*run.command(self.network, self.prefix, image, ip=self.pod_ip() if run.needs_ip else None)[1:])

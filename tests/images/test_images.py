@@ -97,6 +97,7 @@ def test_the_chart_health_check_pod_passes(stack: Stack, docs, given_secrets, tm
     deployment = {"kind": "Deployment", "metadata": {"name": "gearshift-health-check", "labels": {"app.kubernetes.io/component": "health-check"}},
                   "spec": {"template": {"spec": pod["spec"]}}}
     run = container_runs([deployment], tmp_path, given_secrets=given_secrets)["health-check"]
+    run.write_files()
     command = run.command(stack.network, stack.prefix)
     command[command.index("-d")] = "--rm"
     result = docker(*command[1:], check=False, timeout=120)
@@ -141,9 +142,7 @@ def test_the_training_job_runs_its_config_in_the_training_image(stack: Stack, do
     run = container_runs(docs, tmp_path, kinds=("Job",), given_secrets=given_secrets)["training"]
     assert run.entrypoint == ["gearshift", "train"] and run.args[1] == "--config"
     algorithm, config_path = run.args[0], run.args[2]
-    for path, text in run.files.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+    run.write_files()
     run.entrypoint, run.args = ["python", "-c", READ_JOB_CONFIG], [algorithm, config_path]
     command = run.command(stack.network, stack.prefix)
     command[command.index("-d")] = "--rm"

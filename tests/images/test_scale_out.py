@@ -52,15 +52,27 @@ NEEDED = ("postgresql", "store", "router", "executor")
 # 2-core machine running the executor and 20 episodes beside it.
 FIRST_CALL_WITHIN = MAX_AGE * 1.1 + DNS_RERESOLVE_MS / 1000 + 5.0
 FIGURES = Path(tempfile.gettempdir()) / "gearshift-image-scale-out.json"
-# The stand-in policy (see the module's docstring) on the policy Service's port: argv port, model.
+# The stand-in policy (see the module's docstring) on the policy Service's port: argv port, model;
+# over TLS as the pod's settings say (the certificate its Secret mounts), as the real one serves.
 STAND_IN = """
-import asyncio, sys
+import asyncio, ssl, sys
+from gearshift.settings import get_settings
 from gearshift.teaching.endpoint import _serve_connection
 from gearshift.testing.scripted_policy import instant_policy
 
+def tls_context():
+    tls = get_settings().tls
+    if not tls.enabled:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(tls.ca_file))
+    context.load_cert_chain(tls.cert_file, tls.key_file)
+    context.verify_mode = ssl.CERT_REQUIRED if tls.client_auth else ssl.CERT_NONE
+    return context
+
 async def main():
     port, model = int(sys.argv[1]), sys.argv[2]
-    server = await asyncio.start_server(lambda r, w: _serve_connection(instant_policy, model, True, r, w), "0.0.0.0", port)
+    server = await asyncio.start_server(lambda r, w: _serve_connection(instant_policy, model, True, r, w), "0.0.0.0", port,
+                                        ssl=tls_context())
     async with server:
         await server.serve_forever()
 
