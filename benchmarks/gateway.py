@@ -48,6 +48,7 @@ from gearshift.clients import channel
 from gearshift.settings import Settings
 from gearshift.stack import Stack
 from gearshift.testing.otlp_receiver import OtlpReceiver
+from gearshift.testing.ports import free_port
 from gearshift.testing.postgres import scratch_database
 from gearshift.testing.scripted_policy import instant_policy_process
 
@@ -161,39 +162,47 @@ TRACING = {"off": None, "on, ratio 1.0": 1.0, "on, ratio 0.1": 0.1}
 
 def tracing_figures(args: argparse.Namespace, database_url: str, policy_url: str) -> dict:
     """p50 and p99 of a plain completion through the gateway of each of three stacks (tracing off,
-    on at 1.0, on at 0.1), one request of each in turn; the spans the receiver got."""
-    with OtlpReceiver() as receiver:
-        with contextlib.ExitStack() as exits:
-            gateways = {}
-            for offset, (name, ratio) in enumerate(TRACING.items()):
-                traced = {"GEARSHIFT_TRACING__ENABLED": str(ratio is not None).lower(), "GEARSHIFT_TRACING__OTLP_ENDPOINT": receiver.endpoint,
-                          "GEARSHIFT_TRACING__SAMPLE_RATIO": str(ratio or 1.0)}
-                os.environ.update(traced)  # the service processes read their settings from the environment
-                settings = Settings(data_dir=tempfile.mkdtemp(prefix="gearshift-gateway-bench-"), database_url=database_url).with_policy(
-                    policy_url, "smollm2")
-                stack = Stack(settings, base_port=BASE_PORT + 10 * offset, with_policy=False)
-                stack.start()
-                exits.callback(stack.stop)
-                if any(state != "SERVING" for _, state in stack.wait_ready().values()):
-                    raise RuntimeError(f"the {name} stack did not come up")
-                gateways[name] = stack.client_settings().gateway_addr
-            for key in traced:
-                del os.environ[key]
+    on at 1.0, on at 0.1), one request of each in turn; the spans the receiver got.
 
-            async def measure_each() -> dict:
-                async with contextlib.AsyncExitStack() as clients:
-                    kinds = {}
-                    for name, address in gateways.items():
-                        client = await clients.enter_async_context(openai.AsyncOpenAI(
-                            base_url=f"http://{address}/v1", api_key="unused", max_retries=0, timeout=60))
-                        kinds[name] = plain(client)
-                    return await latencies(kinds, args.requests)
+    Every stack is spawned before this process runs any gRPC (the receiver, the health checks):
+    a process forked while gRPC's threads run can abort in the child before it execs."""
+    endpoint_port = free_port()
+    with contextlib.ExitStack() as exits:
+        stacks = {}
+        for offset, (name, ratio) in enumerate(TRACING.items()):
+            traced = {"GEARSHIFT_TRACING__ENABLED": str(ratio is not None).lower(),
+                      "GEARSHIFT_TRACING__OTLP_ENDPOINT": f"http://127.0.0.1:{endpoint_port}", "GEARSHIFT_TRACING__SAMPLE_RATIO": str(ratio or 1.0)}
+            os.environ.update(traced)  # the service processes read their settings from the environment
+            settings = Settings(data_dir=tempfile.mkdtemp(prefix="gearshift-gateway-bench-"), database_url=database_url).with_policy(
+                policy_url, "smollm2")
+            stacks[name] = Stack(settings, base_port=BASE_PORT + 10 * offset, with_policy=False)
+            stacks[name].start()  # its processes die with this one, should the next start fail
+        for key in traced:
+            del os.environ[key]
+        receiver = exits.enter_context(OtlpReceiver(endpoint_port))
+        for stack in stacks.values():  # stopped before the receiver: their last spans still arrive
+            exits.callback(stack.stop)
+        gateways = {}
+        for name, stack in stacks.items():
+            if any(state != "SERVING" for _, state in stack.wait_ready().values()):
+                raise RuntimeError(f"the {name} stack did not come up")
+            gateways[name] = stack.client_settings().gateway_addr
 
-            latency = asyncio.run(measure_each())
-        off = latency["off"]
-        return {"tracing_latency": {name: {q: round(v, 3) for q, v in values.items()} for name, values in latency.items()},
-                "ratio_to_off": {name: {q: round(values[q] / off[q], 3) for q in values} for name, values in latency.items()},
-                "spans_received": len(receiver.spans), "traces_received": len({span.trace_id for span in receiver.spans})}
+        async def measure_each() -> dict:
+            async with contextlib.AsyncExitStack() as clients:
+                kinds = {}
+                for name, address in gateways.items():
+                    client = await clients.enter_async_context(openai.AsyncOpenAI(
+                        base_url=f"http://{address}/v1", api_key="unused", max_retries=0, timeout=60))
+                    kinds[name] = plain(client)
+                return await latencies(kinds, args.requests)
+
+        latency = asyncio.run(measure_each())
+        spans = list(receiver.spans)
+    off = latency["off"]
+    return {"tracing_latency": {name: {q: round(v, 3) for q, v in values.items()} for name, values in latency.items()},
+            "ratio_to_off": {name: {q: round(values[q] / off[q], 3) for q in values} for name, values in latency.items()},
+            "spans_received": len(spans), "traces_received": len({span.trace_id for span in spans})}
 
 
 def _rotating(stubs: list[executor_pb2_grpc.ExecutorStub]) -> Callable[[], Awaitable[None]]:

@@ -23,6 +23,7 @@ from gearshift.server import running
 from gearshift.services.router.service import build
 from gearshift.settings import ExecutorSettings, TlsSettings
 from gearshift.testing.certs import issue
+from gearshift.testing.ports import free_port
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 ROUTE = router_pb2.RouteRequest(query="hi", forced_mode=Mode.MODE_INSTANT)
@@ -89,9 +90,7 @@ async def test_clients_check_the_server_name_rather_than_the_host_dialed(setting
 
 
 async def test_the_health_port_is_plaintext_and_serves_only_health(settings, stack_cert):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        health_port = probe.getsockname()[1]
+    health_port = free_port()
     secured = with_tls(settings, stack_cert.settings(client_auth=True, health_port=health_port))
     async with running(await build(secured), secured) as server:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{health_port}") as kubelet:

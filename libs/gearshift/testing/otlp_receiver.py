@@ -29,14 +29,14 @@ def _value(any_value):
 
 
 class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
-    """Serves opentelemetry.proto.collector.trace.v1.TraceService on a free loopback port."""
+    """Serves opentelemetry.proto.collector.trace.v1.TraceService on a loopback port (0: a free one)."""
 
-    def __init__(self):
+    def __init__(self, port: int = 0):
         self.spans: list[ReceivedSpan] = []
         self._lock = threading.Lock()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self._server)
-        self.port = self._server.add_insecure_port("127.0.0.1:0")
+        self.port = self._server.add_insecure_port(f"127.0.0.1:{port}")
 
     @property
     def endpoint(self) -> str:
