@@ -2,6 +2,7 @@
 SHELL := /bin/bash
 VENV ?= .venv
 BASE ?= auto
+TEST_WORKERS ?= 2
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 BUF := .tools/npm/node_modules/.bin/buf
@@ -48,11 +49,15 @@ check-chart: tools ## helm lint --strict, and every values matrix render validat
 lint: ## ruff: undefined names, unused imports, likely bugs
 	$(PY) -m ruff check .
 
-test: lint check-protos check-chart ## Run every check and the whole test suite
-	$(PY) -m pytest -q --durations=15
+# Two xdist workers: the heavy tests (model, vllm, ranks) one at a time on one, the rest beside
+# them (tests/conftest.py, tests/scheduling.py); each test's seconds go to .test-durations.json.
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
 
-test-fast: ## Unit and integration tests without the real model
-	$(PY) -m pytest -q -m "not model and not vllm"
+test: lint check-protos check-chart ## Run every check and the whole test suite
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) --durations=25
+
+test-fast: ## The inner loop: every test that needs no model, no vLLM and no trainer ranks
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) --durations=10 -m "not model and not vllm and not ranks"
 
 images: ## Build every image the chart and skaffold use (BASE=auto|local|<image>; docs/images.md)
 	scripts/docker-engine.sh

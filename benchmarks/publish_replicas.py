@@ -86,7 +86,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="publish-replicas-") as work:
         checkpoints = adapters(Path(work))
-        with running_vllm_servers(2, weights.cache_smollm2(Settings().models_dir), Path(work) / "vllm") as urls:
+        with running_vllm_servers(2, weights.cache_smollm2(Settings().models_dir), Path(work) / "vllm") as servers:
+            urls = servers.urls
             one = asyncio.run(publish_times(urls[:1], checkpoints, args.rounds))
             asyncio.run(unload(urls[:1]))
             two = asyncio.run(publish_times(urls, checkpoints, args.rounds))

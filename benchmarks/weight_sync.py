@@ -157,7 +157,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="weight-sync-") as work:
         root = Path(work)
-        with running_vllm_servers(1, weights.cache_smollm2(Settings().models_dir), root / "vllm") as (vllm_url,):
+        with running_vllm_servers(1, weights.cache_smollm2(Settings().models_dir), root / "vllm") as servers:
+            (vllm_url,) = servers.urls
             results = asyncio.run(measure(args.rounds, args.threads, vllm_url, root))
     print(table(results, args.rounds, args.threads))
     print(f"\n.venv/bin/python benchmarks/weight_sync.py --rounds {args.rounds} --threads {args.threads}")

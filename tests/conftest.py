@@ -1,4 +1,7 @@
-"""Shared fixtures: settings isolated from the developer's environment."""
+"""Shared fixtures: settings isolated from the developer's environment and from the other
+pytest-xdist workers (tests/workers.py), Postgres, and the vLLM pair. How the suite is grouped and
+spread over the workers is the plugin tests/scheduling.py; the guard against slow tests,
+tests/durations.py."""
 
 from __future__ import annotations
 
@@ -10,14 +13,26 @@ import pytest
 from gearshift.settings import Settings
 from gearshift.testing.postgres import scratch_database
 
+from tests import workers
+
+pytest_plugins = ["tests.durations", "tests.scheduling"]
+
 # tests/images runs the built images as containers: only `make test-images` collects it (it needs
 # a container engine and minutes of building), never the plain pytest run of `make test`.
 collect_ignore = [] if os.environ.get("GEARSHIFT_IMAGE_TESTS") == "1" else ["images"]
 
-
 @pytest.fixture
 def settings(tmp_path) -> Settings:
     return Settings(data_dir=tmp_path, metrics_port=0)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def worker_environment(tmp_path_factory) -> Iterator[None]:
+    """The default data directory and Redis database of this worker alone (tests/workers.py)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GEARSHIFT_DATA_DIR", str(tmp_path_factory.mktemp("data-dir")))
+        patch.setenv("GEARSHIFT_REDIS_URL", workers.redis_url())
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +44,7 @@ def postgres_url() -> Iterator[str]:
 
 # Two real vLLM CPU servers with run-time weight loading, shared by every test that asks (once per
 # session: registered here, not in each directory's conftest, or each would start its own pair).
-from tests.vllm_servers import last_user, stop_vllm_servers, vllm_servers  # noqa: E402, F401
+from tests.vllm_servers import last_user, stop_vllm_servers, vllm_pair, vllm_servers  # noqa: E402, F401
 
 _LAST_VLLM_USER: list[str | None] = [None]
 

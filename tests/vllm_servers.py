@@ -10,29 +10,33 @@ end-to-end tests' server (tests/e2e/conftest.py) plus what run-time weight loadi
   other request its text as written; no server-wide chat template, so the base model and the
   text protocol keep SmolLM2's: a request names the A^2FM one (--trust-request-chat-template).
 
-tests/conftest.py registers the session fixture for every test directory:
+tests/conftest.py registers the fixtures for every test directory:
 
-    from tests.vllm_servers import vllm_servers  # noqa: F401
+    from tests.vllm_servers import vllm_pair, vllm_servers  # noqa: F401
 
 and a test asks for `vllm_servers`, the servers' base URLs (".../v1"), serving the base model as
-"smollm2" and the default policy's adapter as "default". A test that changes a server's base
-weights puts SmolLM2's back before it ends (the servers are shared by the session).
+"smollm2" and the default policy's adapter as "default". The pair starts for the session's first
+user, is paused (SIGSTOP) whenever no test uses it, and stops after its last user (tests/conftest.py
+runs the users together). A test that changes a server's base weights puts SmolLM2's back before
+it ends (the servers are shared by the session).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import socket
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 from gearshift import vllm_plugins, weights
 from gearshift.settings import Settings
+from gearshift.testing.ports import free_port
 from gearshift.training.config import ModelConfig
 
 # .ci/run installs vLLM's CPU build into its own virtual environment here (scripts/install-vllm.sh).
@@ -40,12 +44,6 @@ VLLM_PYTHON = Path(os.environ.get("GEARSHIFT_VLLM_PYTHON", Path.home() / ".cache
 START_SECONDS = 300  # two servers starting at once on two cores take about twice as long as one
 SERVED_NAME = "smollm2"
 SERVERS = 2
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def vllm_command(model: Path, port: int) -> list[str]:
@@ -59,19 +57,43 @@ def vllm_command(model: Path, port: int) -> list[str]:
     ]
 
 
-def vllm_environment() -> dict[str, str]:
+def vllm_environment(core: int) -> dict[str, str]:
     # A 1 GiB KV cache each (~22k tokens of SmolLM2 in float32): the pair and the test process fit 24 GiB.
+    # One OpenMP thread on a core of its own: SmolLM2 decodes about as fast on one as on two, and
+    # two threads on shared cores spin waiting for each other whenever another process runs.
     return dict(
-        os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="0-1", HF_HUB_OFFLINE="1",
+        os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND=str(core), HF_HUB_OFFLINE="1",
         VLLM_ALLOW_RUNTIME_LORA_UPDATING="True", VLLM_SERVER_DEV_MODE="1",
     )
 
 
+@dataclass
+class VllmServers:
+    """Running vLLM servers: their base URLs, and their processes, which pause and resume whole."""
+
+    urls: list[str]
+    processes: list[subprocess.Popen]
+
+    def pause(self) -> None:
+        """Stops every process of each server (SIGSTOP to its process group): idle, a vLLM CPU
+        server still polls (tests/test_vllm_idle.py measures it), and the tests between two of its
+        users have the cores to themselves."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal(signal.SIGCONT)
+
+    def _signal(self, number: int) -> None:
+        for process in self.processes:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, number)
+
+
 @contextlib.contextmanager
-def running_vllm_servers(count: int, model: Path, logs: Path) -> Iterator[list[str]]:
-    """count vLLM servers of model, started at once; yields their base URLs when all are healthy
-    and stops them afterwards. A server that exits or does not come up fails the caller with the
-    end of its log (logs/server-N.log)."""
+def running_vllm_servers(count: int, model: Path, logs: Path) -> Iterator[VllmServers]:
+    """count vLLM servers of model, started at once; yields them when all are healthy and stops
+    them afterwards. A server that exits or does not come up fails the caller with the end of its
+    log (logs/server-N.log)."""
     if not VLLM_PYTHON.exists():
         raise RuntimeError(f"vLLM is not installed at {VLLM_PYTHON}: run scripts/install-vllm.sh")
     logs.mkdir(parents=True, exist_ok=True)
@@ -80,13 +102,15 @@ def running_vllm_servers(count: int, model: Path, logs: Path) -> Iterator[list[s
         for index in range(count):
             port, log = free_port(), logs / f"server-{index}.log"
             with open(log, "w") as out:
-                process = subprocess.Popen(vllm_command(model, port), env=vllm_environment(), stdout=out, stderr=subprocess.STDOUT,
+                process = subprocess.Popen(vllm_command(model, port), env=vllm_environment(index % os.cpu_count()), stdout=out, stderr=subprocess.STDOUT,
                                            start_new_session=True)
             servers.append((process, port, log))
         _wait_healthy(servers)
-        yield [f"http://127.0.0.1:{port}/v1" for _, port, _ in servers]
+        yield VllmServers([f"http://127.0.0.1:{port}/v1" for _, port, _ in servers], [process for process, _, _ in servers])
     finally:
         for process, _, _ in servers:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGCONT)  # a paused server cannot act on SIGTERM
             process.terminate()
         for process, _, _ in servers:
             try:
@@ -115,15 +139,24 @@ _running = contextlib.ExitStack()  # the session's pair while it runs
 
 
 @pytest.fixture(scope="session")
-def vllm_servers(tmp_path_factory) -> Iterator[list[str]]:
-    """Two vLLM CPU servers of SmolLM2 with run-time weight loading on; their base URLs."""
+def vllm_pair(tmp_path_factory) -> Iterator[VllmServers]:
+    """Two vLLM CPU servers of SmolLM2 with run-time weight loading on, paused between tests."""
     model = weights.cache_smollm2(Settings().models_dir)
     try:
-        urls = _running.enter_context(running_vllm_servers(SERVERS, model, tmp_path_factory.mktemp("vllm")))
+        pair = _running.enter_context(running_vllm_servers(SERVERS, model, tmp_path_factory.mktemp("vllm")))
     except RuntimeError as exc:
         pytest.fail(str(exc))
-    yield urls
+    pair.pause()
+    yield pair
     stop_vllm_servers()
+
+
+@pytest.fixture
+def vllm_servers(vllm_pair) -> Iterator[list[str]]:
+    """The pair's base URLs, the servers running for the test and paused after it."""
+    vllm_pair.resume()
+    yield vllm_pair.urls
+    vllm_pair.pause()
 
 
 def stop_vllm_servers() -> None:
@@ -134,5 +167,5 @@ def stop_vllm_servers() -> None:
 
 def last_user(items: list[pytest.Item]) -> str | None:
     """The node id of the last of the session's tests that uses the pair (None: none does)."""
-    users = [item.nodeid for item in items if "vllm_servers" in getattr(item, "fixturenames", ())]
+    users = [item.nodeid for item in items if "vllm_pair" in getattr(item, "fixturenames", ())]
     return users[-1] if users else None

@@ -21,21 +21,22 @@ def smollm2_dir() -> Path:
     return weights.cache_smollm2(MODELS_DIR)
 
 
-@pytest.fixture
-async def builtin_policy(smollm2_dir, tmp_path):
+# Each server is shared by the session's tests: none of them changes what it serves.
+@pytest.fixture(scope="session")
+async def builtin_policy(smollm2_dir):
     settings = Settings(data_dir=Settings().data_dir, log_level="WARNING", policy_server=PolicyServerSettings(port=0, model=str(smollm2_dir)))
     async with running(settings) as server:
         yield server.base_url
 
 
-@pytest.fixture
-async def builtin_default_policy(tmp_path):
+@pytest.fixture(scope="session")
+async def builtin_default_policy():
     settings = Settings(data_dir=Settings().data_dir, log_level="WARNING", policy_server=PolicyServerSettings(port=0, model=weights.DEFAULT))
     async with running(settings) as server:
         yield server.base_url
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def vllm_policy(vllm_servers) -> str:
     """vLLM's CPU build serving SmolLM2 as "smollm2" and the default policy as the LoRA module
     "default": the first of the session's pair (tests/vllm_servers.py), not a third server."""

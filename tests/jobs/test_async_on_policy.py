@@ -69,6 +69,7 @@ async def test_rollouts_keep_each_sampled_tokens_logprob_under_the_policy_that_s
         assert max(abs(a - b) for a, b in zip(kept, model_logprobs(run, encoded))) < 1e-4
 
 
+@pytest.mark.ranks
 async def test_distillation_ranks_roll_out_their_own_episodes_ahead_of_training(tiny_dir, teacher_dir, tmp_path, monkeypatch):
     """Distillation under torchrun against a running stack whose built-in server serves the tiny
     student and loads each step's checkpoint (POST /v1/load): each rank rolls out its half of the

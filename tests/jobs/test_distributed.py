@@ -27,7 +27,7 @@ from gearshift.testing.scripted_policy import serve_scripted
 from gearshift.topology import SERVICE_NAMES
 from safetensors.torch import load_file
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ranks]
 
 WORKER = Path(__file__).with_name("ranks_worker.py")
 ROOT = Path(__file__).parents[2]

@@ -36,7 +36,7 @@ def alone(tiny_dir, tmp_path_factory):
     return sft(1, tiny_dir, tmp_path_factory.mktemp("layout") / "one")
 
 
-@pytest.mark.slow
+@pytest.mark.ranks
 @pytest.mark.parametrize("shape", [(1, 2), (2, 1)], ids=["1x2", "2x1"])
 def test_two_ranks_on_a_two_dimensional_mesh_learn_what_one_process_learns(tiny_dir, alone, tmp_path, shape):
     losses, weights = sft(2, tiny_dir, tmp_path, mesh_shape=list(shape))
@@ -45,7 +45,7 @@ def test_two_ranks_on_a_two_dimensional_mesh_learn_what_one_process_learns(tiny_
     assert max((weights[name] - alone[1][name]).abs().max().item() for name in weights) < WEIGHTS_TOLERANCE
 
 
-@pytest.mark.slow
+@pytest.mark.ranks
 def test_a_run_with_compiled_decoder_layers_trains(tiny_dir, alone, tmp_path):
     # aot_eager: dynamo captures each layer's graph and AOT autograd its backward, as inductor
     # would, without generating kernels (minutes on 2 cores).

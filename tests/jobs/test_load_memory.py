@@ -15,7 +15,7 @@ import torch
 from tests.jobs.test_distributed import first_error, launch, write_config
 from tests.libs.training.trajectories import routed_instant
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.ranks]
 
 WORKER = Path(__file__).with_name("sft_memory_worker.py")
 MAX_RATIO = 0.7  # a rank's peak at 2 ranks over the peak at 1 (before meta loading: 1.27 under LoRA)

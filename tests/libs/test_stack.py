@@ -15,9 +15,11 @@ import pytest
 from gearshift.testing.certs import issue
 from gearshift.topology import SERVICE_NAMES, SERVICES
 
+from tests.workers import FIXED_PORTS
+
 BASE_PORT = 26500  # one gRPC port per service from here, metrics on port + 1000: below the ephemeral range (32768-60999), where a client socket of another test cannot take them
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(FIXED_PORTS)]
 
 
 def gearshift(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -47,7 +49,7 @@ def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:
             return stat.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone, or going as we read
         return False
 
 

@@ -19,14 +19,15 @@ from gearshift.stack import Stack
 from gearshift.testing.scripted_policy import instant_policy_process
 from gearshift.topology import METRICS_PORT_OFFSET, SERVICE_NAMES
 
+from tests import workers
 from tests.charts.monitoring import panel_queries, tool
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(workers.FIXED_PORTS)]
 
 BASE_PORT = 23700  # the stack's ports from here, metrics on port + 1000: below the ephemeral range
 WORKER_METRICS_PORT = BASE_PORT + 90
 PROMETHEUS_PORT = BASE_PORT + 95
-REDIS_URL = "redis://127.0.0.1:6379/9"
+REDIS_URL = workers.redis_url()
 MODELS = ("gearshift-instant", "gearshift-reasoning", "gearshift-agentic", "gearshift")
 EPISODES_PER_MODEL = 2
 SCRAPE_SECONDS = 1

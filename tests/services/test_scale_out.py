@@ -24,7 +24,9 @@ from gearshift.stack import Stack
 from gearshift.testing.replicas import Replicas
 from gearshift.testing.scripted_policy import instant_policy, instant_policy_process, serve_scripted
 
-pytestmark = pytest.mark.slow
+from tests.workers import FIXED_PORTS
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group(FIXED_PORTS)]
 
 BASE_PORT = 24600  # the stack's ports from here; replicas on REPLICA_PORT: below the ephemeral range
 REPLICA_PORT = 24690

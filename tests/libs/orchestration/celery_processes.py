@@ -24,6 +24,8 @@ from gearshift.orchestration.app import create_app
 from gearshift.orchestration.journal import JobJournal, JobRun
 from gearshift.settings import Settings
 
+from tests import workers
+
 REPO = Path(__file__).resolve().parents[3]
 APP = "tests.libs.orchestration.standin_worker"
 
@@ -119,11 +121,11 @@ async def until(check: Callable[[], object], timeout: float, what: str, interval
 
 
 @contextlib.asynccontextmanager
-async def cluster(tmp_path: Path, redis_db: int, engine=None, run_seconds: float = 1.0, **orchestration) -> AsyncIterator[Cluster]:
-    """A Redis database emptied for the test, the embedded store on the scratch database when an
+async def cluster(tmp_path: Path, engine=None, run_seconds: float = 1.0, **orchestration) -> AsyncIterator[Cluster]:
+    """This worker's Redis database (tests/workers.py) emptied for the test, the embedded store on the scratch database when an
     engine is given, and the environment every worker and beat of the test gets (orchestration
     settings by keyword)."""
-    redis_url = f"redis://127.0.0.1:6379/{redis_db}"
+    redis_url = workers.redis_url()
     client = redis.Redis.from_url(redis_url)
     client.flushdb()
     env = os.environ | {

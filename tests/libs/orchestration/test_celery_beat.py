@@ -18,6 +18,7 @@ from gearshift.clients import channel
 from gearshift.settings import Settings
 from gearshift.stack import Stack, redis_answers
 
+from tests import workers
 from tests.libs.orchestration.celery_processes import cluster, until
 
 pytestmark = pytest.mark.slow
@@ -39,7 +40,7 @@ async def seed_scored(store_addr: str, settings, n: int) -> None:
 
 
 async def test_the_beat_fires_the_trigger_on_schedule_and_the_round_it_queues_runs(tmp_path, orchestration_db):
-    async with cluster(tmp_path, 14, orchestration_db, trigger_interval_seconds=1, trigger_new_scored=2) as running:
+    async with cluster(tmp_path, orchestration_db, trigger_interval_seconds=1, trigger_new_scored=2) as running:
         await seed_scored(running.settings.store_addr, running.settings, 2)
         running.worker("worker")
         running.beat("beat")
@@ -61,7 +62,7 @@ async def test_the_beat_fires_the_trigger_on_schedule_and_the_round_it_queues_ru
 
 
 async def test_two_beats_check_the_trigger_once_per_interval(tmp_path, orchestration_db):
-    async with cluster(tmp_path, 14, orchestration_db, trigger_interval_seconds=1) as running:
+    async with cluster(tmp_path, orchestration_db, trigger_interval_seconds=1) as running:
         running.worker("worker")
         running.beat("beat-1"), running.beat("beat-2")
         await running.ready("worker")
@@ -74,8 +75,9 @@ async def test_two_beats_check_the_trigger_once_per_interval(tmp_path, orchestra
         assert all(check["started"] is False for check in checks if not check.get("skipped"))  # no data: no round
 
 
+@pytest.mark.xdist_group(workers.FIXED_PORTS)  # the stack's ports
 async def test_gearshift_up_loop_starts_a_worker_and_one_beat(tmp_path, monkeypatch):
-    url = "redis://127.0.0.1:6379/15"
+    url = workers.redis_url()
     client = redis.Redis.from_url(url)
     client.flushdb()
     monkeypatch.setenv("GEARSHIFT_ORCHESTRATION__TRIGGER_INTERVAL_SECONDS", "1")

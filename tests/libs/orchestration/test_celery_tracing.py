@@ -18,7 +18,7 @@ ROUND = [f"celery.task {TASKS}.{name}" for name in ("check_trigger", "score_new"
 
 async def test_a_training_round_is_one_trace_from_the_beat_to_the_training_run(tmp_path, orchestration_db):
     with OtlpReceiver() as receiver:
-        async with cluster(tmp_path, 10, orchestration_db, trigger_interval_seconds=1, trigger_new_scored=2) as running:
+        async with cluster(tmp_path, orchestration_db, trigger_interval_seconds=1, trigger_new_scored=2) as running:
             await seed_scored(running.settings.store_addr, running.settings, 2)
             traced = {"GEARSHIFT_TRACING__ENABLED": "true", "GEARSHIFT_TRACING__OTLP_ENDPOINT": receiver.endpoint}
             running.worker("worker", **traced)

@@ -40,7 +40,7 @@ async def result_of(running, task_id: str, timeout: float, seen: set[str] | None
 
 
 async def test_a_worker_killed_mid_run_gives_its_task_back_after_the_visibility_timeout_and_the_next_re_attaches(tmp_path, orchestration_db):
-    async with cluster(tmp_path, 12, orchestration_db, run_seconds=12, visibility_timeout_seconds=3, lease_seconds=2) as running:
+    async with cluster(tmp_path, orchestration_db, run_seconds=12, visibility_timeout_seconds=3, lease_seconds=2) as running:
         running.worker("a"), running.worker("b")
         await running.ready("a", "b")
         sent = running.app.send_task(TRAIN, kwargs={"job": "sft", "config": {}, "key": "train:killed"})
@@ -64,7 +64,7 @@ async def test_a_worker_killed_mid_run_gives_its_task_back_after_the_visibility_
 
 
 async def test_a_copy_handed_out_while_its_worker_lives_starts_nothing_and_ends_when_the_run_does(tmp_path, orchestration_db):
-    async with cluster(tmp_path, 12, orchestration_db, run_seconds=6, visibility_timeout_seconds=2, lease_seconds=2) as running:
+    async with cluster(tmp_path, orchestration_db, run_seconds=6, visibility_timeout_seconds=2, lease_seconds=2) as running:
         running.worker("a"), running.worker("b")
         await running.ready("a", "b")
         sent = running.app.send_task(TRAIN, kwargs={"job": "sft", "config": {}, "key": "train:watched"})
@@ -82,7 +82,7 @@ async def test_a_copy_handed_out_while_its_worker_lives_starts_nothing_and_ends_
 
 
 async def test_sigterm_stops_a_worker_within_its_soft_shutdown_and_puts_the_task_back_at_once(tmp_path, orchestration_db):
-    async with cluster(tmp_path, 12, orchestration_db, run_seconds=12, visibility_timeout_seconds=120, lease_seconds=2,
+    async with cluster(tmp_path, orchestration_db, run_seconds=12, visibility_timeout_seconds=120, lease_seconds=2,
                        soft_shutdown_seconds=2) as running:
         running.worker("a"), running.worker("b")
         await running.ready("a", "b")
@@ -104,7 +104,7 @@ async def test_sigterm_stops_a_worker_within_its_soft_shutdown_and_puts_the_task
 
 async def test_the_worker_serves_the_queue_lengths_redis_holds(tmp_path):
     port = free_port()
-    async with cluster(tmp_path, 13, metrics_port=port) as running:
+    async with cluster(tmp_path, metrics_port=port) as running:
         running.worker("metrics", queues="default")  # leaves the training queue alone
         await running.ready("metrics")
         for i in range(3):

@@ -23,9 +23,11 @@ from gearshift.settings import PolicyServerSettings, Settings
 from gearshift.storage.models import job_runs
 from sqlalchemy import select
 
+from tests import workers
+
 pytestmark = pytest.mark.slow
 
-REDIS_URL = "redis://127.0.0.1:6379/11"  # a database of its own; task ids are unique anyway
+REDIS_URL = workers.redis_url()
 SFT = {"optim": {"max_steps": 2, "threads": 1}, "batch_size": 2, "max_length": 1024, "balance_difficulty": False,
        "output": {"progress": False}}
 

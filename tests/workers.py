@@ -1,0 +1,31 @@
+"""What each pytest-xdist worker owns alone when the suite runs in parallel (`make test` runs
+`pytest -n 2`; tests/conftest.py groups the tests):
+
+- Postgres: scratch_database names every database at random;
+- Redis: one database of its own (redis_url below), which its tests flush;
+- files: xdist gives each worker its own basetemp (tmp_path), and tests/conftest.py points the
+  default data directory (GEARSHIFT_DATA_DIR) into it;
+- ports: servers take free ports from the kernel; the few tests that must name ports below the
+  ephemeral range (whole stacks as processes, `gearshift up --base-port`) are in the xdist group
+  FIXED_PORTS, which one worker runs one test at a time.
+
+A plain `pytest` run (no xdist) is worker 0."""
+
+from __future__ import annotations
+
+import os
+
+FIXED_PORTS = "fixed-ports"
+REDIS_DATABASES = 16  # Redis' default `databases`
+
+
+def worker_index() -> int:
+    """0, 1, ... for xdist's gw0, gw1, ...; 0 without xdist."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+
+
+def redis_url() -> str:
+    """This worker's own Redis database (database 0 is left to a developer's `gearshift up --loop`)."""
+    database = 1 + worker_index()
+    assert database < REDIS_DATABASES, f"{database} workers: Redis has {REDIS_DATABASES} databases, one per worker and 0 spare"
+    return f"redis://127.0.0.1:6379/{database}"
