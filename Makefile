@@ -49,11 +49,17 @@ check-chart: tools ## helm lint --strict, and every values matrix render validat
 lint: ## ruff: undefined names, unused imports, likely bugs
 	$(PY) -m ruff check .
 
-# Two xdist workers: the heavy tests (model, vllm, ranks) one at a time on one, the rest beside
-# them (tests/conftest.py, tests/scheduling.py); each test's seconds go to .test-durations.json.
+# Two xdist workers: the heavy tests (vllm, ranks) one at a time on one, the rest beside them
+# (tests/scheduling.py); each test's seconds go to .test-durations.json (tests/durations.py).
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
 
-test: lint check-protos check-chart ## Run every check and the whole test suite
+# The checks (about 100 s) run while pytest does; either failing fails the target.
+test: ## Run every check and the whole test suite
+	$(MAKE) --no-print-directory -j2 --output-sync=line checks pytest
+
+checks: lint check-protos check-chart
+
+pytest: tools
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) --durations=25
 
 test-fast: ## The inner loop: every test that needs no model, no vLLM and no trainer ranks
@@ -71,4 +77,4 @@ test-images: ## Build the images, run the stack as containers with the chart's p
 up: ## Start the embedded stack (all services + policy server) on localhost
 	$(VENV)/bin/gearshift up
 
-.PHONY: help install demo tools protos lint check-protos check-chart test test-fast images test-images up
+.PHONY: help install demo tools protos lint check-protos check-chart checks pytest test test-fast images test-images up

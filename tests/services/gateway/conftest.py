@@ -14,6 +14,7 @@ from gearshift.api.store.v1 import store_pb2_grpc
 from gearshift.clients import channel
 from gearshift.embedded import embedded
 from gearshift.settings import ExecutorSettings, GatewaySettings, LearnedRouterSettings, PlannerSettings, RouterSettings, Settings
+from gearshift.testing.postgres import scratch_database
 from pydantic import SecretStr
 
 TOKEN = "gateway-test-token"
@@ -43,10 +44,13 @@ def stack_settings(postgres_url: str, data_dir, gateway: GatewaySettings | None 
 
 
 @pytest.fixture(scope="module")
-async def served(postgres_url, tmp_path_factory):
-    settings = stack_settings(postgres_url, tmp_path_factory.mktemp("gateway"))
-    async with embedded(settings, policy_model=weights.DEFAULT) as platform, channel(platform.settings.store_addr, platform.settings) as ch:
-        yield Served(platform.settings, f"http://{platform.settings.gateway_addr}/v1", store_pb2_grpc.TrajectoryStoreStub(ch))
+async def served(tmp_path_factory):
+    """The platform on a database of its own: test_gateway publishes a learned router to its store,
+    which a stack on the session's database would then find (tests/services/executor expects none)."""
+    with scratch_database("gearshift_gateway") as database_url:
+        settings = stack_settings(database_url, tmp_path_factory.mktemp("gateway"))
+        async with embedded(settings, policy_model=weights.DEFAULT) as platform, channel(platform.settings.store_addr, platform.settings) as ch:
+            yield Served(platform.settings, f"http://{platform.settings.gateway_addr}/v1", store_pb2_grpc.TrajectoryStoreStub(ch))
 
 
 @pytest.fixture
