@@ -53,9 +53,9 @@ lint: ## ruff: undefined names, unused imports, likely bugs
 # (tests/scheduling.py); each test's seconds go to .test-durations.json (tests/durations.py).
 PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
 
-# The checks (about 100 s) run while pytest does; either failing fails the target.
+# The checks (about 100 s) run while pytest does, their lines among its dots; either failing fails the target.
 test: ## Run every check and the whole test suite
-	$(MAKE) --no-print-directory -j2 --output-sync=line checks pytest
+	$(MAKE) --no-print-directory -j2 checks pytest
 
 checks: lint check-protos check-chart
 

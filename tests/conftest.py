@@ -21,6 +21,7 @@ pytest_plugins = ["tests.durations", "tests.scheduling"]
 # a container engine and minutes of building), never the plain pytest run of `make test`.
 collect_ignore = [] if os.environ.get("GEARSHIFT_IMAGE_TESTS") == "1" else ["images"]
 
+
 @pytest.fixture
 def settings(tmp_path) -> Settings:
     return Settings(data_dir=tmp_path, metrics_port=0)

@@ -16,7 +16,7 @@ tests/conftest.py registers the fixtures for every test directory:
 
 and a test asks for `vllm_servers`, the servers' base URLs (".../v1"), serving the base model as
 "smollm2" and the default policy's adapter as "default". The pair starts for the session's first
-user, is paused (SIGSTOP) whenever no test uses it, and stops after its last user (tests/conftest.py
+user, is paused (SIGSTOP) whenever no test uses it, and stops after its last user (tests/scheduling.py
 runs the users together). A test that changes a server's base weights puts SmolLM2's back before
 it ends (the servers are shared by the session).
 """
@@ -76,8 +76,8 @@ class VllmServers:
 
     def pause(self) -> None:
         """Stops every process of each server (SIGSTOP to its process group): idle, a vLLM CPU
-        server still polls (tests/test_vllm_idle.py measures it), and the tests between two of its
-        users have the cores to themselves."""
+        server still polls (about 1.5% of a core) and spins for a second after each request, and
+        the tests between two of its users have the cores to themselves."""
         self._signal(signal.SIGSTOP)
 
     def resume(self) -> None:
