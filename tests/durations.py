@@ -37,11 +37,15 @@ def why_slow(item: pytest.Item) -> str | None:
     return slow.args[0] if slow and slow.args else None
 
 
-def unmarked_slow(seconds: dict[str, float], items: list[pytest.Item]) -> list[str]:
-    """Tests of these items that took longer than SLOW_SECONDS and carry no reason, slowest first."""
-    by_id = {plain_id(item.nodeid): item for item in items}
-    slow = [(took, node) for node, took in seconds.items() if took > SLOW_SECONDS and node in by_id]
-    return [f"{node} ({took:.0f} s)" for took, node in sorted(slow, reverse=True) if why_slow(by_id[node]) is None]
+def reasons(items: list[pytest.Item]) -> dict[str, str | None]:
+    """Node id (without @group) -> why_slow, for these items."""
+    return {plain_id(item.nodeid): why_slow(item) for item in items}
+
+
+def unmarked_slow(seconds: dict[str, float], why: dict[str, str | None]) -> list[str]:
+    """The tests in why that took longer than SLOW_SECONDS and carry no reason, slowest first."""
+    slow = [(took, node) for node, took in seconds.items() if took > SLOW_SECONDS and node in why and why[node] is None]
+    return [f"{node} ({took:.0f} s)" for took, node in sorted(slow, reverse=True)]
 
 
 def plain_id(nodeid: str) -> str:
@@ -73,11 +77,10 @@ class Recorder:
 
     @pytest.hookimpl
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        offenders = sorted((took, node) for node, took in self.seconds.items() if took > SLOW_SECONDS and self.why.get(node) is None)
-        if offenders:
+        if offenders := unmarked_slow(self.seconds, self.why):
             terminalreporter.section(f"over {SLOW_SECONDS:.0f} s without a mark naming why ({', '.join(REASON_MARKS)}, slow(reason))")
-            for took, node in reversed(offenders):
-                terminalreporter.line(f"{node} ({took:.0f} s)")
+            for line in offenders:
+                terminalreporter.line(line)
 
 
 def pytest_configure(config: pytest.Config) -> None:
