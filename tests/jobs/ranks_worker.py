@@ -4,12 +4,20 @@ compare N ranks with 1: APO's and distillation's `learn` on rollouts the executo
 normalised per rank, the mistake the comparison must catch. Rank 0 writes each step's loss and
 the final weights.
 
-    torchrun --nproc-per-node 2 tests/jobs/ranks_worker.py apo CONFIG DATA OUT
+One launch runs a list of cases one after another in the same process group: a launch spends
+9 to 13 s importing torch and transformers before any work (`make test`'s largest cost after the
+work itself), and each case starts its own Run, seeded from its config.
+
+    torchrun --nproc-per-node 2 tests/jobs/ranks_worker.py CASES.json
+
+CASES.json: [{"job": "apo", "config": PATH, "data": PATH, "out": PATH}, ...], with "die_at" (a
+step) and "die_rank" where a rank is to kill itself (SIGKILL) after that step.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import pickle
@@ -57,40 +65,40 @@ def learn_sft_per_rank(run: Run, config, data) -> None:
         run.update(step, run.micro_batches(mine), sft_loss_of(run, local), {}, time.perf_counter())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("job", choices=["apo", "distill", "sft", "sft-per-rank"])
-    parser.add_argument("config")
-    parser.add_argument("data", help="pickled rollouts (apo: groups; distill: owners and episodes) or trajectories (sft)")
-    parser.add_argument("out", help="JSON: the losses of every step and where the final weights are")
-    parser.add_argument("--die-at", type=int, default=0, help="this rank kills itself after that step (SIGKILL)")
-    parser.add_argument("--die-rank", type=int, default=1)
-    args = parser.parse_args()
-    job = args.job.removesuffix("-per-rank")
-    config = load_config(job, args.config)
-    with open(args.data, "rb") as handle:
+def run_case(job_name: str, config_path: str, data_path: str, out: str, die_at: int = 0, die_rank: int = 1) -> None:
+    job = job_name.removesuffix("-per-rank")
+    config = load_config(job, config_path)
+    with open(data_path, "rb") as handle:
         data = pickle.load(handle)
 
     def die(step: int, record: dict) -> None:
-        if step == args.die_at and int(os.environ.get("RANK", "0")) == args.die_rank:
+        if step == die_at and int(os.environ.get("RANK", "0")) == die_rank:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    if job == "sft" and args.job == "sft":
+    run = Run.start(job, config, die)
+    if job_name == "sft":
         from gearshift.jobs.sft.trainer import fit
 
-        run = Run.start(job, config, die)
         fit(run, config, data)
     else:
-        run = Run.start(job, config, die)
-        {"apo": learn_apo, "distill": learn_distill, "sft-per-rank": learn_sft_per_rank}[args.job](run, config, data)
+        {"apo": learn_apo, "distill": learn_distill, "sft-per-rank": learn_sft_per_rank}[job_name](run, config, data)
     state = checkpoints.full_state(run.model, run.ranks)
     if run.ranks.main:
-        weights = os.path.join(os.path.dirname(args.out), "final.pt")
+        weights = os.path.join(os.path.dirname(out), "final.pt")
         torch.save(state, weights)
         losses = {record["step"]: record["loss"] for record in map(json.loads, open(run.output / "metrics.jsonl"))}
-        with open(args.out, "w") as handle:
+        with open(out, "w") as handle:
             json.dump({"losses": [losses[step] for step in sorted(losses)], "weights": weights,
                        "resumed_from": run.start_step}, handle)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("cases", help="JSON: the cases to run, in order (the module docstring)")
+    cases = json.loads(open(parser.parse_args().cases).read())
+    for case in cases:
+        run_case(case["job"], case["config"], case["data"], case["out"], case.get("die_at", 0), case.get("die_rank", 1))
+        gc.collect()  # the last case's model and optimizer state, before the next loads
 
 
 if __name__ == "__main__":

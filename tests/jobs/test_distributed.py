@@ -140,13 +140,22 @@ def base_config(tiny_dir, out: Path, **extra) -> dict:
     return body
 
 
-def run_worker(ranks: int, job: str, config: dict, data: Path, folder: Path, *flags: str) -> dict:
-    folder.mkdir(parents=True, exist_ok=True)
-    config_path = write_config(folder / "config.json", config)
-    done = launch(ranks, str(WORKER), job, str(config_path), str(data), str(folder / "out.json"), *flags)
+def run_cases(ranks: int, cases: dict[str, tuple[str, dict, Path]], folder: Path, **extra) -> dict[str, dict]:
+    """Worker cases, name: (job, config, data), one after another in one launch (a launch's imports
+    cost more than a case's steps); each case's losses and final weights."""
+    listing = []
+    for name, (job, config, data) in cases.items():
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        config_path = write_config(folder / name / "config.json", config)
+        listing.append({"job": job, "config": str(config_path), "data": str(data), "out": str(folder / name / "out.json"), **extra})
+    done = launch(ranks, str(WORKER), str(write_config(folder / "cases.json", listing)))
     (folder / "stderr.txt").write_text(done.stderr)
     assert done.returncode == 0, first_error(done.stderr)
-    return json.loads((folder / "out.json").read_text())
+    return {name: json.loads((folder / name / "out.json").read_text()) for name in cases}
+
+
+def run_worker(ranks: int, job: str, config: dict, data: Path, folder: Path) -> dict:
+    return run_cases(ranks, {"run": (job, config, data)}, folder)["run"]
 
 
 def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -216,9 +225,9 @@ def sft_trajectories(store, sft_data, tmp_path_factory) -> Path:
     return path
 
 
-def test_sft_normalised_per_rank_differs_from_one_process(tiny_dir, store, sft_alone, sft_trajectories, tmp_path):
+def test_sft_normalised_per_rank_differs_from_one_process(sft_alone, worker_runs):
     """The comparison above catches a loss normalised by each rank's own token count."""
-    per_rank = run_worker(2, "sft-per-rank", sft_config(tiny_dir, tmp_path / "out"), sft_trajectories, tmp_path)
+    per_rank = worker_runs[2]["sft-per-rank"]
     alone = [r["loss"] for r in metrics(sft_alone)]
     assert per_rank["losses"] != pytest.approx(alone, rel=1e-5)  # what the comparison above asserts
     difference = max_difference(torch.load(per_rank["weights"]), load_file(sft_alone / "model.safetensors"))
@@ -254,28 +263,43 @@ def on_policy_data(job: str, rollouts: Path, tiny_dir, teacher_dir, lora: bool) 
     return path
 
 
+PARALLELISMS = [("fsdp", False), ("ddp", False), ("fsdp", True)]  # (parallelism, lora) of the 2-rank on-policy runs
+
+
 @pytest.fixture(scope="module")
-def on_policy_alone(tiny_dir, teacher_dir, rollouts, tmp_path_factory):
-    """The one-process run of a (job, lora) case, made once for every parallelism compared with it."""
-    done: dict[tuple[str, bool], dict] = {}
+def worker_runs(tiny_dir, teacher_dir, rollouts, sft_trajectories, tmp_path_factory) -> dict[int, dict[str, dict]]:
+    """Every worker run of the tests below, by number of ranks and name: one launch at 1 rank, then
+    one at 2 (where "resumed" resumes the state "saved" left at 1 rank)."""
+    folder = tmp_path_factory.mktemp("worker")
+    cases: dict[int, dict[str, tuple[str, dict, Path]]] = {1: {}, 2: {}}
 
-    def alone(job: str, lora: bool) -> dict:
-        if (job, lora) not in done:
-            folder = tmp_path_factory.mktemp(f"{job}-alone")
-            config = on_policy_config(job, tiny_dir, teacher_dir, folder / "out", "fsdp", lora)
-            done[job, lora] = run_worker(1, job, config, on_policy_data(job, rollouts, tiny_dir, teacher_dir, lora), folder)
-        return done[job, lora]
+    def out(ranks: int, name: str) -> Path:
+        return folder / str(ranks) / name / "out"
 
-    return alone
+    for job in ON_POLICY:
+        for lora in (False, True):
+            name = f"{job}-lora-{lora}"
+            config = on_policy_config(job, tiny_dir, teacher_dir, out(1, name), "fsdp", lora)
+            cases[1][name] = job, config, on_policy_data(job, rollouts, tiny_dir, teacher_dir, lora)
+        for parallelism, lora in PARALLELISMS:
+            name = f"{job}-{parallelism}-lora-{lora}"
+            config = on_policy_config(job, tiny_dir, teacher_dir, out(2, name), parallelism, lora)
+            cases[2][name] = job, config, on_policy_data(job, rollouts, tiny_dir, teacher_dir, lora)
+    cases[2]["sft-per-rank"] = "sft-per-rank", sft_config(tiny_dir, out(2, "sft-per-rank")), sft_trajectories
+    for ranks in (1, 2):  # the GPU default for LoRA on gloo: a bf16 base and float32 adapters in one FSDP group
+        config = sft_config(tiny_dir, out(ranks, "lora-bf16"), model={"lora": True, "lora_rank": 4}, runtime={"precision": "bf16"},
+                            optim={"learning_rate": 1e-2})
+        cases[ranks]["lora-bf16"] = "sft", config, sft_trajectories
+    cases[1]["saved"] = "sft", sft_config(tiny_dir, folder / "saved", optim={"max_steps": 2}), sft_trajectories
+    cases[2]["resumed"] = "sft", sft_config(tiny_dir, folder / "saved"), sft_trajectories
+    return {ranks: run_cases(ranks, named, folder / str(ranks)) for ranks, named in cases.items()}
 
 
 @pytest.mark.parametrize("job", ["apo", "distill"])
-@pytest.mark.parametrize("parallelism, lora", [("fsdp", False), ("ddp", False), ("fsdp", True)])
-def test_on_policy_updates_on_two_ranks_equal_one_process(tiny_dir, teacher_dir, rollouts, on_policy_alone, tmp_path, job, parallelism, lora):
+@pytest.mark.parametrize("parallelism, lora", PARALLELISMS)
+def test_on_policy_updates_on_two_ranks_equal_one_process(worker_runs, job, parallelism, lora):
     """Under LoRA, APO's KL reference is the base with the adapter off."""
-    one = on_policy_alone(job, lora)
-    config = on_policy_config(job, tiny_dir, teacher_dir, tmp_path / "out", parallelism, lora)
-    two = run_worker(2, job, config, on_policy_data(job, rollouts, tiny_dir, teacher_dir, lora), tmp_path)
+    one, two = worker_runs[1][f"{job}-lora-{lora}"], worker_runs[2][f"{job}-{parallelism}-lora-{lora}"]
     assert_same_run(one, two)
     assert one["losses"][0] != one["losses"][-1]  # it learned something to compare
 
@@ -284,11 +308,10 @@ def test_a_rank_that_dies_fails_the_job_and_a_rerun_on_one_rank_resumes_to_the_s
     tiny_dir, store, sft_alone, sft_trajectories, tmp_path
 ):
     config = sft_config(tiny_dir, tmp_path / "out")  # saves every 2 steps
-    config_path = write_config(tmp_path / "config.json", config)
-    out_json = str(tmp_path / "out.json")
-    died = launch(2, str(WORKER), "sft", str(config_path), str(sft_trajectories), out_json, "--die-at", "3", "--die-rank", "1")
-    assert died.returncode != 0
-    assert re.search(r"rank\s*:\s*1 \(local_rank: 1\)\n\s*exitcode\s*:\s*-9", died.stderr), died.stderr[-3000:]  # torchrun names it
+    with pytest.raises(AssertionError):  # the launch failed
+        run_cases(2, {"died": ("sft", config, sft_trajectories)}, tmp_path / "died", die_at=3, die_rank=1)
+    died = (tmp_path / "died" / "stderr.txt").read_text()
+    assert re.search(r"rank\s*:\s*1 \(local_rank: 1\)\n\s*exitcode\s*:\s*-9", died), died[-3000:]  # torchrun names it
     assert not (tmp_path / "out" / "result.json").exists()
     resumed = run_worker(1, "sft", config, sft_trajectories, tmp_path)  # saved at 2 ranks, loaded at 1
     assert resumed["resumed_from"] == 2
@@ -296,9 +319,8 @@ def test_a_rank_that_dies_fails_the_job_and_a_rerun_on_one_rank_resumes_to_the_s
     assert max_difference(torch.load(resumed["weights"]), load_file(sft_alone / "model.safetensors")) < WEIGHTS_TOLERANCE
 
 
-def test_state_saved_at_one_rank_resumes_at_two(tiny_dir, store, sft_alone, sft_trajectories, tmp_path):
-    run_worker(1, "sft", sft_config(tiny_dir, tmp_path / "out", optim={"max_steps": 2}), sft_trajectories, tmp_path)
-    resumed = run_worker(2, "sft", sft_config(tiny_dir, tmp_path / "out"), sft_trajectories, tmp_path)
+def test_state_saved_at_one_rank_resumes_at_two(sft_alone, worker_runs):
+    resumed = worker_runs[2]["resumed"]
     assert resumed["resumed_from"] == 2
     assert max_difference(torch.load(resumed["weights"]), load_file(sft_alone / "model.safetensors")) < WEIGHTS_TOLERANCE
 
@@ -320,13 +342,9 @@ def test_distillation_under_torchrun_rolls_out_on_rank_zero_and_learns_on_every_
     assert store.checkpoint(result["checkpoint_id"]).job == "distill"
 
 
-def test_lora_in_bf16_under_fsdp_learns_what_one_process_learns(tiny_dir, sft_trajectories, tmp_path):
+def test_lora_in_bf16_under_fsdp_learns_what_one_process_learns(worker_runs):
     """The GPU default for LoRA on gloo: a bf16 base and float32 adapters in one FSDP group."""
-    config = sft_config(tiny_dir, tmp_path / "one" / "out", model={"lora": True, "lora_rank": 4}, runtime={"precision": "bf16"},
-                        optim={"learning_rate": 1e-2})
-    one = run_worker(1, "sft", config, sft_trajectories, tmp_path / "one")
-    config["output"]["dir"] = str(tmp_path / "two" / "out")
-    two = run_worker(2, "sft", config, sft_trajectories, tmp_path / "two")
+    one, two = worker_runs[1]["lora-bf16"], worker_runs[2]["lora-bf16"]
     assert two["losses"] == pytest.approx(one["losses"], rel=1e-2)  # bf16 rounding differs with the split
     assert one["losses"][-1] < one["losses"][0]
     assert {v.dtype for k, v in torch.load(two["weights"]).items() if "lora_" not in k} == {torch.bfloat16}

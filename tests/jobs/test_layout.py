@@ -4,54 +4,54 @@ learns; each decoder layer compiled, a run still trains."""
 
 from __future__ import annotations
 
-import json
 import pickle
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
-from tests.jobs.test_distributed import WEIGHTS_TOLERANCE, first_error, launch, write_config
+from tests.jobs.test_distributed import WEIGHTS_TOLERANCE, run_cases
 from tests.libs.training.trajectories import forced_agentic, routed_instant
 
-WORKER = Path(__file__).with_name("sft_memory_worker.py")
-
-
-def sft(ranks: int, tiny_dir: Path, folder: Path, **runtime) -> tuple[list[float], dict]:
-    """Two SFT steps on the tiny model as users run them; the losses and the exported weights."""
-    folder.mkdir(parents=True, exist_ok=True)
-    trajectories = folder / "trajectories.pkl"
-    trajectories.write_bytes(pickle.dumps([routed_instant(), forced_agentic()]))
-    body = {"model": {"base": str(tiny_dir)}, "optim": {"learning_rate": 1e-3, "max_steps": 2, "seed": 3, "threads": 1},
-            "runtime": runtime, "output": {"dir": str(folder / "out"), "progress": False}, "batch_size": 4}
-    done = launch(ranks, str(WORKER), str(write_config(folder / "config.json", body)), str(trajectories), str(folder / "memory"))
-    assert done.returncode == 0, first_error(done.stderr)
-    losses = [json.loads(line)["loss"] for line in (folder / "out" / "metrics.jsonl").read_text().splitlines()]
-    return losses, load_file(folder / "out" / "model.safetensors")
+LAYOUTS = {1: {"eager": {}, "compiled": {"compile": True, "compile_backend": "aot_eager"}},
+           2: {"1x2": {"mesh_shape": [1, 2]}, "2x1": {"mesh_shape": [2, 1]}}}
 
 
 @pytest.fixture(scope="module")
-def alone(tiny_dir, tmp_path_factory):
-    return sft(1, tiny_dir, tmp_path_factory.mktemp("layout") / "one")
+def runs(tiny_dir, tmp_path_factory) -> dict[int, dict[str, dict]]:
+    """Two SFT steps on the tiny model in each layout (its runtime settings), one launch per number
+    of ranks; each run's losses and final weights."""
+    folder = tmp_path_factory.mktemp("layout")
+    trajectories = folder / "trajectories.pkl"
+    trajectories.write_bytes(pickle.dumps([routed_instant(), forced_agentic()]))
+
+    def case(ranks: int, name: str, runtime: dict) -> tuple[str, dict, Path]:
+        body = {"model": {"base": str(tiny_dir)}, "optim": {"learning_rate": 1e-3, "max_steps": 2, "seed": 3, "threads": 1},
+                "runtime": runtime, "output": {"dir": str(folder / str(ranks) / name / "out"), "progress": False}, "batch_size": 4}
+        return "sft", body, trajectories
+
+    return {ranks: run_cases(ranks, {name: case(ranks, name, runtime) for name, runtime in named.items()}, folder / str(ranks))
+            for ranks, named in LAYOUTS.items()}
+
+
+def assert_same_run(run: dict, alone: dict) -> None:
+    assert run["losses"] == pytest.approx(alone["losses"], rel=1e-5)
+    weights, reference = torch.load(run["weights"]), torch.load(alone["weights"])
+    assert weights.keys() == reference.keys()
+    assert max((weights[name] - reference[name]).abs().max().item() for name in weights) < WEIGHTS_TOLERANCE
 
 
 @pytest.mark.ranks
-@pytest.mark.parametrize("shape", [(1, 2), (2, 1)], ids=["1x2", "2x1"])
-def test_two_ranks_on_a_two_dimensional_mesh_learn_what_one_process_learns(tiny_dir, alone, tmp_path, shape):
-    losses, weights = sft(2, tiny_dir, tmp_path, mesh_shape=list(shape))
-    assert losses == pytest.approx(alone[0], rel=1e-5)
-    assert weights.keys() == alone[1].keys()
-    assert max((weights[name] - alone[1][name]).abs().max().item() for name in weights) < WEIGHTS_TOLERANCE
+@pytest.mark.parametrize("shape", ["1x2", "2x1"])
+def test_two_ranks_on_a_two_dimensional_mesh_learn_what_one_process_learns(runs, shape):
+    assert_same_run(runs[2][shape], runs[1]["eager"])
 
 
 @pytest.mark.ranks
-def test_a_run_with_compiled_decoder_layers_trains(tiny_dir, alone, tmp_path):
+def test_a_run_with_compiled_decoder_layers_trains(runs):
     # aot_eager: dynamo captures each layer's graph and AOT autograd its backward, as inductor
     # would, without generating kernels (minutes on 2 cores).
-    losses, weights = sft(1, tiny_dir, tmp_path, compile=True, compile_backend="aot_eager")
-    assert losses == pytest.approx(alone[0], rel=1e-5)
-    assert max((weights[name] - alone[1][name]).abs().max().item() for name in weights) < WEIGHTS_TOLERANCE
+    assert_same_run(runs[1]["compiled"], runs[1]["eager"])
 
 
 def test_shard_groups_layers_embeddings_and_head_then_the_root(tiny_dir, tmp_path):
