@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import time
 import warnings
 from collections.abc import Iterator
@@ -84,13 +85,21 @@ def smollm2_gguf() -> Path:
 
 
 def _save_atomically(model: torch.nn.Module, tokenizer, target: Path) -> None:
-    """Writes into a sibling folder and renames it, so a crash never leaves half a cache."""
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial, safe_serialization=True)
-    tokenizer.save_pretrained(partial)
-    shutil.rmtree(target, ignore_errors=True)
-    partial.rename(target)
+    """Writes into a folder of this process's own and renames it, so a crash never leaves half a
+    cache and processes filling the same cache at once (replicas on one volume, test workers)
+    never write into each other's: the first rename wins, the others drop their copy."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=target.name + ".partial-", dir=target.parent))
+    partial.chmod(0o755)  # mkdtemp's 0700 would hide the cache from other users of a shared volume
+    try:
+        model.save_pretrained(partial, safe_serialization=True)
+        tokenizer.save_pretrained(partial)
+        if not (target / "config.json").exists():
+            shutil.rmtree(target, ignore_errors=True)  # an incomplete cache of an older version
+            with contextlib.suppress(OSError):  # another process's rename came first
+                partial.rename(target)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def cache_smollm2(models_dir: Path) -> Path:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from gearshift import weights
 from gearshift.settings import Settings
@@ -58,3 +59,16 @@ def test_folding_an_adapter_says_nothing_of_deprecated_transformers_names(tmp_pa
         warnings.simplefilter("always")
         weights.resolve(str(adapter), tmp_path / "models")
     assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)]
+
+
+def test_writers_filling_one_cache_at_once_leave_it_whole(tmp_path):
+    """Replicas on one models volume, or test workers, expand the same cache at once: each writes
+    a copy of its own, the first rename wins, and no half-written folder is left or read."""
+    base = weights.resolve(weights.TINY, Settings().models_dir)
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(base), AutoTokenizer.from_pretrained(base)
+    target = tmp_path / "models" / "cache"
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda _: weights._save_atomically(model, tokenizer, target), range(4)))
+    assert [path.name for path in target.parent.iterdir()] == ["cache"]
+    reloaded = AutoModelForCausalLM.from_pretrained(target)
+    assert all(torch.equal(a, b) for a, b in zip(reloaded.state_dict().values(), model.state_dict().values()))
