@@ -29,10 +29,16 @@ def settings(tmp_path) -> Settings:
 
 @pytest.fixture(scope="session", autouse=True)
 def worker_environment(tmp_path_factory) -> Iterator[None]:
-    """The default data directory and Redis database of this worker alone (tests/workers.py)."""
+    """The default data directory, Redis database and cores of this worker alone (tests/workers.py)."""
+    import torch
+
+    threads = workers.threads_per_worker()
+    torch.set_num_threads(threads)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("GEARSHIFT_DATA_DIR", str(tmp_path_factory.mktemp("data-dir")))
         patch.setenv("GEARSHIFT_REDIS_URL", workers.redis_url())
+        patch.setenv("OMP_NUM_THREADS", str(threads))  # what the worker starts: trainers, services
+        patch.setenv("GEARSHIFT_POLICY_SERVER__THREADS", str(threads))
         yield
 
 

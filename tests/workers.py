@@ -5,6 +5,10 @@
 - Redis: one database of its own (redis_url below), which its tests flush;
 - files: xdist gives each worker its own basetemp (tmp_path), and tests/conftest.py points the
   default data directory (GEARSHIFT_DATA_DIR) into it;
+- cores: an equal share of the machine's (threads_per_worker below): torch and the policy
+  server's generation in the worker and in what it starts run on that many threads, since two
+  OpenMP threads sharing a core with the other worker's tests spin waiting for each other (the
+  gateway's tests beside a busy core: 130 s on two threads, 72 s on one);
 - ports: servers take free ports from the kernel; the few tests that must name ports below the
   ephemeral range (whole stacks as processes, `gearshift up --base-port`) are in the xdist group
   FIXED_PORTS, which one worker runs one test at a time.
@@ -29,3 +33,9 @@ def redis_url() -> str:
     database = 1 + worker_index()
     assert database < REDIS_DATABASES, f"{database} workers: Redis has {REDIS_DATABASES} databases, one per worker and 0 spare"
     return f"redis://127.0.0.1:6379/{database}"
+
+
+def threads_per_worker() -> int:
+    """This worker's share of the machine's cores: all of them without xdist."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, (os.cpu_count() or 1) // workers)

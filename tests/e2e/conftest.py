@@ -21,17 +21,23 @@ def smollm2_dir() -> Path:
     return weights.cache_smollm2(MODELS_DIR)
 
 
+def serving(model: str) -> PolicyServerSettings:
+    """The built-in server's settings for model, on a free port, the rest from the environment
+    (the worker's threads: tests/workers.py)."""
+    return Settings().policy_server.model_copy(update={"port": 0, "model": model})
+
+
 # Each server is shared by the session's tests: none of them changes what it serves.
 @pytest.fixture(scope="session")
 async def builtin_policy(smollm2_dir):
-    settings = Settings(data_dir=Settings().data_dir, log_level="WARNING", policy_server=PolicyServerSettings(port=0, model=str(smollm2_dir)))
+    settings = Settings(data_dir=Settings().data_dir, log_level="WARNING", policy_server=serving(str(smollm2_dir)))
     async with running(settings) as server:
         yield server.base_url
 
 
 @pytest.fixture(scope="session")
 async def builtin_default_policy():
-    settings = Settings(data_dir=Settings().data_dir, log_level="WARNING", policy_server=PolicyServerSettings(port=0, model=weights.DEFAULT))
+    settings = Settings(data_dir=Settings().data_dir, log_level="WARNING", policy_server=serving(weights.DEFAULT))
     async with running(settings) as server:
         yield server.base_url
 

@@ -27,11 +27,13 @@ from gearshift.training import tokenization
 from gearshift.training.results import read_metrics
 from gearshift.training.runtime import Run
 
+from tests import workers
+
 
 def apo_config(base, out, **extra) -> APOConfig:
     body = {
         "model": {"base": str(base)},
-        "optim": {"max_steps": 1, "threads": 2},
+        "optim": {"max_steps": 1},  # threads: OMP_NUM_THREADS, the worker's share (tests/workers.py)
         "output": {"dir": str(out), "progress": False},
         "prompts": [{"query": "What is 2+2?", "reference_answer": "4"}],
         "rho": 1,
@@ -107,14 +109,14 @@ PROMPTS = [
 ]
 
 
-def fleet_config(out: Path, executor_addr: str, url: str, max_steps: int, max_async: int, threads: int) -> dict:
+def fleet_config(out: Path, executor_addr: str, url: str, max_steps: int, max_async: int) -> dict:
     """LoRA APO on SmolLM2, a prompt per rank a step, one forced rollout per mode (SR2AM's tiered
     reward: a group's rewards seldom tie), a rate that moves greedy output in one step. The
     checkpoint id fixes the rollout ids (and seeds): a second run replays the first's stored
     rollouts of the steps they share."""
     return {
         "model": {"base": "smollm2", "lora": True},
-        "optim": {"learning_rate": 5e-3, "max_steps": max_steps, "seed": 1, "threads": threads},
+        "optim": {"learning_rate": 5e-3, "max_steps": max_steps, "seed": 1},
         "output": {"dir": str(out), "checkpoint_id": "async-on-policy", "progress": False, "merged_weights": False},
         "prompts": PROMPTS,
         "prompts_per_step": 2,
@@ -130,7 +132,7 @@ async def train_on_two_ranks(config: dict, folder: Path, job: str = "apo", ranks
     loop keeps serving the stack the job rolls out through; the job's metrics.jsonl records."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config))
-    env = {**os.environ, "OMP_NUM_THREADS": str(3 - ranks), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(max(1, workers.threads_per_worker() // ranks)), "PYTHONPATH": str(ROOT)}
     launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"] if ranks > 1 else []
     process = await asyncio.create_subprocess_exec(
         sys.executable, *launcher, "-m", "gearshift.cli", "train", job,
@@ -182,13 +184,13 @@ async def check_async_rollouts_from_a_fleet(url: str, tmp_path: Path, monkeypatc
         executor = platform.settings.executor_addr
         # The synchronous path, one process (its memory goes with it: beside two vLLM servers, the
         # machine has no room for a model trained in this one).
-        synchronous = await train_on_two_ranks(fleet_config(tmp_path / "sync", executor, url, 1, 0, threads=2), tmp_path / "sync-run",
+        synchronous = await train_on_two_ranks(fleet_config(tmp_path / "sync", executor, url, 1, 0), tmp_path / "sync-run",
                                                ranks=1)
         seen: list[tuple[str, str]] = []
         stop = asyncio.Event()
         watcher = asyncio.create_task(watch_greedy(url, seen, stop))
         try:
-            records = await train_on_two_ranks(fleet_config(tmp_path / "async", executor, url, 2, 1, threads=1), tmp_path / "async-run")
+            records = await train_on_two_ranks(fleet_config(tmp_path / "async", executor, url, 2, 1), tmp_path / "async-run")
         finally:
             stop.set()
             await watcher

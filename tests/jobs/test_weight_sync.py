@@ -32,7 +32,7 @@ NOT_CALLED = "127.0.0.1:9"  # an executor address for tests that only publish (n
 def apo_config(out, base, policy_url: str, lora: bool) -> APOConfig:
     return APOConfig.model_validate({
         "model": {"base": str(base), "lora": lora},
-        "optim": {"max_steps": 2, "threads": 2},
+        "optim": {"max_steps": 2},  # threads: OMP_NUM_THREADS, the worker's share (tests/workers.py)
         "output": {"dir": str(out), "progress": False},
         "prompts": [{"query": "q", "reference_answer": "a"}],
         "rollout": {"executor_addr": NOT_CALLED, "policy_url": policy_url},
@@ -158,7 +158,7 @@ async def test_a_distillation_job_trains_on_episodes_of_a_remote_executor_whose_
     async with embedded(stack) as platform:
         config = DistillConfig.model_validate({
             "model": {"base": "smollm2", "lora": True},
-            "optim": {"max_steps": 2, "threads": 2, "learning_rate": 1e-3},
+            "optim": {"max_steps": 2, "learning_rate": 1e-3},
             "output": {"dir": str(tmp_path / "out"), "progress": False},
             "prompts": [{"query": "What is the capital of France?", "mode": "instant"}],
             "default_teacher": "smollm2",  # the student's own base: under LoRA the student with its adapter off
