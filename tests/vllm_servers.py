@@ -57,12 +57,18 @@ def vllm_command(model: Path, port: int) -> list[str]:
     ]
 
 
+def vllm_site() -> Path:
+    """What every process of the servers imports first (its sitecustomize): vLLM's CPU LoRA ops
+    grouped by adapter, 2.3 times faster on the default policy's prompts (vllm_site/vllm_cpu_lora.py)."""
+    return Path(__file__).with_name("vllm_site")
+
+
 def vllm_environment(core: int) -> dict[str, str]:
     # A 1 GiB KV cache each (~22k tokens of SmolLM2 in float32): the pair and the test process fit 24 GiB.
     # One OpenMP thread on a core of its own: SmolLM2 decodes about as fast on one as on two, and
     # two threads on shared cores spin waiting for each other whenever another process runs.
     return dict(
-        os.environ, VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND=str(core), HF_HUB_OFFLINE="1",
+        os.environ, PYTHONPATH=str(vllm_site()), VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND=str(core), HF_HUB_OFFLINE="1",
         VLLM_ALLOW_RUNTIME_LORA_UPDATING="True", VLLM_SERVER_DEV_MODE="1",
     )
 
