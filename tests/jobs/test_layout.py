@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.jobs.test_distributed import WEIGHTS_TOLERANCE, run_cases
+from tests.jobs.test_distributed import assert_same_run, run_cases
 from tests.libs.training.trajectories import forced_agentic, routed_instant
 
 LAYOUTS = {1: {"eager": {}, "compiled": {"compile": True, "compile_backend": "aot_eager"}},
@@ -32,13 +32,6 @@ def runs(tiny_dir, tmp_path_factory) -> dict[int, dict[str, dict]]:
 
     return {ranks: run_cases(ranks, {name: case(ranks, name, runtime) for name, runtime in named.items()}, folder / str(ranks))
             for ranks, named in LAYOUTS.items()}
-
-
-def assert_same_run(run: dict, alone: dict) -> None:
-    assert run["losses"] == pytest.approx(alone["losses"], rel=1e-5)
-    weights, reference = torch.load(run["weights"]), torch.load(alone["weights"])
-    assert weights.keys() == reference.keys()
-    assert max((weights[name] - reference[name]).abs().max().item() for name in weights) < WEIGHTS_TOLERANCE
 
 
 @pytest.mark.ranks
