@@ -9,6 +9,7 @@ machine, committed: a clean checkout has no run of its own yet."""
 from __future__ import annotations
 
 import json
+import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -58,22 +59,26 @@ class Recorder:
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
+        self.cpu: dict[str, float] = defaultdict(float)
         self.why: dict[str, str | None] = {}
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         node = plain_id(report.nodeid)
+        properties = dict(report.user_properties)
         self.seconds[node] += report.duration
-        self.why[node] = dict(report.user_properties).get("why_slow")
+        self.cpu[node] += properties.get("cpu", 0.0)
+        self.why[node] = properties.get("why_slow")
 
     @pytest.hookimpl
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if not self.seconds:
             return
         # Merged into the last report, so a run of a few tests keeps the others' figures.
-        known = json.loads(REPORT.read_text())["seconds"] if REPORT.exists() else {}
-        merged = known | {node: round(took, 2) for node, took in self.seconds.items()}
-        REPORT.write_text(json.dumps({"slow_seconds": SLOW_SECONDS, "seconds": dict(sorted(merged.items()))}, indent=1) + "\n")
+        known = json.loads(REPORT.read_text()) if REPORT.exists() else {}
+        merged = {key: known.get(key, {}) | {node: round(value, 2) for node, value in figures.items()}
+                  for key, figures in (("seconds", self.seconds), ("cpu_seconds", self.cpu))}
+        REPORT.write_text(json.dumps({"slow_seconds": SLOW_SECONDS} | {key: dict(sorted(value.items())) for key, value in merged.items()}, indent=1) + "\n")
 
     @pytest.hookimpl
     def pytest_terminal_summary(self, terminalreporter) -> None:
@@ -87,6 +92,30 @@ def pytest_configure(config: pytest.Config) -> None:
     # xdist's workers report to the controller, which records for all of them.
     if not hasattr(config, "workerinput"):
         config.pluginmanager.register(Recorder(), "gearshift-durations")
+
+
+def cpu_seconds() -> float:
+    """This process's CPU and that of the children it has reaped (the services and ranks a test started)."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+CPU_MARK = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item):
+    item.stash[CPU_MARK] = cpu_seconds()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    # Each phase's CPU, carried to the controller in its report; a copy, as the report shares the item's list.
+    report = (yield).get_result()
+    now = cpu_seconds()
+    report.user_properties = [*report.user_properties, ("cpu", now - item.stash[CPU_MARK])]
+    item.stash[CPU_MARK] = now
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
