@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 
+from gearshift.settings import PolicyServerSettings
+
 FIXED_PORTS = "fixed-ports"
 REDIS_DATABASES = 16  # Redis' default `databases`
 
@@ -39,3 +41,8 @@ def threads_per_worker() -> int:
     """This worker's share of the machine's cores: all of them without xdist."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     return max(1, (os.cpu_count() or 1) // workers)
+
+
+def policy_server(model: str, **update) -> PolicyServerSettings:
+    """The built-in server's settings for model on a free port and this worker's threads."""
+    return PolicyServerSettings(model=model, port=0, threads=threads_per_worker()).model_copy(update=update)

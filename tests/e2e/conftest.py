@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 from gearshift import weights
 from gearshift.services.policy_server.server import running
-from gearshift.settings import PolicyServerSettings, Settings
+from gearshift.settings import Settings
+
+from tests import workers
 
 # The model cache is shared across runs (expanding the GGUF takes ~25 s); the rest is temporary.
 MODELS_DIR = Settings().models_dir
@@ -21,23 +23,17 @@ def smollm2_dir() -> Path:
     return weights.cache_smollm2(MODELS_DIR)
 
 
-def serving(model: str) -> PolicyServerSettings:
-    """The built-in server's settings for model, on a free port, the rest from the environment
-    (the worker's threads: tests/workers.py)."""
-    return Settings().policy_server.model_copy(update={"port": 0, "model": model})
-
-
 # Each server is shared by the session's tests: none of them changes what it serves.
 @pytest.fixture(scope="session")
 async def builtin_policy(smollm2_dir):
-    settings = Settings(data_dir=Settings().data_dir, log_level="WARNING", policy_server=serving(str(smollm2_dir)))
+    settings = Settings(data_dir=Settings().data_dir, log_level="WARNING", policy_server=workers.policy_server(str(smollm2_dir)))
     async with running(settings) as server:
         yield server.base_url
 
 
 @pytest.fixture(scope="session")
 async def builtin_default_policy():
-    settings = Settings(data_dir=Settings().data_dir, log_level="WARNING", policy_server=serving(weights.DEFAULT))
+    settings = Settings(data_dir=Settings().data_dir, log_level="WARNING", policy_server=workers.policy_server(weights.DEFAULT))
     async with running(settings) as server:
         yield server.base_url
 

@@ -24,6 +24,8 @@ from gearshift.orchestration.loop import QUICK_CONFIG, cost_guard_verdict, guard
 from gearshift.settings import Settings
 from gearshift.training.data import snapshot_id
 
+from tests import workers
+
 # About 90 s on an idle 2-core machine; the limit leaves room for a shared, loaded one.
 pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.timeout(900)]
 
@@ -53,7 +55,7 @@ async def test_quick_round_runs_every_stage_and_registers_the_candidate_with_lin
     kept.write_text("".join(json.dumps({"id": i, "question": q, "answer": a, "split": s, "domain": d}) + "\n" for i, q, a, s, d in KEPT))
     config = QUICK_CONFIG.model_copy(update={"suite": str(suite), "sft_learning_rate": 0.05, "replay_suite": str(kept),
                                              "replay_items": 2, "guard_suite": str(kept), "guard_items": 2,
-                                             "lora_rank": 4})
+                                             "lora_rank": 4, "threads": workers.threads_per_worker()})
 
     summary = await run_round(settings, config, out=tmp_path / "summary.json")
 

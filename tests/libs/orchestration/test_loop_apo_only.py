@@ -14,6 +14,8 @@ from gearshift.orchestration.loop import QUICK_CONFIG, run_round
 from gearshift.settings import Settings
 from gearshift.training.tiny import tiny_checkpoint
 
+from tests import workers
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 ITEMS = [("a", "What is the capital of France?", "Paris", "train"), ("b", "What is the capital of Spain?", "Madrid", "test"),
@@ -26,7 +28,7 @@ async def test_apo_only_round_starts_from_the_base(tmp_path):
     settings = Settings(data_dir=tmp_path, metrics_port=0, log_level="WARNING")
     config = QUICK_CONFIG.model_copy(update={"suite": str(suite), "base_model": str(tiny_checkpoint(tmp_path / "tiny")),
                                              "seed_items": 1, "seed_samples": 2, "seed_temperature": 1.0,
-                                             "sft_steps": 0, "max_tokens_per_turn": 8})
+                                             "sft_steps": 0, "max_tokens_per_turn": 8, "threads": workers.threads_per_worker()})
 
     summary = await run_round(settings, config, out=tmp_path / "summary.json")
 

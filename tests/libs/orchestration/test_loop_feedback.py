@@ -24,6 +24,7 @@ from gearshift.settings import Settings
 from gearshift.testing.postgres import scratch_database
 from gearshift.training.data import load_trajectories
 
+from tests import workers
 from tests.libs.training.served import CONVERSATION, JUDGED_CORRECT, LIKED, ids, served, store_traffic, verdict
 
 BASE = Checkpoint(id="base-1", kind="policy", uri="/models/base")
@@ -137,7 +138,8 @@ async def test_a_full_round_from_feedback_on_a_tiny_model(tmp_path):
         async with embedded(settings, ("store",)) as platform, channel(platform.settings.store_addr, platform.settings) as ch:
             rows = await store_traffic(store_pb2_grpc.TrajectoryStoreStub(ch))
         config = loop.QUICK_CONFIG.model_copy(update={
-            "from_feedback": True, "suite": str(suite), "base_model": str(tiny_checkpoint(tmp_path / "tiny")), "max_tokens_per_turn": 8})
+            "from_feedback": True, "suite": str(suite), "base_model": str(tiny_checkpoint(tmp_path / "tiny")), "max_tokens_per_turn": 8,
+            "threads": workers.threads_per_worker()})
 
         summary = await loop.run_round(settings, config, out=tmp_path / "summary.json")
 

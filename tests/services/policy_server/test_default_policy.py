@@ -18,7 +18,9 @@ from gearshift import weights
 from gearshift.api.common.v1.common_pb2 import Mode
 from gearshift.protocol import a2fm
 from gearshift.services.policy_server.server import running
-from gearshift.settings import PolicyServerSettings, Settings
+from gearshift.settings import Settings
+
+from tests import workers
 
 pytestmark = pytest.mark.model
 
@@ -36,7 +38,7 @@ CONTINUE = {"continue_final_message": True, "add_generation_prompt": False}
 
 @pytest.fixture(scope="module")
 async def server():
-    settings = Settings(log_level="WARNING", policy_server=PolicyServerSettings(model=weights.DEFAULT, port=0, threads=2))
+    settings = Settings(log_level="WARNING", policy_server=workers.policy_server(weights.DEFAULT))
     async with running(settings) as server:
         yield server
 

@@ -13,7 +13,9 @@ from gearshift.policy_client import PolicyClient
 from gearshift.services.policy_server.core import PolicyEngine
 from gearshift.services.policy_server.schemas import ChatCompletionRequest
 from gearshift.services.policy_server.server import running
-from gearshift.settings import PolicyServerSettings, Settings
+from gearshift.settings import Settings
+
+from tests import workers
 
 pytestmark = pytest.mark.model
 
@@ -22,7 +24,7 @@ async def test_smollm2_knows_paris_and_switches_checkpoints_without_dropping_a_g
     data_dir = Settings().data_dir  # the model cache is shared across runs; everything else is temporary
     cached = weights.cache_smollm2(Settings(data_dir=data_dir).models_dir)
     copy = shutil.copytree(cached, tmp_path / "checkpoint-copy")
-    settings = Settings(data_dir=data_dir, log_level="WARNING", policy_server=PolicyServerSettings(model=weights.SMOLLM2, port=0, threads=2))
+    settings = Settings(data_dir=data_dir, log_level="WARNING", policy_server=workers.policy_server(weights.SMOLLM2))
     async with running(settings) as server, PolicyClient(server.base_url, "smollm2", timeout=300) as client:
         answer = await client.chat([{"role": "user", "content": "What is the capital of France?"}], max_tokens=40)
         assert "Paris" in answer.content and answer.finish_reason == "stop"
@@ -51,7 +53,7 @@ async def test_smollm2_gives_the_same_greedy_tokens_with_drafts():
     models_dir = Settings().models_dir
     results, steps = [], []
     for drafts in (0, 4):
-        settings = PolicyServerSettings(model=weights.SMOLLM2, port=0, threads=2, speculative_tokens=drafts)
+        settings = workers.policy_server(weights.SMOLLM2, speculative_tokens=drafts)
         engine = await PolicyEngine.start(settings, models_dir)
         try:
             results.append(await engine.generate_all(engine.chat_jobs(request).jobs[0]))
@@ -67,10 +69,11 @@ SWITCH_THEN_EXIT = """
 import asyncio
 from gearshift.policy_client import PolicyClient
 from gearshift.services.policy_server.server import running
-from gearshift.settings import PolicyServerSettings, Settings
+from gearshift.settings import Settings
 
 async def main():
-    settings = Settings(log_level="WARNING", policy_server=PolicyServerSettings(model="smollm2", port=0, threads=2))
+    # The threads are the worker's, from the environment (tests/workers.py).
+    settings = Settings(log_level="WARNING", policy_server={"model": "smollm2", "port": 0})
     async with running(settings) as server, PolicyClient(server.base_url, "smollm2", timeout=300) as client:
         await client.complete("The capital of France is", max_tokens=4, temperature=0)
         await client.load("smollm2")
