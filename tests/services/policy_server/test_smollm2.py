@@ -72,8 +72,8 @@ from gearshift.services.policy_server.server import running
 from gearshift.settings import Settings
 
 async def main():
-    # The threads are the worker's, from the environment (tests/workers.py).
-    settings = Settings(log_level="WARNING", policy_server={"model": "smollm2", "port": 0})
+    # Two threads, a `gearshift loop`'s default (LoopConfig.threads), under which the abort was found.
+    settings = Settings(log_level="WARNING", policy_server={"model": "smollm2", "port": 0, "threads": 2})
     async with running(settings) as server, PolicyClient(server.base_url, "smollm2", timeout=300) as client:
         await client.complete("The capital of France is", max_tokens=4, temperature=0)
         await client.load("smollm2")
