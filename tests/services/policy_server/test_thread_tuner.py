@@ -1,16 +1,34 @@
 """ThreadTuner: decode steps move to the thread count that runs them faster, and back."""
 
-import time
-
 import pytest
 import torch
+from gearshift.services.policy_server import thread_tuner
 from gearshift.services.policy_server.thread_tuner import ThreadTuner
+
+
+class StepClock:
+    """The tuner's clock in these tests: a step takes exactly the seconds it is given, where a
+    sleep on a loaded machine takes more (the last test tells 10 ms from 9.5)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+CLOCK = StepClock()
+
+
+@pytest.fixture(autouse=True)
+def step_clock(monkeypatch):
+    monkeypatch.setattr(thread_tuner, "time", CLOCK)
 
 
 def steps(tuner: ThreadTuner, count: int, seconds_on: dict[int, float], rows=lambda i: 4) -> None:
     """Runs `count` steps that take seconds_on[threads] on the thread count they run on."""
     for index in range(count):
-        tuner.run(rows(index), lambda: time.sleep(seconds_on[torch.get_num_threads()]))
+        tuner.run(rows(index), lambda: setattr(CLOCK, "now", CLOCK.now + seconds_on[torch.get_num_threads()]))
 
 
 @pytest.fixture(autouse=True)
