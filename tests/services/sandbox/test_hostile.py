@@ -172,7 +172,8 @@ BATTERY = [
             "print('done')", lambda r: not r.is_error and r.cpu_seconds >= 0.5, 20.0),
     Hostile("spinning children share the CPU limit", "import os\nfor _ in range(4):\n    if os.fork() == 0:\n"
             "        while True:\n            pass\nos.wait()",
-            lambda r: r.is_error and "all processes of the call together" in r.error and r.cpu_seconds >= 2, 20.0),
+            # The limit's check and the reported figure are read apart: 1.94 s was seen on a loaded machine.
+            lambda r: r.is_error and "all processes of the call together" in r.error and r.cpu_seconds >= 1.9, 20.0),
 ]
 
 
