@@ -45,4 +45,4 @@ def threads_per_worker() -> int:
 
 def policy_server(model: str, **update) -> PolicyServerSettings:
     """The built-in server's settings for model on a free port and this worker's threads."""
-    return PolicyServerSettings(model=model, port=0, threads=threads_per_worker()).model_copy(update=update)
+    return PolicyServerSettings(**{"model": model, "port": 0, "threads": threads_per_worker(), **update})
