@@ -155,6 +155,46 @@ def create_tiny(target: Path, seed: int = TINY_SEED, tokenizer=None) -> Path:
     return target
 
 
+def tiny_moe_config(vocab_size: int):
+    """A two-layer Qwen3-MoE (Agents-A1's kind) of 4 experts, 2 per token: every layer sparse."""
+    from transformers import Qwen3MoeConfig
+
+    return Qwen3MoeConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        max_position_embeddings=2048,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
+
+
+def create_tiny_moe(target: Path, seed: int = TINY_SEED, tokenizer=None) -> Path:
+    """Writes a seeded random tiny Qwen3-MoE with the real SmolLM2 tokenizer to target, as
+    save_pretrained writes it (one tensor per expert)."""
+    from transformers import Qwen3MoeForCausalLM
+
+    tokenizer = tokenizer or smollm2_tokenizer(target.parent)
+    torch.manual_seed(seed)
+    model = Qwen3MoeForCausalLM(tiny_moe_config(len(tokenizer)))
+    with torch.no_grad():  # a decisive router: near-ties would flip with float rounding between 1 rank and N
+        for name, param in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                param.normal_(0.0, 0.5)
+    _save_atomically(model, tokenizer, target)
+    return target
+
+
 @contextlib.contextmanager
 def peft_wrapping() -> Iterator[None]:
     """Around peft wrapping a transformers model (PeftModel, get_peft_model). peft 0.21, the newest

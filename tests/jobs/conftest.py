@@ -11,12 +11,18 @@ from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.clients import channel
 from gearshift.server import running
 from gearshift.settings import Settings
-from gearshift.training.tiny import tiny_checkpoint
+from gearshift.training.tiny import tiny_checkpoint, tiny_moe_checkpoint
 
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     return tiny_checkpoint(tmp_path_factory.mktemp("jobs") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def moe_dir(tmp_path_factory):
+    """A tiny Qwen3-MoE (4 experts, 2 per token) as save_pretrained writes it."""
+    return tiny_moe_checkpoint(tmp_path_factory.mktemp("jobs") / "tiny-moe")
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,8 @@
 """A training job's own step code on fixed data, run under torchrun or alone, for the tests that
 compare N ranks with 1: APO's and distillation's `learn` on rollouts the executor wrote once
-(so every run learns from the same episodes), SFT's `fit` on exported trajectories, and SFT
-normalised per rank, the mistake the comparison must catch. Rank 0 writes each step's loss and
-the final weights.
+(so every run learns from the same episodes), SFT's `fit` on exported trajectories, SFT
+normalised per rank, the mistake the comparison must catch, and "export": the loaded weights
+exported, no step run. Rank 0 writes each step's loss and the final weights.
 
 One launch runs a list of cases one after another in the same process group: a launch spends
 9 to 13 s importing torch and transformers before any work (`make test`'s largest cost after the
@@ -66,7 +66,7 @@ def learn_sft_per_rank(run: Run, config, data) -> None:
 
 
 def run_case(job_name: str, config_path: str, data_path: str, out: str, die_at: int = 0, die_rank: int = 1) -> None:
-    job = job_name.removesuffix("-per-rank")
+    job = {"sft-per-rank": "sft", "export": "sft"}.get(job_name, job_name)
     config = load_config(job, config_path)
     with open(data_path, "rb") as handle:
         data = pickle.load(handle)
@@ -76,7 +76,9 @@ def run_case(job_name: str, config_path: str, data_path: str, out: str, die_at: 
             os.kill(os.getpid(), signal.SIGKILL)
 
     run = Run.start(job, config, die)
-    if job_name == "sft":
+    if job_name == "export":  # the loaded weights, exported as training exports them
+        run.save_weights(run.output)
+    elif job_name == "sft":
         from gearshift.jobs.sft.trainer import fit
 
         fit(run, config, data)
@@ -86,7 +88,8 @@ def run_case(job_name: str, config_path: str, data_path: str, out: str, die_at: 
     if run.ranks.main:
         weights = os.path.join(os.path.dirname(out), "final.pt")
         torch.save(state, weights)
-        losses = {record["step"]: record["loss"] for record in map(json.loads, open(run.output / "metrics.jsonl"))}
+        metrics = run.output / "metrics.jsonl"
+        losses = {record["step"]: record["loss"] for record in map(json.loads, open(metrics))} if metrics.exists() else {}
         with open(out, "w") as handle:
             json.dump({"losses": [losses[step] for step in sorted(losses)], "weights": weights,
                        "resumed_from": run.start_step}, handle)

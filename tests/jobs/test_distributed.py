@@ -267,9 +267,55 @@ PARALLELISMS = [("fsdp", False), ("ddp", False), ("fsdp", True)]  # (parallelism
 
 
 @pytest.fixture(scope="module")
-def worker_runs(tiny_dir, teacher_dir, rollouts, sft_trajectories, tmp_path_factory) -> dict[int, dict[str, dict]]:
-    """Every worker run of the tests below, by number of ranks and name: one launch at 1 rank, then
-    one at 2 (where "resumed" resumes the state "saved" left at 1 rank)."""
+def unbalanced_moe_dir(moe_dir, tmp_path_factory) -> Path:
+    """The tiny MoE with router_aux_loss_coef 0: no balancing loss."""
+    import shutil
+
+    path = tmp_path_factory.mktemp("moe") / "unbalanced"
+    shutil.copytree(moe_dir, path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "router_aux_loss_coef": 0.0}))
+    return path
+
+
+ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+EXPERT_PARALLEL = {2: "ep2", 4: "ep2x2"}  # runtime.expert_parallel 2 on 2 ranks, and on 4 (2 data x 2 expert)
+
+
+def moe_cases(ranks: int, moe_dirs: tuple[Path, Path], teacher_dir, rollouts: Path, sft_trajectories: Path, out) -> dict[str, tuple]:
+    """The trainers on the tiny MoE (its balancing loss in the objective): at 1 rank and sharded by
+    FSDP on 2; SFT and distillation with expert parallelism on 2 and 4; at 1 rank also SFT without
+    the balancing loss and with LoRA on the attention; and an export of the weights as loaded."""
+    moe_dir, unbalanced_dir = moe_dirs
+    def trainer(job: str, name: str, **extra) -> tuple[str, dict, Path]:
+        if job == "sft":
+            return "sft", sft_config(moe_dir, out(ranks, name), **extra), sft_trajectories
+        config = on_policy_config(job, moe_dir, teacher_dir, out(ranks, name), "fsdp", False)
+        config["runtime"].update(extra.get("runtime", {}))
+        return job, config, rollouts / f"{job}.pkl"
+
+    cases = {}
+    if ranks < 4:
+        cases.update({f"moe-{job}": trainer(job, f"moe-{job}") for job in ("sft", "apo", "distill")})
+    if ranks in EXPERT_PARALLEL:
+        parallel = {"runtime": {"expert_parallel": 2}}
+        cases.update({f"moe-{job}-{EXPERT_PARALLEL[ranks]}": trainer(job, f"moe-{job}-{EXPERT_PARALLEL[ranks]}", **parallel) for job in ("sft", "distill")})
+    if ranks == 2:
+        cases["moe-export-ep2"] = "export", sft_config(moe_dir, out(2, "moe-export-ep2"), runtime={"expert_parallel": 2}), sft_trajectories
+    if ranks == 1:
+        cases["moe-sft-unbalanced"] = "sft", sft_config(unbalanced_dir, out(1, "moe-sft-unbalanced")), sft_trajectories
+        lora = {"lora": True, "lora_rank": 4, "lora_target_modules": ATTENTION}
+        cases["moe-lora"] = "sft", sft_config(moe_dir, out(1, "moe-lora"), model=lora, optim={"learning_rate": 1e-2}), sft_trajectories
+    return cases
+
+
+@pytest.fixture(scope="module")
+def worker_runs(tiny_dir, teacher_dir, moe_dir, unbalanced_moe_dir, rollouts, sft_trajectories, tmp_path_factory) -> dict[int, dict[str, dict]]:
+    """Every worker run of the tests below, by number of ranks and name: one launch at 1 rank, one
+    at 2 (where "resumed" resumes the state "saved" left at 1 rank), one at 4 (expert parallelism
+    on a 2 x 2 mesh)."""
     folder = tmp_path_factory.mktemp("worker")
     cases: dict[int, dict[str, tuple[str, dict, Path]]] = {1: {}, 2: {}}
 
@@ -292,6 +338,9 @@ def worker_runs(tiny_dir, teacher_dir, rollouts, sft_trajectories, tmp_path_fact
         cases[ranks]["lora-bf16"] = "sft", config, sft_trajectories
     cases[1]["saved"] = "sft", sft_config(tiny_dir, folder / "saved", optim={"max_steps": 2}), sft_trajectories
     cases[2]["resumed"] = "sft", sft_config(tiny_dir, folder / "saved"), sft_trajectories
+    cases[4] = {}
+    for ranks in cases:
+        cases[ranks].update(moe_cases(ranks, (moe_dir, unbalanced_moe_dir), teacher_dir, rollouts, sft_trajectories, out))
     return {ranks: run_cases(ranks, named, folder / str(ranks)) for ranks, named in cases.items()}
 
 
@@ -348,3 +397,64 @@ def test_lora_in_bf16_under_fsdp_learns_what_one_process_learns(worker_runs):
     assert two["losses"] == pytest.approx(one["losses"], rel=1e-2)  # bf16 rounding differs with the split
     assert one["losses"][-1] < one["losses"][0]
     assert {v.dtype for k, v in torch.load(two["weights"]).items() if "lora_" not in k} == {torch.bfloat16}
+
+
+def out_dir(run: dict) -> Path:
+    return Path(run["weights"]).parent / "out"
+
+
+@pytest.mark.parametrize("job, ranks, layout", [("sft", 2, ""), ("apo", 2, ""), ("distill", 2, ""), ("sft", 2, "-ep2"),
+                                                ("distill", 2, "-ep2"), ("sft", 4, "-ep2x2"), ("distill", 4, "-ep2x2")])
+def test_a_moe_trains_on_several_ranks_as_in_one_process_with_its_balancing_loss(worker_runs, job, ranks, layout):
+    """The tiny Qwen3-MoE sharded by FSDP, or with its experts spread over 2 ranks (expert
+    parallelism) on 2 ranks and on a 2 x 2 mesh: the same losses (the balancing loss in them),
+    gradients (weights after the steps), per-expert counts and exported files as one process."""
+    one, two = worker_runs[1][f"moe-{job}"], worker_runs[ranks][f"moe-{job}{layout}"]
+    assert_same_run(one, two)
+    if job == "sft":  # the job whose worker run exports (the others run their learn() alone)
+        exported = [load_file(out_dir(run) / "model.safetensors") for run in (one, two)]
+        assert "model.layers.1.mlp.experts.3.down_proj.weight" in exported[1]  # the checkpoint layout: a matrix per expert
+        assert max_difference(*exported) < WEIGHTS_TOLERANCE
+    alone, many = metrics(out_dir(one)), metrics(out_dir(two))
+    assert [r["expert_tokens"] for r in many] == [r["expert_tokens"] for r in alone]
+    assert [r["balance_loss"] for r in many] == pytest.approx([r["balance_loss"] for r in alone], rel=1e-5)
+    counts = alone[0]["expert_tokens"]
+    assert len(counts) == 2 and all(len(layer) == 4 for layer in counts)  # per layer, per expert
+    assert len({sum(layer) for layer in counts}) == 1 and sum(counts[0]) > 0  # every token counted twice (top-2) in each layer
+
+
+def test_the_balancing_loss_trains_the_routers(worker_runs):
+    """With router_aux_loss_coef at 0 the routers learn otherwise: the loss is in their gradient."""
+    balanced, unbalanced = (torch.load(worker_runs[1][name]["weights"]) for name in ("moe-sft", "moe-sft-unbalanced"))
+    routers = [name for name in balanced if name.endswith("mlp.gate.weight")]
+    assert routers and all(not torch.equal(balanced[name], unbalanced[name]) for name in routers)
+    assert metrics(out_dir(worker_runs[1]["moe-sft"]))[0]["balance_loss"] > 0
+
+
+def test_lora_on_a_moe_exports_an_adapter_the_built_in_server_loads(worker_runs, tmp_path):
+    """LoRA on the attention of the tiny MoE: the adapter peft wrote loads in the built-in server's
+    loader (weights.load folds it into its base) and answers the merged export's greedy tokens."""
+    from gearshift import weights
+    from transformers import AutoModelForCausalLM
+
+    out = out_dir(worker_runs[1]["moe-lora"])
+    served = weights.load(str(out / "adapter"), tmp_path)
+    merged = AutoModelForCausalLM.from_pretrained(out, local_files_only=True, dtype=torch.float32)
+    prompt = served.tokenizer("What is 12*34?", return_tensors="pt").input_ids
+    tokens = [model.generate(prompt, max_new_tokens=12, do_sample=False)[0].tolist() for model in (served.model, merged)]
+    assert tokens[0] == tokens[1]
+    assert max_difference(served.model.state_dict(), merged.state_dict()) < 1e-5
+
+
+def test_a_moe_loaded_with_its_experts_spread_over_two_ranks_exports_its_files(worker_runs, moe_dir):
+    """Each rank read its own experts (and its FSDP shard of the rest); the export gathers them
+    back to the checkpoint's tensors, unchanged; the loaded state is from_pretrained's."""
+    from gearshift.training.loading import SafetensorsDirectory
+    from transformers import AutoModelForCausalLM
+
+    run = worker_runs[2]["moe-export-ep2"]
+    source, exported = SafetensorsDirectory(moe_dir), SafetensorsDirectory(out_dir(run))
+    assert exported.entries.keys() == source.entries.keys()
+    assert all(torch.equal(exported.rows(name), source.rows(name)) for name in source.entries)
+    reference = AutoModelForCausalLM.from_pretrained(moe_dir, local_files_only=True, dtype=torch.float32).state_dict()
+    assert max_difference(torch.load(run["weights"]), reference) == 0

@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from transformers import AutoTokenizer  # noqa: E402
 
 from gearshift import weights  # noqa: E402
-from gearshift.training import distributed, loading  # noqa: E402
+from gearshift.training import distributed, layouts, loading  # noqa: E402
 from gearshift.training.config import ModelConfig, RuntimeConfig  # noqa: E402
 from gearshift.training.distributed import Ranks  # noqa: E402
 from gearshift.training.results import ADAPTER_DIR  # noqa: E402
@@ -78,7 +78,10 @@ def load_frozen(source: str, models_dir: Path, dtype: torch.dtype, ranks: Ranks 
     path = weights.resolve(source, models_dir)
     model, _ = loading.build(path, dtype)
     model.eval().requires_grad_(False)
-    runtime = (runtime or RuntimeConfig()).model_copy(update={"compile": False})
+    from gearshift.training.experts import experts_of
+
+    # A dense teacher of an MoE student has no experts to spread.
+    runtime = (runtime or RuntimeConfig()).model_copy(update={"compile": False, **({} if experts_of(model) else {"expert_parallel": 1})})
     return _load(model, path, {}, ranks or Ranks(), runtime, dtype, wrap, frozen=True)
 
 
@@ -222,10 +225,11 @@ def _whole(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _export_tensors(policy: LoadedPolicy, dtype: torch.dtype) -> list[ExportedTensor]:
-    """The checkpoint's tensors under the base model's names, a tied weight once; under LoRA each
-    adapted weight W + scaling * B @ A (merged_lora_state), made on each rank for its own rows of
-    W and B (sharded alike, by output rows) with the whole A (r rows)."""
+    """The checkpoint's tensors in the family's layout (layouts.py), a tied weight once; under LoRA
+    each adapted weight W + scaling * B @ A (merged_lora_state), made on each rank for its own rows
+    of W and B (sharded alike, by output rows) with the whole A (r rows)."""
     model = policy.model
+    layout = layouts.of(model.config)
     state = {name: value for name, value in model.state_dict().items() if name not in _tied_aliases(model)}
     exported = []
     for name, value in state.items():
@@ -236,14 +240,19 @@ def _export_tensors(policy: LoadedPolicy, dtype: torch.dtype) -> list[ExportedTe
             module = name.removesuffix(".base_layer.weight")
             a, b = state[f"{module}.lora_A.default.weight"], state[f"{module}.lora_B.default.weight"]
 
-            def rows(name=name, w=value, a=a, b=b, scaling=lora_scaling(model)) -> torch.Tensor:
+            def local(name=name, w=value, a=a, b=b, scaling=lora_scaling(model)) -> torch.Tensor:
                 module = name.removesuffix(".base_layer.weight")
                 parts = {name: _local(w, dtype), f"{module}.lora_A.default.weight": _whole(a, dtype), f"{module}.lora_B.default.weight": _local(b, dtype)}
                 return next(iter(merged_lora_state(parts, scaling).values()))
         else:
-            def rows(value=value, out_dtype=out_dtype) -> torch.Tensor:
-                return _local(value, out_dtype)
-        exported.append(ExportedTensor(loading.file_key(name), tuple(value.shape), out_dtype, value, rows))
+            def local(value=value) -> torch.Tensor:
+                return loading.local_part(value.detach())[0]
+        for piece in layout.files(loading.file_key(name), tuple(value.shape)):
+            def rows(piece=piece, value=value, local=local, out_dtype=out_dtype) -> torch.Tensor:
+                _, offset = loading.local_part(value)
+                part = piece.of(local(), offset) if value.dim() else local()
+                return part.to(out_dtype)  # cut before the cast: an expert's matrix, not the rank's every expert
+            exported.append(ExportedTensor(piece.name, piece.shape, out_dtype, value, rows))
     return exported
 
 
@@ -280,7 +289,7 @@ def write_safetensors(directory: Path, tensors: list[ExportedTensor], ranks: Ran
 def _stream_rows(tensor: ExportedTensor, handle, ranks: Ranks) -> int:
     """Writes a tensor's bytes with handle (rank 0's; None elsewhere) from its rows on each rank:
     one shard at a time, through point-to-point messages from the ranks holding the shards of the
-    first replica (the mesh's last dim), in the order of their rows. Returns the bytes written."""
+    first replica (_holders), in mesh order: the order of their rows (an expert's matrix lies on one). Returns the bytes written."""
     from torch.distributed.tensor import DTensor
 
     rows = tensor.rows()
@@ -288,9 +297,8 @@ def _stream_rows(tensor: ExportedTensor, handle, ranks: Ranks) -> int:
         return _write(handle, rows) if handle else 0
     import torch.distributed as dist
 
-    mesh = tensor.like.device_mesh
-    holders = dist.get_process_group_ranks(mesh.get_group(mesh.ndim - 1))  # this rank's replica's
-    if 0 not in holders:
+    holders = _holders(tensor.like)
+    if ranks.rank not in holders:
         return 0  # another replica: rank 0's has the same rows
     if not handle:
         count = torch.tensor([rows.shape[0] if rows.dim() else 1], dtype=torch.int64, device=rows.device)
@@ -311,6 +319,15 @@ def _stream_rows(tensor: ExportedTensor, handle, ranks: Ranks) -> int:
             written += _write(handle, shard)
             del shard
     return written
+
+
+def _holders(like) -> list[int]:
+    """The ranks whose shards of a DTensor make it once, in mesh order: on replicated dims
+    (HSDP's replicas) those at rank 0's coordinate, 0."""
+    from torch.distributed.tensor import Replicate
+
+    at = tuple(0 if isinstance(placement, Replicate) else slice(None) for placement in like.placements)
+    return like.device_mesh.mesh[at].flatten().tolist()
 
 
 def _write(handle, rows: torch.Tensor) -> int:

@@ -133,6 +133,9 @@ class RuntimeConfig(Strict):
     mesh_shape: tuple[int, int] | None = Field(
         None, description="FSDP's device mesh as (replicas, shards): HSDP, each replica a group of ranks sharding the model, gradients all-reduced across replicas; unset: one replica per node (WORLD_SIZE / LOCAL_WORLD_SIZE) when the job spans several nodes, else plain FSDP over every rank"
     )
+    expert_parallel: int = Field(
+        1, ge=1, description="Expert parallelism: each mixture-of-experts layer's experts spread over this many ranks (tokens sent to their experts' ranks and back, all-to-all), FSDP2 sharding them over the rest; it divides the ranks and the experts. 1: every rank's FSDP shard holds a share of every expert"
+    )
     compile: bool = Field(False, description="torch.compile each decoder layer (the first steps take longer while it compiles)")
     compile_backend: Literal["inductor", "aot_eager"] = Field(
         "inductor", description="torch.compile's backend: inductor (generated kernels), or aot_eager (graphs captured and run by eager kernels: checks a model compiles, fast to build)"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import math
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -140,6 +141,7 @@ def parallelize(module: torch.nn.Module, ranks: Ranks, runtime: RuntimeConfig, d
             layer.compile(backend=runtime.compile_backend)
     if not any(param.is_meta for param in module.parameters()):
         module = module.to(ranks.device)
+    check_expert_parallel(module, ranks, runtime)
     if not ranks.distributed:
         return module
     if runtime.parallelism == "ddp":
@@ -155,10 +157,17 @@ def shard(module: torch.nn.Module, ranks: Ranks, runtime: RuntimeConfig, dtype: 
     head (one group with the embeddings when they are the same tied weight: a parameter belongs to
     one group), then the root (the final norm and whatever is left). In bf16 the parameters are
     gathered in bf16 for compute while the float32 shards stay the master weights and gradients
-    are reduced in float32. On a 2-D mesh (mesh()), HSDP: shards within a row, replicas across."""
+    are reduced in float32. On a 2-D mesh (mesh()), HSDP: shards within a row, replicas across.
+    With expert parallelism an MoE layer's experts are a group of their own (experts.py)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    options = {"mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32), "mesh": mesh(ranks, runtime)}
+    device_mesh = mesh(ranks, runtime)
+    options = {"mp_policy": MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32), "mesh": device_mesh}
+    if runtime.expert_parallel > 1:
+        from gearshift.training.experts import parallelize_experts
+
+        options["mesh"] = device_mesh["shard"]
+        parallelize_experts(module, device_mesh, options)
     for layer in decoder_layers(module):
         fully_shard(layer, **options)
     model = getattr(module, "model", module)
@@ -173,6 +182,26 @@ def shard(module: torch.nn.Module, ranks: Ranks, runtime: RuntimeConfig, dtype: 
     return module
 
 
+def check_expert_parallel(module: torch.nn.Module, ranks: Ranks, runtime: RuntimeConfig) -> None:
+    """runtime.expert_parallel, refused in one line where it cannot apply."""
+    degree = runtime.expert_parallel
+    if degree == 1:
+        return
+    from gearshift.training.experts import experts_of
+
+    experts = experts_of(module)
+    if not experts:
+        raise ValueError(f"runtime.expert_parallel is {degree}, but the model has no mixture-of-experts layers")
+    if experts[0].num_experts % degree:
+        raise ValueError(f"runtime.expert_parallel {degree} does not divide the model's {experts[0].num_experts} experts")
+    if ranks.world_size % degree:
+        raise ValueError(f"runtime.expert_parallel {degree} does not divide the job's {ranks.world_size} ranks")
+    if runtime.parallelism != "fsdp":
+        raise ValueError("runtime.expert_parallel needs runtime.parallelism fsdp")
+    if len(mesh_shape(ranks, runtime)) == 2 and mesh_shape(ranks, runtime)[0] > 1:
+        raise ValueError("runtime.expert_parallel with HSDP (replicas across nodes) is not supported: set runtime.mesh_shape [1, ranks]")
+
+
 def mesh_shape(ranks: Ranks, runtime: RuntimeConfig) -> tuple[int, ...]:
     """(replicas, shards) for HSDP, or (ranks,) for FSDP: runtime.mesh_shape when set, else a
     replica per node (WORLD_SIZE over LOCAL_WORLD_SIZE) when the job spans more than one node."""
@@ -182,16 +211,23 @@ def mesh_shape(ranks: Ranks, runtime: RuntimeConfig) -> tuple[int, ...]:
             raise ValueError(f"runtime.mesh_shape {replicas} x {shards} does not hold the job's {ranks.world_size} ranks")
         return replicas, shards
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", ranks.world_size))
-    if 0 < per_node < ranks.world_size and ranks.world_size % per_node == 0:
+    if 0 < per_node < ranks.world_size and ranks.world_size % per_node == 0 and runtime.expert_parallel == 1:
         return ranks.world_size // per_node, per_node
     return (ranks.world_size,)
 
 
 def mesh(ranks: Ranks, runtime: RuntimeConfig):
-    """The device mesh FSDP shards over (mesh_shape)."""
+    """The device mesh FSDP shards over (mesh_shape); with expert parallelism (shard_mod_ep, ep),
+    its two dims flattened as "shard" for the dense layers (ep the inner one: an ep group is
+    consecutive ranks, on one node)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     shape = mesh_shape(ranks, runtime)
+    if runtime.expert_parallel > 1:
+        degree = runtime.expert_parallel
+        device_mesh = init_device_mesh(ranks.device.type, (ranks.world_size // degree, degree), mesh_dim_names=("shard_mod_ep", "ep"))
+        device_mesh[("shard_mod_ep", "ep")]._flatten("shard")
+        return device_mesh
     names = ("replicate", "shard") if len(shape) == 2 else ("shard",)
     return init_device_mesh(ranks.device.type, shape, mesh_dim_names=names)
 
@@ -224,3 +260,21 @@ def scalar(value: torch.Tensor) -> float:
     """A float from a tensor that may be a DTensor (FSDP's gradient norm)."""
     full = getattr(value, "full_tensor", None)
     return float(full() if full else value)
+
+
+def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """clip_grad_norm_ where gradients may lie on different meshes (expert parallelism: the
+    experts' on (shard_mod_ep, ep), the rest on shard), which torch's cannot stack: each mesh's
+    norm made whole, then combined. Returns the total norm."""
+    grads = [param.grad for param in params if param.grad is not None]
+    by_mesh: dict[tuple, list[torch.Tensor]] = {}
+    for grad in grads:
+        mesh = getattr(grad, "device_mesh", None)
+        by_mesh.setdefault((mesh.mesh_dim_names, tuple(mesh.mesh.flatten().tolist())) if mesh is not None else (), []).append(grad)
+    if len(by_mesh) <= 1:
+        return scalar(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    total = math.sqrt(sum(scalar(torch.nn.utils.get_total_norm(group)) ** 2 for group in by_mesh.values()))
+    coefficient = max_norm / (total + 1e-6)  # as torch's
+    if coefficient < 1.0:
+        torch._foreach_mul_(grads, coefficient)
+    return total

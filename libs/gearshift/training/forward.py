@@ -24,6 +24,7 @@ import torch
 import torch.utils.checkpoint
 
 from gearshift.training import losses
+from gearshift.training.balancing import RouterLoad, routers
 from gearshift.training.tokenization import PREFIX, Batch
 
 
@@ -39,6 +40,8 @@ class Targets:
     entropy: torch.Tensor | None = None  # [N] of each predicted distribution (no gradient), when asked for
     kl: torch.Tensor | None = None  # [N] KL(model || teacher), where teachers were given (0 elsewhere)
     hidden: torch.Tensor | None = None  # [N, H] the last hidden states, when asked for (a teacher's)
+    router_loss: torch.Tensor | None = None  # an MoE's balancing loss summed over the batch's sequences (balancing.py), with gradients
+    expert_tokens: torch.Tensor | None = None  # [layers, experts] the top-k assignments each expert took
 
     def per_row(self, values: torch.Tensor, rows: int) -> list[torch.Tensor]:
         """Per-target values ([N], in this order: rows ascending) split into one tensor per row."""
@@ -149,24 +152,35 @@ def shared_prefix(batch: Batch) -> int:
     return length if length * (rows - 1) >= MIN_TOKENS_SAVED else 0
 
 
-def hidden_states(model: torch.nn.Module, batch: Batch, share_prefix: bool = True) -> torch.Tensor:
+def hidden_states(model: torch.nn.Module, batch: Batch, share_prefix: bool = True, router: RouterLoad | None = None) -> torch.Tensor:
     """[B, T, H] last hidden states. A packed batch in one call (its layout shares any prefix); a
     padded one's shared prefix is decoded once where share_prefix allows, except under activation
-    checkpointing, whose recomputed layers take no cache."""
+    checkpointing, whose recomputed layers take no cache. router (an MoE's) gets each call's
+    router logits with the sequences its tokens belong to."""
     decoder = model.get_decoder()
+    asked = {"output_router_logits": True} if router is not None else {}
+
+    def decode(members: torch.Tensor, **inputs):
+        out = decoder(**inputs, **asked)
+        if router is not None:
+            router.add(out.router_logits, members)
+        return out
+
     if batch.packed:  # one call, whatever the layout (batching.pack)
         # No cache: with one, transformers would not read the sequences from the position ids.
-        return decoder(input_ids=batch.input_ids, position_ids=batch.position_ids, attention_mask=packed_attention(model, batch),
-                       use_cache=False).last_hidden_state
+        return decode(packed_members(batch) if router is not None else None, input_ids=batch.input_ids, position_ids=batch.position_ids,
+                      attention_mask=packed_attention(model, batch), use_cache=False).last_hidden_state
     checkpointing = model.training and getattr(decoder, "gradient_checkpointing", False)  # the flag every transformers sets
     shared = shared_prefix(batch) if share_prefix and not checkpointing else 0
-    if not shared:
-        return decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
     rows, width = batch.input_ids.shape
+    row_members = torch.eye(rows, device=batch.input_ids.device)
+    if not shared:
+        members = (batch.attention_mask.reshape(-1, 1) * row_members.repeat_interleave(width, dim=0)) if router is not None else None
+        return decode(members, input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
     # Embedded once: two lookups would be two backward passes of the embedding, each writing a
     # dense vocabulary-sized gradient (the embedding is tied to the head).
     embeds = model.get_input_embeddings()(batch.input_ids)
-    prefix = decoder(inputs_embeds=embeds[:1, :shared], use_cache=True)
+    prefix = decode(torch.ones(shared, rows, device=embeds.device), inputs_embeds=embeds[:1, :shared], use_cache=True)
     cache = prefix.past_key_values  # each half continues from its keys and values, broadcast over the half's rows
     prefix_kv = [(layer.keys, layer.values) for layer in cache.layers]
     lengths = batch.attention_mask.sum(dim=1).tolist()
@@ -174,10 +188,21 @@ def hidden_states(model: torch.nn.Module, batch: Batch, share_prefix: bool = Tru
     for half in length_halves(lengths):
         end = max(shared + 1, *(lengths[row] for row in half))
         index = torch.tensor(half, device=embeds.device)
+        mask = batch.attention_mask[index, :end]
+        members = mask[:, shared:].reshape(-1, 1) * row_members[index].repeat_interleave(end - shared, dim=0)
         half_cache = type(cache)([(keys.expand(len(half), -1, -1, -1), values.expand(len(half), -1, -1, -1)) for keys, values in prefix_kv])
-        out = decoder(inputs_embeds=embeds[index, shared:end], attention_mask=batch.attention_mask[index, :end], cache=half_cache, use_cache=True)
+        out = decode(members, inputs_embeds=embeds[index, shared:end], attention_mask=mask, cache=half_cache, use_cache=True)
         rest[index, : end - shared] = out.last_hidden_state  # past a half's longest row: padding, zero, predicting nothing
     return torch.cat([prefix.last_hidden_state.expand(rows, -1, -1), rest], dim=1)
+
+
+def packed_members(batch: Batch) -> torch.Tensor:
+    """[tokens, examples] of a packed batch: each token in its example, a row's shared prefix in
+    every example of its row, padding in none."""
+    ids = batch.sequence_ids
+    own = ids[:, :, None] == torch.arange(int(ids.max()) + 1, device=ids.device)  # [rows, width, examples]
+    in_row = own.any(dim=1, keepdim=True)
+    return (own | ((ids == PREFIX)[:, :, None] & in_row)).reshape(-1, own.shape[-1])
 
 
 def length_halves(lengths: list[int]) -> list[list[int]]:
@@ -236,6 +261,7 @@ class TargetForward(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, chunk_tokens: int = Head.chunk_tokens):
         super().__init__()
         self.model = model
+        self.routers = routers(model)  # an MoE's: its forward adds what they did (balancing.RouterLoad)
         chunked_head(model, chunk_tokens)
 
     @property
@@ -248,11 +274,15 @@ class TargetForward(torch.nn.Module):
                 position_ids: torch.Tensor | None = None, sequence_ids: torch.Tensor | None = None) -> tuple:
         batch = Batch(input_ids, attention_mask, target_mask, position_ids, sequence_ids)
         at_rows, at_columns, rows, columns = _target_coordinates(batch)
-        hidden = hidden_states(self.model, batch, share_prefix)[at_rows, at_columns]
+        router = None
+        if torch.is_grad_enabled() and not hidden_only and self.routers:  # what trains an MoE's routers
+            router = RouterLoad(self.model.config.num_experts, self.model.config.num_experts_per_tok)
+        hidden = hidden_states(self.model, batch, share_prefix, router)[at_rows, at_columns]
         tokens = batch.input_ids[at_rows, at_columns + 1]
         if hidden_only:
-            return tokens, rows, columns + 1, None, None, None, hidden
-        return tokens, rows, columns + 1, *self.head(hidden, tokens, entropy, teachers, top_k), None
+            return tokens, rows, columns + 1, None, None, None, hidden, None, None
+        routed = (router.loss_sum(), router.expert_tokens()) if router is not None else (None, None)
+        return tokens, rows, columns + 1, *self.head(hidden, tokens, entropy, teachers, top_k), None, *routed
 
 
 def through(module: torch.nn.Module, batch: Batch, share_prefix: bool = True, **asked) -> Targets:

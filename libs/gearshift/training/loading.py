@@ -23,6 +23,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +34,7 @@ import torch  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig  # noqa: E402
 
 from gearshift import weights  # noqa: E402
+from gearshift.training import layouts  # noqa: E402
 from gearshift.training.config import ModelConfig  # noqa: E402
 
 PEFT_PREFIX = "base_model.model."
@@ -84,8 +86,8 @@ class SafetensorsDirectory:
 
 
 def file_key(name: str) -> str:
-    """The checkpoint's name of a (peft-wrapped) model's parameter."""
-    return name.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")
+    """The model's own name of a (peft-wrapped, maybe twice: fused experts) parameter."""
+    return re.sub(r"(\.base_layer)+\.", ".", name.removeprefix(PEFT_PREFIX))
 
 
 @contextlib.contextmanager
@@ -111,6 +113,7 @@ def build(path: Path, dtype: torch.dtype, config: ModelConfig | None = None) -> 
     config's activation checkpointing and LoRA (adapters in float32); also LoRA's initial A and B
     (whole: they are small), drawn from the global RNG as get_peft_model draws them."""
     hf_config = AutoConfig.from_pretrained(path, local_files_only=True)
+    layouts.of(hf_config)  # an unknown family is refused before anything is built
     with parameters_on_meta():
         model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
     model.config._name_or_path = str(path)  # what peft's adapter_config names as the base
@@ -141,6 +144,9 @@ def build(path: Path, dtype: torch.dtype, config: ModelConfig | None = None) -> 
         model = get_peft_model(model, lora)  # draws A and B on the CPU, then moves them to the base's meta device
     after = torch.get_rng_state()
     torch.set_rng_state(before)
+    if any(".experts." in name and ".lora_" in name for name, _ in model.named_parameters()):
+        raise ValueError(f"LoRA on the experts of a {hf_config.model_type} model: peft trains them fused, which vLLM's LoRA loader does not read; "
+                         "target the attention projections (model.lora_target_modules: [q_proj, k_proj, v_proj, o_proj])")
     init = lora_initialisation(model)
     if not torch.equal(torch.get_rng_state(), after):
         raise RuntimeError("peft drew its LoRA initialisation differently from lora_initialisation: update it to this peft release")
@@ -188,10 +194,11 @@ def materialise(module: torch.nn.Module, model: torch.nn.Module, path: Path, dev
     module.to_empty(device=device)
     for owner, name, source, source_name in ties:  # to_empty gives each module its own tensor
         owner._parameters[name] = source._parameters[source_name]
-    files = SafetensorsDirectory(path)
+    files, layout = SafetensorsDirectory(path), layouts.of(model.config)
     non_persistent = set(buffers)
     tensors = [*model.named_parameters(), *((n, b) for n, b in model.named_buffers() if n not in non_persistent)]
-    missing = [name for name, _ in tensors if name not in init and file_key(name) not in files]
+    missing = [piece.name for name, tensor in tensors if name not in init
+               for piece in layout.files(file_key(name), tuple(tensor.shape)) if piece.name not in files]
     if missing:
         raise ValueError(f"{path} does not hold {len(missing)} of the model's tensors, e.g. {missing[:3]}")
     with torch.no_grad():
@@ -200,7 +207,7 @@ def materialise(module: torch.nn.Module, model: torch.nn.Module, path: Path, dev
             if name in init:
                 values = init[name][offset:offset + local.shape[0]] if local.dim() else init[name]
             else:
-                values = files.rows(file_key(name), offset, offset + local.shape[0]) if local.dim() else files.rows(file_key(name))
+                values = layout.read(files, file_key(name), tuple(tensor.shape), offset, offset + (local.shape[0] if local.dim() else 1))
             if tuple(values.shape) != tuple(local.shape):
                 raise ValueError(f"{name}: the checkpoint's shard is {tuple(values.shape)}, the model's {tuple(local.shape)}")
             local.copy_(values)

@@ -23,7 +23,7 @@ import torch
 
 from gearshift import code_version, weights
 from gearshift.settings import Settings
-from gearshift.training import batching, checkpoints, distributed, forward
+from gearshift.training import balancing, batching, checkpoints, distributed, forward
 from gearshift.training.config import OptimConfig, PolicyJobConfig
 from gearshift.training.results import METRICS_FILE, read_metrics, register, write_result
 
@@ -95,6 +95,8 @@ class Run:
     saved_step: int = -1
     on_step: StepCallback | None = None
     last_metrics: dict = field(default_factory=dict)
+    routed: list[forward.Targets] = field(default_factory=list)  # the policy's forwards of this micro-batch (an MoE's)
+    router_metrics: dict = field(default_factory=dict)  # the last accumulate()'s, for the step's record
 
     @classmethod
     def start(cls, job: str, config: PolicyJobConfig, on_step: StepCallback | None = None) -> Run:
@@ -192,7 +194,10 @@ class Run:
         module = module or self.module
         batch = micro.batch.to(self.ranks.device)
         with distributed.autocast(module, self.ranks.device, self.dtype):
-            return forward.through(module, batch, micro.share_prefix, **asked)
+            targets = forward.through(module, batch, micro.share_prefix, **asked)
+        if module is self.module and targets.router_loss is not None:
+            self.routed.append(targets)
+        return targets
 
     def frozen(self, source: str) -> Frozen:
         """source as a model scored beside the policy (a teacher, a KL reference). Under LoRA the
@@ -222,28 +227,50 @@ class Run:
         """Forward and backward of every micro-batch of the plan, gradients accumulating.
         loss_of(micro) runs the micro-batch's forward (Run.forward) and returns its share of the
         step's loss: normalised by a count over the global batch, so the shares of every rank sum
-        to it (a filler's is zeroed). Returns that sum."""
-        local = 0.0
+        to it (a filler's is zeroed). An MoE's balancing loss is added to it, each micro-batch's
+        share over the step's count of sequences, with the config's router_aux_loss_coef. Returns
+        that sum."""
+        routers = balancing.routers(self.model)
+        (sequences,) = self.ranks.sum([float(sum(len(micro.indices) for micro in plan))]) if routers else (1.0,)
+        local, balance, expert_tokens = 0.0, 0.0, 0.0
         for index, micro in enumerate(plan):
             with distributed.gradient_sync(self.module, sync=index == len(plan) - 1):
+                self.routed = []
                 loss = loss_of(micro)  # also for a filler: every rank calls the model as often
+                for targets in self.routed:
+                    loss = loss + self.model.config.router_aux_loss_coef * targets.router_loss / max(sequences, 1.0)
+                    if not micro.filler:
+                        balance += float(targets.router_loss.detach())
+                        expert_tokens = expert_tokens + targets.expert_tokens.detach().double().cpu()
                 if micro.filler:
                     loss = loss * 0.0
                 (loss * self.ranks.world_size).backward()  # DDP and FSDP average gradients over the ranks
             local += float(loss.detach())
+        self.routed = []
+        if routers:
+            self.router_metrics = self._router_metrics(balance, expert_tokens, routers, sequences)
         (total,) = self.ranks.sum([local])
         if not math.isfinite(total):
             raise FloatingPointError(f"loss is {total}")
         return total
 
+    def _router_metrics(self, balance: float, expert_tokens, routers: int, sequences: float) -> dict:
+        """The step's balancing loss (a mean over its sequences) and each router's per-expert
+        counts of top-k assignments, over every rank."""
+        shape = (routers, self.model.config.num_experts)
+        counts = expert_tokens if isinstance(expert_tokens, torch.Tensor) else torch.zeros(shape, dtype=torch.float64)
+        summed = self.ranks.sum([balance, *counts.flatten().tolist()])
+        counts = torch.tensor(summed[1:]).reshape(counts.shape)
+        return {"balance_loss": summed[0] / max(sequences, 1.0), "expert_tokens": counts.long().tolist()}
+
     def optimize(self) -> float:
         """Gradient clipping, optimizer and scheduler step; returns the gradient norm (global)."""
         params = [param for param in self.model.parameters() if param.requires_grad]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.optim.max_grad_norm)
+        grad_norm = distributed.clip_grad_norm(params, self.config.optim.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return distributed.scalar(grad_norm)
+        return grad_norm
 
     def update(self, step: int, plan: list[batching.MicroBatch], loss_of: LossOf, metrics: dict, started: float) -> None:
         """One optimizer step on the plan's loss, then record() the step."""
@@ -255,6 +282,7 @@ class Run:
         """Ends a step: a metrics line (rank 0), the resume state every save_every steps, the callback.
         metrics are the whole job's (summed over ranks where each rank saw a part)."""
         self.step = step
+        metrics, self.router_metrics = {**self.router_metrics, **metrics}, {}
         record = {"step": step, "loss": loss, "lr": self.scheduler.get_last_lr()[0], "seconds": time.perf_counter() - started, **metrics}
         if "tokens" in metrics:
             record["tokens_per_second"] = metrics["tokens"] / record["seconds"]
