@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 from gearshift.api.common.v1.common_pb2 import Mode, Purpose
@@ -458,3 +459,28 @@ def test_a_moe_loaded_with_its_experts_spread_over_two_ranks_exports_its_files(w
     assert all(torch.equal(exported.rows(name), source.rows(name)) for name in source.entries)
     reference = AutoModelForCausalLM.from_pretrained(moe_dir, local_files_only=True, dtype=torch.float32).state_dict()
     assert max_difference(torch.load(run["weights"]), reference) == 0
+
+
+async def test_an_exported_moe_answers_transformers_greedy_tokens_on_the_builtin_server_and_vllm(worker_runs, tmp_path):
+    """The checkpoint SFT exported after training with its experts spread over 2 ranks, served."""
+    from gearshift.services.policy_server.server import running
+    from gearshift.settings import PolicyServerSettings, Settings
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.vllm_servers import VLLM_PYTHON, vllm_environment
+
+    out, prompt, count = out_dir(worker_runs[2]["moe-sft-ep2"]), "What is 12*34?", 12
+    ids = AutoTokenizer.from_pretrained(out).encode(prompt, return_tensors="pt")
+    model = AutoModelForCausalLM.from_pretrained(out, local_files_only=True, dtype=torch.float32)
+    expected = model.generate(ids, max_new_tokens=count, do_sample=False)[0, ids.shape[1]:].tolist()
+    served = PolicyServerSettings(model=str(out), port=0, threads=1)
+    async with running(Settings(data_dir=tmp_path, metrics_port=0, log_level="WARNING", policy_server=served)) as server:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as http:
+            body = {"prompt": prompt, "max_tokens": count, "temperature": 0, "return_token_ids": True}
+            reply = (await http.post("/completions", json=body)).json()
+    assert reply["choices"][0]["token_ids"] == expected
+    vllm = subprocess.run([str(VLLM_PYTHON), str(Path(__file__).with_name("vllm_greedy.py")), str(out), prompt, str(count)],
+                          capture_output=True, text=True, timeout=300, env=vllm_environment(0))
+    assert vllm.returncode == 0, (vllm.stdout + vllm.stderr)[-3000:]
+    (tokens,) = [line.removeprefix("TOKENS ") for line in vllm.stdout.splitlines() if line.startswith("TOKENS ")]
+    assert json.loads(tokens) == expected
