@@ -353,7 +353,7 @@ def test_vllm_policy_runs_on_gpu_nodes_with_configurable_parsers_and_weights_fro
     assert container["image"] == "vllm/vllm-openai:v0.33.0"
     args = container["args"]
     pairs = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
-    assert "--enable-auto-tool-choice" in args
+    assert "--enable-auto-tool-choice" in args and "--enable-expert-parallel" in args  # Agents-A1 is an MoE
     assert pairs["--tool-call-parser"] == "qwen3_coder" and pairs["--reasoning-parser"] == "qwen3"
     assert pairs["--served-model-name"] == "agents-a1" and pairs["--tensor-parallel-size"] == "4"
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 4
@@ -364,7 +364,7 @@ def test_vllm_policy_runs_on_gpu_nodes_with_configurable_parsers_and_weights_fro
 
     plain = render(("values-gpu.yaml",), ("policy.vllm.toolCallParser=", "policy.vllm.enableAutoToolChoice=false"))
     plain_args = named(plain, "Deployment", name("policy"))["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert not {"--tool-call-parser", "--reasoning-parser", "--enable-auto-tool-choice"} & set(plain_args)
+    assert not {"--tool-call-parser", "--reasoning-parser", "--enable-auto-tool-choice", "--enable-expert-parallel"} & set(plain_args)
     router = named(docs, "Deployment", name("router"))["spec"]["template"]["spec"]["containers"][0]
     env = {item["name"]: item.get("value") for item in router["env"]}
     assert env["GEARSHIFT_POLICY_CLIENT__URL"] == f"http://{name('policy')}:8000/v1" and env["GEARSHIFT_POLICY_CLIENT__MODEL"] == "agents-a1"
