@@ -113,7 +113,7 @@ def sft_worker(path: Path, out: Path, steps: int, threads: int, scratch: Path, p
     seconds = []
     for step in run.steps():
         started = time.perf_counter()
-        run.update(step, run.micro_batches(run.ranks.shard(examples)), sft_loss_of(total), {}, started)
+        run.update(step, run.micro_batches(run.ranks.shard(examples)), sft_loss_of(run, total), {}, started)
         seconds.append(time.perf_counter() - started)
     # This process's own high-water mark (getrusage's maxrss would count the benchmark process,
     # whose memory a fork and exec pass on to it).
