@@ -8,16 +8,12 @@ resident memory (VmHWM) after loading and over the whole run; medians over the r
 ratio of 2 ranks' largest rank to 1 rank.
 
 Computed (not measured), per GPU, for Llama-2-7B, Qwen2.5-7B, Qwen2.5-32B and Llama-3-70B on 8,
-16 and 64 GPUs (nodes of 8): at load, the device holds the rank's shards (full fine-tune: float32
-master weights; LoRA: the base in bf16 and the adapters in float32) and the host one shard-sized
-read (the largest tensor's rows, bf16) plus LoRA's initial adapters (whole, float32), where the
-code before it held the whole model in float32 on each rank's host and then on its GPU; in
-training (bf16 compute, AdamW, activation checkpointing, micro-batches of 8,192 tokens, the loss
-in chunks of 1,024 target tokens) the state sharded over the mesh's shard dimension (HSDP across
-nodes by default: 8 ways; runtime.mesh_shape [1, N]: N ways), two decoder layers and the largest
-embedding group gathered in bf16 (with its float32 gradient under a full fine-tune), the layer
-inputs kept for the backward and one layer's recompute, one chunk's logits (bf16, their float32
-upcast and gradient).
+16 and 64 GPUs (nodes of 8), sharded over the mesh's shard dimension (HSDP across nodes by
+default: 8 ways; runtime.mesh_shape [1, N]: N ways): at load, the device holds the rank's shards
+(full fine-tune: float32 master weights; LoRA: the base in bf16 and the adapters in float32) and
+the host one shard-sized read (the largest tensor's rows, bf16) plus LoRA's initial adapters
+(whole, float32), where the code before it held the whole model in float32 on each rank's host
+and then on its GPU. Training's peak: benchmarks/training_memory.py (FSDPMemTracker).
 
     .venv/bin/python benchmarks/load_memory.py --rounds 3      # measured here and computed, as JSON
     .venv/bin/python benchmarks/load_memory.py --computed-only
@@ -35,7 +31,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from training_memory import LLAMA2_7B, LLAMA3_70B, QWEN25_7B, QWEN25_32B, Shape, lora_parameters, per_rank
+from dataclasses import dataclass
 
 ROOT = Path(__file__).parents[1]
 WORKER = ROOT / "tests" / "jobs" / "sft_memory_worker.py"
@@ -43,28 +39,59 @@ GIB = 2**30
 MIB = 2**20
 
 
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    vocab: int
+    hidden: int
+    layers: int
+    intermediate: int
+    kv: int  # key/value width (hidden / heads * kv heads)
+    tied: bool
+
+    @property
+    def layer_parameters(self) -> int:
+        return 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv + 3 * self.hidden * self.intermediate
+
+    @property
+    def embedding_parameters(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def parameters(self) -> int:
+        return self.layers * self.layer_parameters + self.embedding_parameters * (1 if self.tied else 2)
+
+
+LLAMA2_7B = Shape("Llama-2-7B", 32000, 4096, 32, 11008, 4096, tied=False)
+QWEN25_7B = Shape("Qwen2.5-7B", 152064, 3584, 28, 18944, 512, tied=False)
+QWEN25_32B = Shape("Qwen2.5-32B", 152064, 5120, 64, 27648, 1024, tied=False)
+LLAMA3_70B = Shape("Llama-3-70B", 128256, 8192, 80, 28672, 1024, tied=False)
+
+
+def lora_parameters(shape: Shape, rank: int) -> int:
+    """LoRA on q, k, v, o, gate, up and down: r (in + out) per matrix."""
+    h, kv, i = shape.hidden, shape.kv, shape.intermediate
+    per_layer = rank * ((h + h) + (h + kv) * 2 + (h + h) + (h + i) * 3)
+    return shape.layers * per_layer
+
+
 SHAPES = (LLAMA2_7B, QWEN25_7B, QWEN25_32B, LLAMA3_70B)
 GPUS_PER_NODE = 8
-MICRO_BATCH_TOKENS = 8192
-LOSS_CHUNK_TOKENS = 1024
 LORA_RANK = 16
 
 
 def computed(shape: Shape, gpus: int, lora: bool, shards: int) -> dict:
-    """GiB per GPU at load (this code and the code before it) and in training, sharded `shards` ways."""
+    """GiB per GPU at load (this code and the code before it), sharded `shards` ways."""
     trainable = lora_parameters(shape, LORA_RANK) if lora else shape.parameters
     frozen = shape.parameters if lora else 0
     largest_tensor = max(shape.embedding_parameters, shape.hidden * shape.intermediate)
     load_device = (frozen * 2 + trainable * 4) / shards if lora else trainable * 4 / shards
     load_host = largest_tensor * 2 / shards + (trainable * 4 if lora else 0)
     before_host = shape.parameters * (2 if lora else 4) + (trainable * 4 if lora else 0)
-    parts = per_rank(shape, shards, MICRO_BATCH_TOKENS, 1.0, LORA_RANK if lora else 0, checkpointing=True, loss_chunk_tokens=LOSS_CHUNK_TOKENS)
-    train = parts.pop("total")
     return {
         "model": shape.name, "params_b": round(shape.parameters / 1e9, 1), "mode": "lora" if lora else "full", "gpus": gpus,
         "shards": shards, "load_device_gib": round(load_device / GIB, 1), "load_host_gib": round(load_host / GIB, 2),
-        "before_load_host_gib": round(before_host / GIB, 1), "train_gib": round(train / GIB, 1),
-        "train_parts_gib": {k: round(v / GIB, 1) for k, v in parts.items()},
+        "before_load_host_gib": round(before_host / GIB, 1),
     }
 
 

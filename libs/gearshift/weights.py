@@ -165,9 +165,9 @@ def tiny_moe_config(vocab_size: int):
         intermediate_size=128,
         moe_intermediate_size=32,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,  # the smallest vLLM's CPU attention runs
         num_experts=4,
         num_experts_per_tok=2,
         decoder_sparse_step=1,

@@ -180,7 +180,7 @@ def hidden_states(model: torch.nn.Module, batch: Batch, share_prefix: bool = Tru
     # Embedded once: two lookups would be two backward passes of the embedding, each writing a
     # dense vocabulary-sized gradient (the embedding is tied to the head).
     embeds = model.get_input_embeddings()(batch.input_ids)
-    prefix = decode(torch.ones(shared, rows, device=embeds.device), inputs_embeds=embeds[:1, :shared], use_cache=True)
+    prefix = decode(torch.ones(shared, rows, device=embeds.device), inputs_embeds=embeds[:1, :shared], use_cache=True)  # in every row
     cache = prefix.past_key_values  # each half continues from its keys and values, broadcast over the half's rows
     prefix_kv = [(layer.keys, layer.values) for layer in cache.layers]
     lengths = batch.attention_mask.sum(dim=1).tolist()
@@ -189,7 +189,7 @@ def hidden_states(model: torch.nn.Module, batch: Batch, share_prefix: bool = Tru
         end = max(shared + 1, *(lengths[row] for row in half))
         index = torch.tensor(half, device=embeds.device)
         mask = batch.attention_mask[index, :end]
-        members = mask[:, shared:].reshape(-1, 1) * row_members[index].repeat_interleave(end - shared, dim=0)
+        members = mask[:, shared:].reshape(-1, 1) * row_members[index].repeat_interleave(end - shared, dim=0) if router is not None else None
         half_cache = type(cache)([(keys.expand(len(half), -1, -1, -1), values.expand(len(half), -1, -1, -1)) for keys, values in prefix_kv])
         out = decode(members, inputs_embeds=embeds[index, shared:end], attention_mask=mask, cache=half_cache, use_cache=True)
         rest[index, : end - shared] = out.last_hidden_state  # past a half's longest row: padding, zero, predicting nothing
