@@ -57,6 +57,17 @@ def experts_of(module: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in module.modules() if is_fused_experts(m)]
 
 
+_SWAPPED: dict[tuple[type, type], type] = {}
+
+
+def take_forward(module: torch.nn.Module, forward_class: type) -> None:
+    """Gives module forward_class's forward in place (one subclass per pair, made once)."""
+    key = (forward_class, type(module))
+    if key not in _SWAPPED:
+        _SWAPPED[key] = type(f"{forward_class.__name__}{type(module).__name__}", key, {})
+    module.__class__ = _SWAPPED[key]
+
+
 def _local(param: torch.Tensor) -> torch.Tensor:
     return param.to_local() if hasattr(param, "to_local") else param
 
@@ -107,7 +118,6 @@ def parallelize_experts(module: torch.nn.Module, mesh, fsdp_options: dict) -> No
             param = getattr(experts, name)
             experts.register_parameter(name, torch.nn.Parameter(distribute_tensor(param.data, ep_mesh, [Shard(0)]),
                                                                 requires_grad=param.requires_grad))
-        base = type(experts)
-        experts.__class__ = type(f"Parallel{base.__name__}", (ParallelExperts, base), {})
+        take_forward(experts, ParallelExperts)
         experts.ep_group = ep_mesh.get_group()
         fully_shard(experts, **{**fsdp_options, "mesh": mesh["shard_mod_ep"]})

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from gearshift.training import distributed, forward, loading
 from gearshift.training.config import ModelConfig, OptimConfig, RuntimeConfig
 from gearshift.training.distributed import Ranks
-from gearshift.training.experts import experts_of
+from gearshift.training.experts import experts_of, take_forward
 
 
 class StepProbe(forward.TargetForward):
@@ -69,7 +69,7 @@ class BalancedExperts(torch.nn.Module):
 
 def _balanced(module: torch.nn.Module) -> None:
     for experts in experts_of(module):
-        experts.__class__ = type(f"Balanced{type(experts).__name__}", (BalancedExperts, type(experts)), {})
+        take_forward(experts, BalancedExperts)
 
 
 def track_step(config_dir: Path, model: ModelConfig, runtime: RuntimeConfig, ranks: Ranks, tokens: int, fake: bool) -> dict[str, float]:
