@@ -9,8 +9,10 @@
   server's generation in the worker and in what it starts run on that many threads, since two
   OpenMP threads sharing a core with the other worker's tests spin waiting for each other (the
   gateway's tests beside a busy core: 130 s on two threads, 72 s on one);
-- ports: servers take free ports from the kernel; the few tests that must name ports below the
-  ephemeral range (whole stacks as processes, `gearshift up --base-port`) are in the xdist group
+- ports: servers take free ports from the kernel, or, where a test must name the port first,
+  gearshift.testing.ports.free_port draws one from 10000-19999 (below the ephemeral range, which
+  any process's connections and binds to port 0 take from); the few tests that name fixed ports
+  (whole stacks as processes, `gearshift up --base-port`, from 20000 up) are in the xdist group
   FIXED_PORTS, which one worker runs one test at a time.
 
 A plain `pytest` run (no xdist) is worker 0."""

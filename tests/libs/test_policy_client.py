@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import time
 
 import pytest
@@ -14,6 +13,7 @@ import uvicorn
 from gearshift.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted, Unauthenticated, Unavailable
 from gearshift.policy_client import PolicyClient
 from gearshift.settings import PolicyClientSettings, Settings
+from gearshift.testing.ports import free_port
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -37,11 +37,6 @@ class Script:
             return self.failures[len(self.seen) - 1]
         return self.then()
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextlib.asynccontextmanager

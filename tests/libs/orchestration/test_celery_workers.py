@@ -7,7 +7,6 @@ soft shutdown and puts its task back at once; the queue-length gauge reads Redis
 from __future__ import annotations
 
 import signal
-import socket
 import time
 
 import httpx
@@ -15,16 +14,12 @@ import pytest
 from celery.states import RETRY, SUCCESS
 
 from tests.libs.orchestration.celery_processes import cluster, until
+from gearshift.testing.ports import free_port
 
 pytestmark = pytest.mark.slow
 
 TRAIN = "gearshift.orchestration.tasks.train"
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 async def result_of(running, task_id: str, timeout: float, seen: set[str] | None = None) -> dict:

@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from gearshift.protocol.a2fm import render_transcript, tag_content
 from gearshift.protocol.modes import mode_name
 from gearshift.routing.registry import publish
 from gearshift.services.gateway.service import build
+from gearshift.testing.ports import free_port
 
 from tests.libs.routing.synthetic import SUITE, put, world
 from tests.services.gateway.conftest import MAX_BODY_BYTES, TOKEN
@@ -364,11 +364,6 @@ async def test_metrics_on_their_own_port_health_and_readiness(served):
     assert 'gearshift_gateway_routing_seconds_count{model="gearshift-instant"}' in text
     assert 'gearshift_gateway_cancelled_total{model="gearshift-instant"}' not in text  # finished episodes are not cancellations
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def platform_environment(served, **extra: str) -> dict[str, str]:

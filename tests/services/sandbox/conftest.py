@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from gearshift.clients import channel
 from gearshift.server import running
 from gearshift.services.sandbox.service import build
 from gearshift.settings import SandboxSettings, Settings
+from gearshift.testing.ports import free_port
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 # Placed in the service's environment before it starts; python code must never see it.
@@ -89,11 +89,6 @@ def _uid_of(pid: int) -> int:
     status = Path(f"/proc/{pid}/status").read_text()
     return int(status.split("\nUid:")[1].split()[0])
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.asynccontextmanager
