@@ -267,10 +267,9 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
     experts' on (shard_mod_ep, ep), the rest on shard), which torch's cannot stack: each mesh's
     norm made whole, then combined. Returns the total norm."""
     grads = [param.grad for param in params if param.grad is not None]
-    by_mesh: dict[tuple, list[torch.Tensor]] = {}
+    by_mesh: dict = {}
     for grad in grads:
-        mesh = getattr(grad, "device_mesh", None)
-        by_mesh.setdefault((mesh.mesh_dim_names, tuple(mesh.mesh.flatten().tolist())) if mesh is not None else (), []).append(grad)
+        by_mesh.setdefault(getattr(grad, "device_mesh", None), []).append(grad)
     if len(by_mesh) <= 1:
         return scalar(torch.nn.utils.clip_grad_norm_(params, max_norm))
     total = math.sqrt(sum(scalar(torch.nn.utils.get_total_norm(group)) ** 2 for group in by_mesh.values()))

@@ -68,7 +68,8 @@ def take_forward(module: torch.nn.Module, forward_class: type) -> None:
     module.__class__ = _SWAPPED[key]
 
 
-def _local(param: torch.Tensor) -> torch.Tensor:
+def local_tensor(param: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a DTensor (its experts), or the tensor."""
     return param.to_local() if hasattr(param, "to_local") else param
 
 
@@ -81,7 +82,7 @@ class ParallelExperts(torch.nn.Module):
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         group, ranks = self.ep_group, dist.get_world_size(self.ep_group)
         # [experts / ep, ...] after FSDP's all-gather; their gradients over ep (the module docstring)
-        gate_up, down = (ScaledGradient.apply(_local(param), 1.0 / ranks) for param in (self.gate_up_proj, self.down_proj))
+        gate_up, down = (ScaledGradient.apply(local_tensor(param), 1.0 / ranks) for param in (self.gate_up_proj, self.down_proj))
         local = gate_up.shape[0]
         top_k = top_k_index.shape[1]
         chosen = top_k_index.reshape(-1)

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from gearshift.training import distributed, forward, loading
 from gearshift.training.config import ModelConfig, OptimConfig, RuntimeConfig
 from gearshift.training.distributed import Ranks
-from gearshift.training.experts import experts_of, take_forward
+from gearshift.training.experts import experts_of, local_tensor, take_forward
 
 
 class StepProbe(forward.TargetForward):
@@ -51,7 +51,7 @@ class BalancedExperts(torch.nn.Module):
     that depends on no value."""
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
-        gate_up, down = (param.to_local() if hasattr(param, "to_local") else param for param in (self.gate_up_proj, self.down_proj))
+        gate_up, down = local_tensor(self.gate_up_proj), local_tensor(self.down_proj)
         top_k = top_k_index.shape[1]
         pairs = hidden_states.repeat_interleave(top_k, dim=0)
         if getattr(self, "ep_group", None) is not None:

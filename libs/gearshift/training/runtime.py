@@ -23,7 +23,7 @@ import torch
 
 from gearshift import code_version, weights
 from gearshift.settings import Settings
-from gearshift.training import balancing, batching, checkpoints, distributed, forward
+from gearshift.training import batching, checkpoints, distributed, forward
 from gearshift.training.config import OptimConfig, PolicyJobConfig
 from gearshift.training.results import METRICS_FILE, read_metrics, register, write_result
 
@@ -230,9 +230,10 @@ class Run:
         to it (a filler's is zeroed). An MoE's balancing loss is added to it, each micro-batch's
         share over the step's count of sequences, with the config's router_aux_loss_coef. Returns
         that sum."""
-        routers = balancing.routers(self.model)
+        routers = getattr(self.module, "module", self.module).routers  # the TargetForward's count (DDP wraps it)
         (sequences,) = self.ranks.sum([float(sum(len(micro.indices) for micro in plan))]) if routers else (1.0,)
-        local, balance, expert_tokens = 0.0, 0.0, 0.0
+        local, balance = 0.0, 0.0
+        expert_tokens = torch.zeros(routers, getattr(self.model.config, "num_experts", 0), dtype=torch.float64)
         for index, micro in enumerate(plan):
             with distributed.gradient_sync(self.module, sync=index == len(plan) - 1):
                 self.routed = []
@@ -241,26 +242,24 @@ class Run:
                     loss = loss + self.model.config.router_aux_loss_coef * targets.router_loss / max(sequences, 1.0)
                     if not micro.filler:
                         balance += float(targets.router_loss.detach())
-                        expert_tokens = expert_tokens + targets.expert_tokens.detach().double().cpu()
+                        expert_tokens += targets.expert_tokens.detach().double().cpu()
                 if micro.filler:
                     loss = loss * 0.0
                 (loss * self.ranks.world_size).backward()  # DDP and FSDP average gradients over the ranks
             local += float(loss.detach())
         self.routed = []
         if routers:
-            self.router_metrics = self._router_metrics(balance, expert_tokens, routers, sequences)
+            self.router_metrics = self._router_metrics(balance, expert_tokens, sequences)
         (total,) = self.ranks.sum([local])
         if not math.isfinite(total):
             raise FloatingPointError(f"loss is {total}")
         return total
 
-    def _router_metrics(self, balance: float, expert_tokens, routers: int, sequences: float) -> dict:
+    def _router_metrics(self, balance: float, expert_tokens: torch.Tensor, sequences: float) -> dict:
         """The step's balancing loss (a mean over its sequences) and each router's per-expert
-        counts of top-k assignments, over every rank."""
-        shape = (routers, self.model.config.num_experts)
-        counts = expert_tokens if isinstance(expert_tokens, torch.Tensor) else torch.zeros(shape, dtype=torch.float64)
-        summed = self.ranks.sum([balance, *counts.flatten().tolist()])
-        counts = torch.tensor(summed[1:]).reshape(counts.shape)
+        counts of top-k assignments ([routers, experts]), over every rank."""
+        summed = self.ranks.sum([balance, *expert_tokens.flatten().tolist()])
+        counts = torch.tensor(summed[1:]).reshape(expert_tokens.shape)
         return {"balance_loss": summed[0] / max(sequences, 1.0), "expert_tokens": counts.long().tolist()}
 
     def optimize(self) -> float:
