@@ -12,7 +12,10 @@ synthetic rows of token ids, the prompt masked and the completion learned:
 - load: a 7B-shaped random checkpoint (Llama-2-7B's layers, bf16 files) loaded as a run loads it
   (meta device, then each tensor read straight into its place), full fine-tune (float32 master
   weights) and LoRA (the base in bf16): peak GPU and host memory against the weights' own size;
-- fsdp: with two GPUs or more, the SFT phase again as one job across all of them (torchrun, FSDP2).
+- fsdp: with two GPUs or more, the SFT phase again as one job across all of them (torchrun, FSDP2);
+- moe: a random Qwen3-MoE (1.4B, 32 experts, 4 per token) through the SFT job's steps with the
+  routers' balancing loss, and one step's peak memory as torch's FSDPMemTracker predicts it over a
+  fake process group against the same step measured (gearshift.training.memory).
 For each: tokens/s (median over timed steps after warm-up), model FLOPs utilisation, peak GPU
 memory. MFU counts model FLOPs as PaLM does (6 per weight per token, plus 12 * layers * hidden *
 sequence for attention; the head only on target tokens, since only they need it) against both the
@@ -60,6 +63,33 @@ def make_model(shape: str, tokenizer_dir: Path, folder: Path) -> tuple[Path, int
                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **SHAPES[shape])
     torch.manual_seed(0)
     model = LlamaForCausalLM(config)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder, sum(p.numel() for p in model.parameters())
+
+
+# Qwen3-MoE shapes (Agents-A1's kind): "1b" is about 1.4B parameters (32 experts, 4 per token), a
+# full fine-tune of which fits one 80 GiB GPU at 2k-token rows; "tiny" runs the same path on a CPU.
+MOE_SHAPES = {
+    "1b": dict(hidden_size=1024, moe_intermediate_size=768, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=4,
+               head_dim=128, num_experts=32, num_experts_per_tok=4),
+    "tiny": dict(hidden_size=64, moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                 head_dim=32, num_experts=4, num_experts_per_tok=2),
+}
+
+
+def make_moe(shape: str, tokenizer_dir: Path, folder: Path) -> tuple[Path, int]:
+    """A seeded random Qwen3-MoE of the shape (every layer sparse), saved as save_pretrained writes
+    it (one tensor per expert) with the tokenizer; returns it and its parameters."""
+    from transformers import AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    shape_of = MOE_SHAPES[shape]
+    config = Qwen3MoeConfig(vocab_size=len(tokenizer), intermediate_size=2 * shape_of["hidden_size"], decoder_sparse_step=1, mlp_only_layers=[],
+                            max_position_embeddings=4096, tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
+                            eos_token_id=tokenizer.eos_token_id, **shape_of)
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(config)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder, sum(p.numel() for p in model.parameters())
@@ -333,6 +363,45 @@ def fsdp_sft(args, model_dir: Path) -> dict:
     return {"gpus": gpus, **json.loads((out / "report.json").read_text())["sft"][0]}
 
 
+def memory_step(model_dir: Path, tokens: int, out: Path, device: str, measure: bool) -> dict:
+    """gearshift.training.memory's one-step peak (GiB per kind) on one rank: predicted over a fake
+    process group, or measured on a real one (torchrun, one process), each in a process of its own."""
+    runtime = json.dumps({"device": device})
+    command = [sys.executable, "-m", "gearshift.training.memory", str(model_dir / "config.json"), "--ranks", "1",
+               "--tokens", str(tokens), "--runtime", runtime, "--out", str(out)]
+    if measure:
+        command[1:3] = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", "-m", "gearshift.training.memory"]
+        command.append("--measure")
+    subprocess.run(command, check=True, timeout=900)
+    return json.loads(out.read_text())
+
+
+def moe_sft(args, scratch: Path, peaks: dict) -> dict:
+    """A random MoE (MOE_SHAPES) through the SFT job's steps, the routers' balancing loss in the
+    objective; then one step of one row of --length tokens: the tracker's predicted peak against
+    the same step measured (the tracker's live tensors, and CUDA's own peak allocation)."""
+    model_dir, parameters = make_moe(args.moe_shape, args.tokenizer, scratch / "moe-model")
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_dir)
+    examples = rows(config.vocab_size, args.rows, args.length, args.length // 4, seed=2)
+    tokens = args.rows * args.length
+    active = config.num_experts_per_tok / config.num_experts  # the expert FLOPs a token runs
+    expert = 3 * config.hidden_size * config.moe_intermediate_size * config.num_experts * config.num_hidden_layers
+    flops = 6 * (parameters - expert * (1 - active)) * tokens
+    with Memory(device_of(args)) as memory:
+        seconds = gearshift_sft(model_dir, examples, args, scratch / "moe")
+    last = json.loads((scratch / "moe" / "sft" / "metrics.jsonl").read_text().splitlines()[-1])
+    predicted = memory_step(model_dir, args.length, scratch / "predicted.json", args.device, measure=False)
+    measured = memory_step(model_dir, args.length, scratch / "measured.json", args.device, measure=True)
+    return {"shape": args.moe_shape, "parameters": parameters, "experts": config.num_experts, "per_token": config.num_experts_per_tok,
+            **figures("gearshift", seconds, tokens, flops, memory, peaks),
+            "balance_loss": last.get("balance_loss"), "expert_tokens_last_layer": (last.get("expert_tokens") or [None])[-1],
+            "step_tokens": args.length, "predicted_gib": round(predicted["Total"], 3), "measured_tracker_gib": round(measured["Total"], 3),
+            "measured_cuda_max_allocated_gib": measured.get("cuda_max_allocated") and round(measured["cuda_max_allocated"], 3),
+            "predicted_over_measured": round(predicted["Total"] / measured["Total"], 3)}
+
+
 def free() -> None:
     gc.collect()
     if torch.cuda.is_available():
@@ -355,7 +424,7 @@ def attempt(report: dict, name: str, phase, out: Path) -> None:
             (out / "report.json").write_text(json.dumps(report, indent=2))
 
 
-PHASES = ("sft", "trl", "apo", "load", "fsdp")
+PHASES = ("sft", "trl", "apo", "load", "fsdp", "moe")
 
 
 def main() -> None:
@@ -366,6 +435,7 @@ def main() -> None:
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--phases", default=",".join(PHASES), help=f"comma-separated, of {', '.join(PHASES)}")
     parser.add_argument("--load-shape", choices=sorted(SHAPES), default="7b", help="the load phase's model")
+    parser.add_argument("--moe-shape", choices=sorted(MOE_SHAPES), default="1b", help="the moe phase's model")
     parser.add_argument("--model-dir", type=Path, help="train this checkpoint instead of making one (the fsdp phase's ranks)")
     parser.add_argument("--rows", type=int, default=8, help="SFT rows per step")
     parser.add_argument("--length", type=int, default=2048, help="tokens per SFT row (a quarter of them the masked prompt)")
@@ -426,6 +496,8 @@ def main() -> None:
             attempt(report, f"load_{args.load_shape}", lambda: load_memory(args, scratch), args.out)
         if "fsdp" in phases:
             attempt(report, "fsdp_sft", lambda: fsdp_sft(args, model_dir), args.out)
+        if "moe" in phases:
+            attempt(report, "moe_sft", lambda: moe_sft(args, scratch, peaks), args.out)
     print(json.dumps(report, indent=2))
 
 

@@ -7,7 +7,7 @@
 #   scripts/gpu-check.sh prepare          # here: fill .gpu/ (about 15 MB)
 #   scripts/gpu-check.sh run              # there, carrying .gpu: install into /tmp/site, run, write $OUT
 # The same code paths here, on the CPU, in a minute:
-#   .venv/bin/python benchmarks/gpu_training.py --shape tiny --load-shape tiny --device cpu --tokenizer .gpu/tokenizer --out /tmp/gpu-check
+#   .venv/bin/python benchmarks/gpu_training.py --shape tiny --load-shape tiny --moe-shape tiny --device cpu --tokenizer .gpu/tokenizer --out /tmp/gpu-check
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GPU=.gpu

@@ -114,7 +114,7 @@ class PolicyClientSettings(BaseModel):
     return_logprobs: bool = Field(
         True,
         description="Ask for each sampled token's log-probability (OpenAI logprobs, the sampled token's alone), which "
-        "trajectories keep beside the token ids: the behaviour policy of asynchronous on-policy training (its clipped ratio); "
+        "trajectories keep beside the token ids: the sampler's side of on-policy training's importance weights (APO) and masks (APO, distillation); "
         "turn off for a server that rejects the field",
     )
     protocol: Literal["text", "native"] = Field(

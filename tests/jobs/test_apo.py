@@ -170,3 +170,15 @@ def test_the_kl_reference_under_lora_is_the_base_with_the_adapter_off_not_a_copy
     expected = target_logprobs(base, micro.batch)
     assert torch.allclose(run.score(reference, micro).logprobs, expected, atol=1e-5)
     assert not torch.allclose(run.forward(micro).logprobs, expected, atol=1e-3)
+
+
+@pytest.mark.parametrize("change, says", [
+    ({"rollout": {"executor_addr": "127.0.0.1:1", "max_async_steps": 1, "temperature": 0.7}}, "temperature 1 and top_p 1"),
+    ({"rollout": {"executor_addr": "127.0.0.1:1", "max_async_steps": 1, "top_p": 0.9}}, "temperature 1 and top_p 1"),
+    ({"rollout": {"off_policy": {"mask_band": [2.0, 5.0]}}}, "0 < low <= 1 <= high"),
+    ({"dual_clip": 0.5}, "dual_clip must be above 1"),
+])
+def test_off_policy_settings_that_would_mis_weight_tokens_are_refused(change, says):
+    body = {"output": {"dir": "/tmp/unused"}, "prompts": [{"query": "q", "reference_answer": "a"}]}
+    with pytest.raises(ValueError, match=says):
+        APOConfig.model_validate(body | change)

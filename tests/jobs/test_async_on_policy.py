@@ -1,8 +1,8 @@
 """On-policy rollouts from an inference fleet (issue 49): the trajectories keep the log-probability
 of every sampled token under the policy that sampled it (the behaviour policy), and every rank of
 a torchrun job rolls out its own groups through one executor, generating step n+1's while step n
-trains, at most rollout.max_async_steps updates stale, with those log-probabilities as the old
-policy of APO's ratio."""
+trains, at most rollout.max_async_steps updates stale, with those log-probabilities weighting
+APO's decoupled loss (issue 59)."""
 
 from __future__ import annotations
 
@@ -98,6 +98,8 @@ async def test_distillation_ranks_roll_out_their_own_episodes_ahead_of_training(
     for before, after in zip(records, records[1:]):
         assert after["generation_started"] < before["training_ended"] and after["generation_ended"] > before["training_started"]
     assert len(json.loads((tmp_path / "out" / "result.json").read_text())["trajectory_ids"]) == 12  # every rank's, once
+    # The sampler's log-probabilities reached the loss: the mismatch and masked share are logged each step.
+    assert all(r["behaviour_tokens"] > 0 and 0 <= r["masked_fraction"] < 0.5 and r["mismatch_kl"] >= 0 for r in records), records
 
 
 # --- Against a real vLLM CPU server (tests/vllm_servers.py), two trainer ranks under torchrun ---
@@ -222,6 +224,11 @@ async def check_async_rollouts_from_a_fleet(url: str, tmp_path: Path, monkeypatc
     assert first["rewards"] == alone["rewards"] and first["target_tokens"] == alone["target_tokens"]
     assert first["grad_norm"] == pytest.approx(alone["grad_norm"], rel=1e-3)
     assert first["loss"] == pytest.approx(alone["loss"], abs=1e-4)
+    # Both paths weigh every token by the trainer's over vLLM's log-probability (the synchronous one
+    # too: vLLM's kernels are not the trainer's), and log how far apart they are, and what was masked.
+    for record in (alone, *records):
+        assert 0 < record["behaviour_tokens"] <= record["target_tokens"] and 0 < record["mismatch_kl"] < 0.05, record
+        assert 0 <= record["masked_fraction"] < 0.05 and 0 <= record["truncated_fraction"] < 0.05, record
 
 
 @pytest.mark.model

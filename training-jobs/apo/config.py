@@ -42,6 +42,7 @@ class APOConfig(PolicyJobConfig):
     reward: Literal["apo", "sr2am"] = Field("apo", description="Reward formula of the reward service: APO (A^2FM) or SR2AM's tiered structure reward")
     eps_low: float = Field(0.2, ge=0, description="Clip ratio below 1 - eps_low for negative advantages")
     eps_high: float = Field(0.28, ge=0, description="Clip ratio above 1 + eps_high for positive advantages (clip-higher)")
+    dual_clip: float = Field(3.0, description="A negative-advantage token's loss is bounded at dual_clip * |advantage| (dual-clip PPO): a stale token with a large ratio gets a bounded push; 0: off")
     kl_coef: float = Field(0.0, ge=0, description="Weight of the KL to the reference policy (0: none, as APO reports)")
     reference: str = Field("", description="Reference policy for the KL (default: the starting weights)")
     updates_per_batch: int = Field(1, ge=1, description="Optimizer steps on each rollout batch (1: strictly on-policy)")
@@ -52,6 +53,12 @@ class APOConfig(PolicyJobConfig):
     @property
     def group_size(self) -> int:
         return 3 * self.rho + self.gamma
+
+    @model_validator(mode="after")
+    def _dual_clip_above_one(self) -> APOConfig:
+        if self.dual_clip and self.dual_clip <= 1:
+            raise ValueError("dual_clip must be above 1 (3 is usual), or 0 for none")
+        return self
 
     @model_validator(mode="after")
     def _apo_needs_forced_instant(self) -> APOConfig:

@@ -19,8 +19,12 @@ Under torchrun, every rank rolls out its share of the step's prompts through a r
 inference fleet; in process rank 0 runs them all) and learns its own groups (a group stays on one
 rank), every token weighted by the step's count of groups over all ranks, so 1 rank and N make the
 same update. With rollout.max_async_steps the rollouts of step n+1 are generated while step n trains
-(on_policy.Rollouts.batches), and the log-probabilities the fleet sampled them with are the old
-policy of the clipped ratio (the importance ratio corrects for the staleness, as in prime-rl and AReaL). With a KL term under LoRA, the reference is the policy's base with the
+(on_policy.Rollouts.batches). The loss is decoupled from the policy that sampled (AReaL's decoupled
+PPO): the clipped ratio is against the weights before the update, and each token weighs the ratio
+of those to the sampler's log-probability (kept with the sampled tokens: an older step's weights,
+or vLLM's kernels for the same ones), truncated, masked outside a band, and dual-clipped
+(losses.policy_loss; rollout.off_policy). metrics.jsonl has each step's staleness, masked
+fraction and trainer-vs-sampler mismatch. With a KL term under LoRA, the reference is the policy's base with the
 adapter off, not a second copy.
 
 Example:
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -106,9 +111,8 @@ class RolloutBatch:
     weights: torch.Tensor  # of each of a rollout's target tokens in the step's loss (losses.trajectory_weights)
     unsampled: int = 0  # learned text the policy did not sample (masked with rollout.exact_tokens)
     # Each rollout's target tokens' log-probabilities under the policy that sampled them (NaN where
-    # not kept), when they are the old policy of the ratio (asynchronous rollouts); None: the
-    # weights being updated are.
-    behaviour: list[torch.Tensor | None] | None = None
+    # not kept); None: not used (the rollouts sampled another distribution than the model's own).
+    behaviour: list[torch.Tensor] | None = None
 
 
 def group_advantages(groups: list[Group]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -126,27 +130,14 @@ def reward_advantages(rewards_of_groups: list[list[float]]) -> tuple[torch.Tenso
 def encode_groups(tokenizer, groups: list[Group], config: APOConfig, total_groups: int | None = None, behaviour: bool = False) -> RolloutBatch:
     """Tokens and masks of every rollout (on_policy.encode_rollouts), with group, reward, advantage
     and token weight; total_groups is the step's count of groups over every rank (default: these);
-    behaviour: keep the log-probabilities the rollouts were sampled with (the ratio's old policy)."""
+    behaviour: keep the log-probabilities the rollouts were sampled with (the importance weights')."""
     rollouts = [rollout for group in groups for rollout in group.rollouts]
     encoded = encode_rollouts(tokenizer, rollouts, config.rollout, config.max_length)
     rewards, group_ids, advantage = group_advantages(groups)
     targets = torch.tensor([example.target_count for example in encoded])
     weights = losses.trajectory_weights(targets, group_ids, total_groups or len(groups))
-    kept = [None if e.behaviour is None else torch.tensor(e.target_behaviour(), dtype=torch.float32) for e in encoded] if behaviour else None
+    kept = [torch.tensor(e.target_behaviour() or [math.nan] * e.target_count, dtype=torch.float32) for e in encoded] if behaviour else None
     return RolloutBatch(encoded, rewards, group_ids, advantage, weights, sum(e.unsampled for e in encoded), kept)
-
-
-def behaviour_logprobs(run: Run, plan: list[MicroBatch], rollouts: RolloutBatch) -> list[torch.Tensor | None]:
-    """The old policy of the ratio under asynchronous rollouts: each target token's log-probability
-    under the policy that sampled it. A token without one (text the policy did not sample, learned
-    with exact_tokens off) takes the current weights' (ratio 1 before the update, as synchronous
-    rollouts have it); they are recomputed when any rank has such a token (in lockstep)."""
-    kept = rollouts.behaviour or [None] * len(rollouts.encoded)
-    (missing,) = run.ranks.max([float(any(b is None or bool(torch.isnan(b).any()) for b in kept))])
-    current = rollout_logprobs(run, plan) if missing else [None] * len(kept)
-    device = run.ranks.device
-    return [now if b is None else b.to(device) if now is None else torch.where(torch.isnan(b.to(device)), now, b.to(device))
-            for b, now in zip(kept, current)]
 
 
 def rollout_logprobs(run: Run, plan: list[MicroBatch], reference: Frozen | None = None) -> list[torch.Tensor | None]:
@@ -163,23 +154,30 @@ def rollout_logprobs(run: Run, plan: list[MicroBatch], reference: Frozen | None 
 
 def apo_update(run: Run, rollouts: RolloutBatch, config: APOConfig, reference: Frozen | None = None) -> list[dict]:
     """updates_per_batch optimizer steps on this rank's rollouts; returns each step's loss and
-    clipping figures, over every rank."""
+    clipping figures, over every rank. The ratio's old policy is the proximal one (the weights
+    before these updates: recomputed when there are several updates, else the forward's own,
+    detached); the sampler's log-probabilities, where kept, weight each token (losses.policy_loss)."""
     plan = run.micro_batches(rollouts.encoded)
-    logp_old = (behaviour_logprobs(run, plan, rollouts) if rollouts.behaviour is not None
-                else rollout_logprobs(run, plan) if config.updates_per_batch > 1 else None)
+    logp_old = rollout_logprobs(run, plan) if config.updates_per_batch > 1 else None
     logp_ref = rollout_logprobs(run, plan, reference) if reference is not None and config.kl_coef else None
+    off_policy = config.rollout.off_policy
     results = []
     for _ in range(config.updates_per_batch):
         parts: list[losses.PolicyLoss] = []
         entropy_sums: list[float] = []
 
+        def per_token(values: list[torch.Tensor | None] | None, micro: MicroBatch, device) -> torch.Tensor | None:
+            return None if values is None or micro.filler else torch.cat([values[i] for i in micro.indices]).to(device)
+
         def loss_of(micro: MicroBatch) -> torch.Tensor:
             out = run.forward(micro, entropy=True)
             logp = out.logprobs
-            old = logp.detach() if logp_old is None or micro.filler else torch.cat([logp_old[i] for i in micro.indices])
-            ref = None if logp_ref is None or micro.filler else torch.cat([logp_ref[i] for i in micro.indices])
+            old = per_token(logp_old, micro, logp.device)
             advantage, weight = (micro.gather(values).to(logp.device)[out.rows] for values in (rollouts.advantages, rollouts.weights))
-            part = losses.policy_loss(logp, old, advantage, weight, config.eps_low, config.eps_high, config.kl_coef, ref)
+            part = losses.policy_loss(logp, logp.detach() if old is None else old, advantage, weight, config.eps_low, config.eps_high,
+                                      config.kl_coef, per_token(logp_ref, micro, logp.device),
+                                      per_token(rollouts.behaviour, micro, logp.device), config.dual_clip,
+                                      off_policy.importance_cap, off_policy.mask_band)
             if not micro.filler:
                 parts.append(part)
                 entropy_sums.append(float(out.entropy.sum()))
@@ -187,28 +185,33 @@ def apo_update(run: Run, rollouts: RolloutBatch, config: APOConfig, reference: F
 
         loss = run.accumulate(plan, loss_of)
         grad_norm = run.optimize()
-        tokens, low, high, ratio, kl, entropy = run.ranks.sum([*(sum(getattr(p, name) for p in parts) for name in CLIP_FIGURES), sum(entropy_sums)])
-        tokens = max(tokens, 1)
-        results.append({"loss": loss, "grad_norm": grad_norm, "clipped_low": low / tokens, "clipped_high": high / tokens,
-                        "mean_ratio": ratio / tokens, "kl": kl / tokens, "entropy": entropy / tokens})
+        totals = dict(zip((*LOSS_FIGURES, "entropy"), run.ranks.sum([*(sum(getattr(p, name) for p in parts) for name in LOSS_FIGURES),
+                                                                     sum(entropy_sums)])))
+        tokens, sampled = max(totals["tokens"], 1), max(totals["behaviour_tokens"], 1)
+        results.append({"loss": loss, "grad_norm": grad_norm, "clipped_low": totals["clipped_low"] / tokens,
+                        "clipped_high": totals["clipped_high"] / tokens, "dual_clipped": totals["dual_clipped"] / tokens,
+                        "mean_ratio": totals["ratio_sum"] / tokens, "kl": totals["kl_sum"] / tokens, "entropy": totals["entropy"] / tokens,
+                        "behaviour_tokens": int(totals["behaviour_tokens"]), "masked_fraction": totals["masked"] / sampled,
+                        "truncated_fraction": totals["truncated"] / sampled, "mismatch_kl": totals["mismatch_kl_sum"] / sampled})
     return results
 
 
-CLIP_FIGURES = ("tokens", "clipped_low", "clipped_high", "ratio_sum", "kl_sum")
+LOSS_FIGURES = ("tokens", "clipped_low", "clipped_high", "dual_clipped", "ratio_sum", "kl_sum", "behaviour_tokens", "masked",
+                "truncated", "mismatch_kl_sum")
 
 
 def learn(run: Run, kept: list[Group], config: APOConfig, reference: Frozen | None = None, sharded: bool = False,
-          behaviour: bool = False) -> tuple[float, dict]:
+          stale: bool = False) -> tuple[float, dict]:
     """One step's update on the informative groups, each group on one rank; returns the step's
     loss and figures (over every rank). kept: the step's groups, each rank learning its share; with
     sharded, this rank's own (each rank rolled out its share), every token still weighted by the
-    step's count of groups over every rank. behaviour: the ratio's old policy is the one that
-    sampled the rollouts (their kept log-probabilities), not the weights being updated."""
+    step's count of groups over every rank. The sampler's log-probabilities are used wherever kept
+    and the rollouts sampled the raw distribution; stale (asynchronous rollouts) needs them."""
     own = kept if sharded else balanced(run.ranks, kept, lambda group: sum(rollout.ByteSize() for rollout in group.rollouts))  # bytes: tokens before encoding
     total = int(run.ranks.sum([len(kept)])[0]) if sharded else len(kept)
-    mine = encode_groups(run.tokenizer, own, config, total_groups=total, behaviour=behaviour)
-    if behaviour:
-        (kept_any,) = run.ranks.sum([sum(b is not None for b in mine.behaviour)])
+    mine = encode_groups(run.tokenizer, own, config, total_groups=total, behaviour=config.rollout.raw_sampling)
+    if stale:
+        (kept_any,) = run.ranks.sum([sum(int((~b.isnan()).sum()) for b in mine.behaviour or [])])
         if not kept_any:
             raise FailedPrecondition(
                 "no rollout kept its sampled tokens' log-probabilities, which asynchronous rollouts need as the ratio's old "
@@ -220,7 +223,8 @@ def learn(run: Run, kept: list[Group], config: APOConfig, reference: Frozen | No
     )
     every = list(chain.from_iterable(gathered(run, [g.rewards for g in kept]))) if sharded else [g.rewards for g in kept]
     rewards, _, advantage = reward_advantages(every)
-    return results[-1]["loss"], {
+    last = results[-1]
+    return last["loss"], {
         "groups_per_rank": gathered(run, len(own)),
         "tokens": int(tokens),
         "target_tokens": int(targets),
@@ -228,13 +232,13 @@ def learn(run: Run, kept: list[Group], config: APOConfig, reference: Frozen | No
         "updated": True,
         "rewards": rewards.tolist(),
         "advantages": advantage.tolist(),
-        "grad_norm": results[-1]["grad_norm"],
-        "clipped_low": results[-1]["clipped_low"],
-        "clipped_high": results[-1]["clipped_high"],
-        "kl": results[-1]["kl"],
-        "entropy": results[-1]["entropy"],
+        **{name: last[name] for name in STEP_FIGURES},
         "first_update_loss": results[0]["loss"],
     }
+
+
+STEP_FIGURES = ("grad_norm", "clipped_low", "clipped_high", "dual_clipped", "kl", "entropy", "behaviour_tokens", "masked_fraction",
+                "truncated_fraction", "mismatch_kl")
 
 
 def step_prompts(prompts: list[APOPrompt], config: APOConfig, step: int) -> list[APOPrompt]:

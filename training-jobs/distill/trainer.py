@@ -11,7 +11,10 @@ executor, an inference fleet, and learns them; in process rank 0 runs them all a
 its share). With rollout.max_async_steps the episodes of step n+1 are generated while step n trains
 (on_policy.Rollouts.batches), at most that many updates stale; the reverse KL is taken on the current
 student's distribution at the sampled tokens, so it needs no importance ratio: the staleness only
-shifts which contexts the student is aligned on.
+shifts which contexts the student is aligned on. A token whose probability under the trainer and
+under the sampler (an older step's weights, or vLLM's kernels: an MoE routes differently) differ
+past rollout.off_policy.mask_band is masked; metrics.jsonl has the masked fraction and the
+mismatch per step.
 Teachers sit whole on every rank's device; under LoRA a teacher that is the student's own base is
 the student with its adapter off.
 What the platform wrote (a forced mode's prefix, the openers, tool responses) is context, never
@@ -29,9 +32,11 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 import uuid
+from dataclasses import dataclass
 from itertools import chain
 
 import torch
@@ -41,7 +46,7 @@ from gearshift.clients import channel
 from gearshift.jobs.distill.config import DistillConfig, Prompt
 from gearshift.protocol.modes import MODE_OF
 from gearshift.settings import Settings
-from gearshift.training import batching, data, forward
+from gearshift.training import batching, data, forward, losses
 from gearshift.training.batching import MicroBatch
 from gearshift.training.config import ConversationConfig
 from gearshift.training.on_policy import encode_rollouts, gathered, rollout_services, sampling, solve
@@ -118,13 +123,40 @@ def teacher_views(run: Run, micro: MicroBatch, owners: list[str], teachers: dict
     return tuple(views)
 
 
-def distill_loss_of(run: Run, owners: list[str], teachers: dict[str, Frozen], sampled: int, top_k: int | None):
+@dataclass
+class Mismatch:
+    """Counts of the sampler-vs-trainer mismatch over a step's sampled tokens (they add up over
+    micro-batches and ranks)."""
+
+    behaviour_tokens: int = 0  # tokens with the sampler's log-probability
+    masked: int = 0  # of those, tokens whose ratio left rollout.off_policy.mask_band
+    kl_sum: float = 0.0  # k3 estimate of KL(sampler || trainer), summed
+
+    def add(self, logp: torch.Tensor, behaviour: torch.Tensor, band: tuple[float, float]) -> torch.Tensor:
+        """Counts these tokens; returns which are masked."""
+        _, masked = losses.importance_weights(logp, behaviour, cap=1.0, band=band)
+        kept = ~behaviour.isnan()
+        self.behaviour_tokens += int(kept.sum())
+        self.masked += int(masked.sum())
+        self.kl_sum += float(losses.k3_kl(behaviour, logp)[kept].sum())
+        return masked
+
+
+def distill_loss_of(run: Run, owners: list[str], behaviour: list[torch.Tensor] | None, teachers: dict[str, Frozen], sampled: int,
+                    config: DistillConfig, mismatch: Mismatch):
     """A micro-batch's loss: the reverse KL to each row's teacher summed over its sampled tokens,
-    over the step's count of sampled tokens (a token mean over the global batch)."""
+    over the step's count of sampled tokens (a token mean over the global batch). A token the
+    sampler drew too far from the trainer's distribution (its ratio outside the off-policy band:
+    vLLM's kernels, an MoE's routing) is masked out and counted."""
 
     def loss_of(micro: MicroBatch) -> torch.Tensor:
         views = teacher_views(run, micro, [owners[i] for i in micro.indices], teachers)
-        return run.forward(micro, teachers=views, top_k=top_k).kl.sum() / sampled
+        out = run.forward(micro, teachers=views, top_k=config.top_k)
+        kl = out.kl
+        if behaviour is not None and not micro.filler:
+            sampler = torch.cat([behaviour[i] for i in micro.indices]).to(kl.device)
+            kl = torch.where(mismatch.add(out.logprobs, sampler, config.rollout.off_policy.mask_band), 0.0, kl)
+        return kl.sum() / sampled
 
     return loss_of
 
@@ -141,12 +173,18 @@ def learn(run: Run, config: DistillConfig, teachers: dict[str, Frozen], owners: 
     if not sampled:
         return 0.0, {"tokens": 0, "sampled_tokens": 0, "updated": False}
     mine = usable if sharded else batching.balanced(run.ranks, usable, lambda pair: len(pair[1].input_ids))
-    loss = run.accumulate(run.micro_batches([e for _, e in mine]), distill_loss_of(run, [o for o, _ in mine], teachers, sampled, config.top_k))
+    behaviour = ([torch.tensor(e.target_behaviour() or [math.nan] * e.target_count, dtype=torch.float32) for _, e in mine]
+                 if config.rollout.raw_sampling else None)
+    mismatch = Mismatch()
+    loss = run.accumulate(run.micro_batches([e for _, e in mine]),
+                          distill_loss_of(run, [o for o, _ in mine], behaviour, teachers, sampled, config, mismatch))
     grad_norm = run.optimize()
     tokens = sum(len(e.input_ids) for _, e in usable)
     (tokens,) = run.ranks.sum([tokens]) if sharded else [tokens]
+    kept, masked, kl_sum = run.ranks.sum([mismatch.behaviour_tokens, mismatch.masked, mismatch.kl_sum])
     return loss, {"tokens": int(tokens), "sampled_tokens": sampled, "grad_norm": grad_norm, "updated": True,
-                  "episodes_per_rank": gathered(run, len(mine))}
+                  "episodes_per_rank": gathered(run, len(mine)), "behaviour_tokens": int(kept),
+                  "masked_fraction": masked / max(kept, 1), "mismatch_kl": kl_sum / max(kept, 1)}
 
 
 async def train_async(config: DistillConfig, on_step: StepCallback | None = None) -> dict:

@@ -194,6 +194,24 @@ class PolicyJobConfig(JobConfig):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description="Device, precision, parallelism across ranks, micro-batches")
 
 
+class OffPolicyConfig(Strict):
+    """How the loss treats a token sampled by another policy than the one being updated: an older
+    step's weights (asynchronous rollouts) or other kernels for the same weights (vLLM's; an
+    MoE's routing differs between them). rho = p_trainer / p_sampler per token."""
+
+    importance_cap: float = Field(2.0, ge=1, description="The importance weight rho is truncated at this value (truncated importance sampling)")
+    mask_band: tuple[float, float] = Field(
+        (0.2, 5.0), description="Tokens whose rho lies outside [low, high] are masked out of the loss and counted (metrics.jsonl masked_fraction)"
+    )
+
+    @model_validator(mode="after")
+    def _band_holds_one(self) -> OffPolicyConfig:
+        low, high = self.mask_band
+        if not 0 < low <= 1 <= high:
+            raise ValueError("off_policy.mask_band must be (low, high) with 0 < low <= 1 <= high")
+        return self
+
+
 class RolloutConfig(Strict):
     """How on-policy rollouts (APO, distillation) are produced: through the executor, as in
     serving, with the model being trained. Their sampling reaches every model call of an episode."""
@@ -214,10 +232,20 @@ class RolloutConfig(Strict):
         0, ge=0, description="Asynchronous rollouts with bounded staleness (prime-rl's async level): the rollouts of step n+1 are generated while step n trains, and a batch is trained at most this many updates after the weights that generated it; the behaviour policy's log-probabilities (kept with the sampled tokens) are the old policy of the clipped ratio. 0: synchronous (generate, then train). Needs executor_addr"
     )
 
+    off_policy: OffPolicyConfig = Field(default_factory=OffPolicyConfig, description="Truncation and masking of tokens the sampler drew from another policy than the trainer's")
+
     @model_validator(mode="after")
     def _async_needs_a_fleet(self) -> RolloutConfig:
         # In process the stack generates with the module being trained (or rank 0's copy of it) on the
         # trainer's own CPU: generating while it trains would race the update it overlaps.
         if self.max_async_steps and not self.executor_addr:
             raise ValueError("rollout.max_async_steps needs rollout.executor_addr (an inference fleet that generates while the trainer trains)")
+        if self.max_async_steps and not self.raw_sampling:
+            raise ValueError("rollout.max_async_steps needs temperature 1 and top_p 1: the sampler's log-probabilities, the old policy of stale rollouts, are the raw model's")
         return self
+
+    @property
+    def raw_sampling(self) -> bool:
+        """Whether the rollouts sample the model's own distribution, which the log-probabilities
+        the sampler returns describe (vLLM's and the built-in server's are before temperature and top-p)."""
+        return self.temperature == 1.0 and self.top_p == 1.0

@@ -36,7 +36,7 @@ class Targets:
     tokens: torch.Tensor  # [N] the target tokens
     rows: torch.Tensor  # [N] which batch row each came from
     columns: torch.Tensor  # [N] the target token's position in its row
-    logprobs: torch.Tensor | None = None  # [N] log p(token)
+    logprobs: torch.Tensor | None = None  # [N] log p(token) (with teachers: without gradient, NaN where none)
     entropy: torch.Tensor | None = None  # [N] of each predicted distribution (no gradient), when asked for
     kl: torch.Tensor | None = None  # [N] KL(model || teacher), where teachers were given (0 elsewhere)
     hidden: torch.Tensor | None = None  # [N, H] the last hidden states, when asked for (a teacher's)
@@ -74,14 +74,15 @@ class Head(torch.nn.Linear):
         if tokens is None:
             return super().forward(hidden)
         chunk = self.chunk_tokens or max(1, len(tokens))
-        if teachers:
+        if teachers:  # the KL, and the tokens' log-probabilities without gradient (NaN where no teacher)
             kl = hidden.new_zeros(len(tokens), dtype=torch.float32)
+            logprobs = torch.full_like(kl, torch.nan)
             for teacher in teachers:
                 for start in range(0, len(teacher.positions), chunk):
                     at = teacher.positions[start:start + chunk]
-                    part = _checkpointed(self._reverse_kl, hidden[at], teacher.hidden[start:start + chunk], teacher.weight, top_k)
-                    kl = kl.index_put((at,), part)
-            return None, None, kl
+                    part, logp = _checkpointed(self._reverse_kl, hidden[at], tokens[at], teacher.hidden[start:start + chunk], teacher.weight, top_k)
+                    kl, logprobs = kl.index_put((at,), part), logprobs.index_put((at,), logp)
+            return logprobs, None, kl
         pieces = [_checkpointed(self._logprobs, hidden[start:start + chunk], tokens[start:start + chunk], entropy)
                   for start in range(0, len(tokens), chunk)]
         if not pieces:
@@ -92,10 +93,13 @@ class Head(torch.nn.Linear):
         logits = super().forward(hidden)
         return losses.token_logprobs(logits, tokens), losses.entropy(logits).detach() if entropy else None
 
-    def _reverse_kl(self, hidden: torch.Tensor, teacher_hidden: torch.Tensor, teacher_weight: torch.Tensor, top_k: int | None) -> torch.Tensor:
+    def _reverse_kl(self, hidden: torch.Tensor, tokens: torch.Tensor, teacher_hidden: torch.Tensor, teacher_weight: torch.Tensor,
+                    top_k: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = super().forward(hidden)
         with torch.no_grad():
             teacher_logits = torch.nn.functional.linear(teacher_hidden.to(teacher_weight.dtype), teacher_weight)
-        return losses.reverse_kl(super().forward(hidden), teacher_logits, top_k)
+            logprobs = losses.token_logprobs(logits, tokens)
+        return losses.reverse_kl(logits, teacher_logits, top_k), logprobs
 
 
 def _checkpointed(function, *args):

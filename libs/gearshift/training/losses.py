@@ -44,6 +44,18 @@ def k3_kl(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
     return log_ratio.exp() - log_ratio - 1
 
 
+def importance_weights(logp_proximal: torch.Tensor, logp_behaviour: torch.Tensor, cap: float,
+                       band: tuple[float, float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token weight of a token sampled by another policy than the proximal one (an older
+    step's weights, or vLLM's kernels for the same weights): rho = p_proximal / p_behaviour,
+    truncated at cap, and 0 where rho leaves band (masked: too far off-policy to correct; IcePop's
+    mask for an MoE's routing mismatch). A NaN behaviour (not kept) weighs 1. Returns
+    (weights, masked), both [N] and without gradient."""
+    rho = torch.exp((logp_proximal - logp_behaviour).detach()).nan_to_num(nan=1.0)
+    masked = (rho < band[0]) | (rho > band[1])
+    return torch.where(masked, 0.0, rho.clamp(max=cap)), masked
+
+
 @dataclass
 class PolicyLoss:
     """The GRPO/APO loss of some tokens, and counts that add up over micro-batches and ranks."""
@@ -54,6 +66,11 @@ class PolicyLoss:
     clipped_high: int  # tokens clipped at 1 + eps_high (positive advantage)
     ratio_sum: float
     kl_sum: float
+    dual_clipped: int = 0  # negative-advantage tokens whose loss the dual clip bounded
+    behaviour_tokens: int = 0  # tokens with the sampler's log-probability
+    masked: int = 0  # of those, tokens whose importance ratio left the band
+    truncated: int = 0  # tokens whose importance weight was cut to the cap
+    mismatch_kl_sum: float = 0.0  # k3 estimate of KL(sampler || proximal) summed over behaviour_tokens
 
 
 def trajectory_weights(target_counts: torch.Tensor, groups: torch.Tensor, total_groups: int | None = None) -> torch.Tensor:
@@ -74,23 +91,40 @@ def policy_loss(
     eps_high: float = 0.28,
     kl_coef: float = 0.0,
     logp_ref: torch.Tensor | None = None,
+    logp_behaviour: torch.Tensor | None = None,
+    dual_clip: float = 0.0,
+    importance_cap: float = 2.0,
+    mask_band: tuple[float, float] = (0.2, 5.0),
 ) -> PolicyLoss:
-    """Clipped policy-gradient loss with clip-higher (DAPO / SR2AM's GRPO) over target tokens.
+    """Clipped policy-gradient loss with clip-higher (DAPO / SR2AM's GRPO) over target tokens,
+    decoupled from the policy that sampled them (AReaL's decoupled PPO) and dual-clipped.
 
-    Every argument is per token, [N]: logp and logp_old (and logp_ref), the advantage of the
-    token's trajectory and its weight (trajectory_weights). Per token: -min(r A, clip(r, 1 -
-    eps_low, 1 + eps_high) A) (+ kl_coef * k3 KL to the reference); the loss is their weighted sum."""
+    Every argument is per token, [N]: logp, logp_old (the proximal policy: the weights before this
+    step's updates), logp_ref and logp_behaviour (the sampler's, NaN where not kept), the advantage
+    of the token's trajectory and its weight (trajectory_weights). Per token:
+    w * -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A), r = p / p_old, bounded by dual_clip * |A|
+    where A < 0 (Ye et al. 2020: a stale token with a large ratio gets no unbounded push), w the
+    importance weight of the proximal policy over the sampler's (importance_weights; 1 without
+    logp_behaviour), + kl_coef * k3 KL to the reference; the loss is their weighted sum."""
     ratio = torch.exp(logp - logp_old)
     advantage = advantages.to(logp.dtype)
-    unclipped = ratio * advantage
-    clipped = ratio.clamp(1 - eps_low, 1 + eps_high) * advantage
-    per_token = -torch.minimum(unclipped, clipped)
+    per_token = -torch.minimum(ratio * advantage, ratio.clamp(1 - eps_low, 1 + eps_high) * advantage)
+    none = torch.zeros_like(per_token, dtype=torch.bool)
+    dual, masked, kept, importance = none, none, none, torch.ones_like(per_token)
+    if dual_clip:
+        dual = (advantage < 0) & (per_token > -dual_clip * advantage)
+        per_token = torch.where(dual, -dual_clip * advantage, per_token)
+    if logp_behaviour is not None:
+        importance, masked = importance_weights(logp_old, logp_behaviour.to(logp.dtype), importance_cap, mask_band)
+        kept = ~torch.isnan(logp_behaviour)
+        per_token = per_token * importance
     kl = torch.zeros_like(per_token)
     if kl_coef and logp_ref is not None:
         kl = k3_kl(logp, logp_ref)
         per_token = per_token + kl_coef * kl
     loss = (per_token * weights.to(per_token.dtype)).sum()
     with torch.no_grad():
+        mismatch = k3_kl(logp_behaviour.to(logp.dtype), logp_old)[kept] if logp_behaviour is not None else kl[:0]
         return PolicyLoss(
             loss=loss,
             tokens=len(logp),
@@ -98,4 +132,9 @@ def policy_loss(
             clipped_high=int(((ratio > 1 + eps_high) & (advantage > 0)).sum()),
             ratio_sum=float(ratio.sum()),
             kl_sum=float(kl.sum()),
+            dual_clipped=int(dual.sum()),
+            behaviour_tokens=int(kept.sum()),
+            masked=int(masked.sum()),
+            truncated=int((kept & ~masked & (importance >= importance_cap)).sum()),
+            mismatch_kl_sum=float(mismatch.sum()),
         )

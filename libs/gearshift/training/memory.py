@@ -76,6 +76,7 @@ def track_step(config_dir: Path, model: ModelConfig, runtime: RuntimeConfig, ran
     """One step's peak on this rank, in bytes per kind of tensor and "Total" (the tracker's)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
 
     from gearshift.training.runtime import build_optimizer
 
@@ -95,8 +96,12 @@ def track_step(config_dir: Path, model: ModelConfig, runtime: RuntimeConfig, ran
         (-module(ids).sum()).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        tracker = FSDPMemTracker(module, optimizer)
-        tracker.track_inputs((ids,))
+        if distributed.is_sharded(module):
+            tracker = FSDPMemTracker(module, optimizer)
+            tracker.track_inputs((ids,))
+        else:  # one rank: no FSDP to follow, the same accounting of every tensor
+            tracker = MemTracker()
+            tracker.track_external(module, optimizer, ids)
         with tracker:
             (-module(ids).sum()).backward()
         (snapshot,) = tracker.get_tracker_snapshot("peak").values()
@@ -115,9 +120,15 @@ def predict(hf_config: dict, model: ModelConfig, runtime: RuntimeConfig, world_s
 
 
 def measure(config_dir: Path, model: ModelConfig, runtime: RuntimeConfig, tokens: int) -> dict[str, float]:
-    """The same step on the ranks torchrun started (gloo on the CPU), real tensors: rank's peak."""
+    """The same step on the ranks torchrun started (gloo on the CPU), real tensors: rank's peak
+    (on a GPU also CUDA's peak allocation, "cuda_max_allocated", which includes the untracked step)."""
     ranks = distributed.start(runtime)
-    return track_step(config_dir, model, runtime, ranks, tokens, fake=False)
+    if ranks.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(ranks.device)
+    peak = track_step(config_dir, model, runtime, ranks, tokens, fake=False)
+    if ranks.device.type == "cuda":  # the allocator's own count of the same step, beside the tracker's
+        peak["cuda_max_allocated"] = float(torch.cuda.max_memory_allocated(ranks.device))
+    return peak
 
 
 def main() -> None:

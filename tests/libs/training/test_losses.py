@@ -85,3 +85,51 @@ def test_policy_loss_gradient_is_zero_where_clipped():
     weighted(logp, torch.zeros(2), [1.0], [2], [0]).loss.backward()
     assert logp.grad[0].item() == 0.0  # clipped: no push beyond 1 + eps_high
     assert logp.grad[1].item() == pytest.approx(-0.5)  # d(-r/2)/dlogp at r = 1
+
+
+def token_gradient(logp_value: float, advantage: float, **extra) -> tuple[float, losses.PolicyLoss]:
+    """d loss / d logp of one token (its own trajectory and group, weight 1)."""
+    logp = torch.tensor([logp_value], requires_grad=True)
+    result = weighted(logp, torch.zeros(1), [advantage], [1], [0], **extra)
+    result.loss.backward()
+    return logp.grad.item(), result
+
+
+def test_a_token_at_ratio_20_with_a_negative_advantage_gets_a_bounded_gradient_under_the_dual_clip():
+    plain, _ = token_gradient(math.log(20.0), -1.0)
+    assert plain == pytest.approx(20.0, rel=1e-5)  # -r A: the gradient grows with the ratio
+    bounded, result = token_gradient(math.log(20.0), -1.0, dual_clip=3.0)
+    assert bounded == 0.0 and result.loss.item() == pytest.approx(3.0) and result.dual_clipped == 1
+    below, result = token_gradient(math.log(2.0), -1.0, dual_clip=3.0)  # under the bound: plain PPO's
+    assert below == pytest.approx(2.0, rel=1e-5) and result.dual_clipped == 0
+
+
+def test_the_samplers_ratio_is_truncated_at_the_cap_and_masked_outside_the_band():
+    # The proximal policy (logp_old, 0) over the sampler's: rho = 3 (truncated to 2), 20 and 0.1
+    # (masked), 1.5 (kept) and NaN (not kept: weight 1). One trajectory, A = +1, ratio 1 each.
+    behaviour = torch.log(torch.tensor([1 / 3, 1 / 20, 10.0, 1 / 1.5, math.nan]))
+    logp = torch.zeros(5, requires_grad=True)
+    result = weighted(logp, torch.zeros(5), [1.0], [5], [0], logp_behaviour=behaviour, importance_cap=2.0, mask_band=(0.2, 5.0))
+    result.loss.backward()
+    assert logp.grad.tolist() == pytest.approx([-2 / 5, 0.0, 0.0, -1.5 / 5, -1 / 5], rel=1e-5)
+    assert (result.behaviour_tokens, result.masked, result.truncated) == (4, 2, 1)
+    expected_kl = sum(r - math.log(r) - 1 for r in (3.0, 20.0, 0.1, 1.5))  # k3 of KL(sampler || proximal), r = p_proximal / p_sampler
+    assert result.mismatch_kl_sum == pytest.approx(expected_kl, rel=1e-5)
+
+
+def test_at_staleness_zero_the_update_is_plain_ppos():
+    # The sampler's log-probabilities equal the proximal policy's: the weights are 1, nothing is
+    # masked, and the loss and gradients are the clipped loss's alone.
+    torch.manual_seed(0)
+    old = torch.randn(12) * 0.5 - 2
+    current = old + torch.randn(12) * 0.3
+    advantages, targets, groups = [1.0, -0.5, -1.2], [5, 4, 3], [0, 0, 1]
+    grads = []
+    for extra in ({}, {"logp_behaviour": old.clone(), "dual_clip": 3.0}):
+        logp = current.clone().requires_grad_()
+        result = weighted(logp, old, advantages, targets, groups, **extra)
+        result.loss.backward()
+        grads.append((result.loss.item(), logp.grad))
+    (plain_loss, plain_grad), (loss, grad) = grads
+    assert loss == pytest.approx(plain_loss, rel=1e-6) and torch.allclose(grad, plain_grad)
+    assert result.masked == 0 and result.mismatch_kl_sum == pytest.approx(0.0, abs=1e-6)
