@@ -79,6 +79,20 @@ def test_apo_run_through_the_executor(tiny_dir, tmp_path, store):
     assert registered.job == "apo" and len(registered.trajectory_ids) == 8
 
 
+def test_rollouts_that_fail_are_dropped_and_counted_and_the_run_goes_on(tiny_dir, tmp_path):
+    """A prompt longer than the tiny policy's context: the policy server refuses every call of its
+    episodes, so each ends in an error; they are dropped and counted, and the other prompt's group
+    trains as before."""
+    too_long = {"query": "Count these words: " + "word " * 3000, "reference_answer": "3000"}
+    cfg = config(tiny_dir, tmp_path / "apo", prompts=[{"query": "What is 2+2?", "reference_answer": "4"}, too_long], prompts_per_step=2)
+    result = trainer.train(cfg)
+    history = read_metrics(tmp_path / "apo")
+    assert [r["step"] for r in history] == [1, 2]
+    assert all(r["failed_episodes"] == 4 and r["rollouts"] == 4 for r in history), history
+    assert len(result["trajectory_ids"]) == 8  # only the finished rollouts are the run's lineage
+    assert all(r.get("truncated_rollouts", 0) == 0 for r in history)
+
+
 def by_mode(body: dict) -> str:
     """A scripted policy: right in instant and agentic mode, wrong in reasoning mode; left to
     itself it routes to tools. A facts question gets "Everest" (instant) or a denial (else)."""

@@ -94,7 +94,9 @@ async def test_distillation_ranks_roll_out_their_own_episodes_ahead_of_training(
         }
         records = await train_on_two_ranks(config, tmp_path / "run", job="distill")
     assert [r["staleness"] for r in records] == [0, 1, 1]
-    assert all(r["updated"] and r["episodes_per_rank"] == [2, 2] for r in records), records
+    # Every rank learns its token-balanced share of every rank's episodes.
+    assert all(r["updated"] and sum(r["episodes_per_rank"]) == 4 and min(r["episodes_per_rank"]) >= 1 for r in records), records
+    assert all(sum(r["tokens_per_rank"]) == r["tokens"] and r["failed_episodes"] == 0 for r in records), records
     for before, after in zip(records, records[1:]):
         assert after["generation_started"] < before["training_ended"] and after["generation_ended"] > before["training_started"]
     assert len(json.loads((tmp_path / "out" / "result.json").read_text())["trajectory_ids"]) == 12  # every rank's, once
@@ -209,9 +211,11 @@ async def check_async_rollouts_from_a_fleet(url: str, tmp_path: Path, monkeypatc
     assert [r["staleness"] for r in records] == [0, 1] and [r["policy_version"] for r in records] == [0, 0]
     first, second = records
     assert second["generation_started"] < first["training_ended"] and second["generation_ended"] > first["training_started"]
-    # Every rank rolled out its own prompt's group (3 rollouts each) and learned its own groups.
-    assert all(r["rollouts"] == 6 for r in records)
-    assert all(r["updated"] and r["groups_per_rank"] == [1, 1] for r in records), records
+    # Every rank rolled out its own prompt's group (3 rollouts each), and learned its token-balanced
+    # share of both groups' rollouts.
+    assert all(r["rollouts"] == 6 and r["failed_episodes"] == 0 for r in records)
+    assert all(r["updated"] and sum(r["rollouts_per_rank"]) == 6 and sum(r["tokens_per_rank"]) == r["tokens"] for r in records), records
+    assert all(max(r["tokens_per_rank"]) < r["tokens"] for r in records), records  # both ranks learned
     # Each sync changed the server's greedy output, and clients followed the alias to each newer
     # version of this run, never back (a busy server may answer the watcher too late to see each).
     assert len(set(greedy)) == 3, greedy
@@ -226,9 +230,14 @@ async def check_async_rollouts_from_a_fleet(url: str, tmp_path: Path, monkeypatc
     assert first["loss"] == pytest.approx(alone["loss"], abs=1e-4)
     # Both paths weigh every token by the trainer's over vLLM's log-probability (the synchronous one
     # too: vLLM's kernels are not the trainer's), and log how far apart they are, and what was masked.
-    for record in (alone, *records):
+    # At staleness 0 only the kernels differ: a small mismatch, nothing masked.
+    for record in (alone, first):
         assert 0 < record["behaviour_tokens"] <= record["target_tokens"] and 0 < record["mismatch_kl"] < 0.05, record
-        assert 0 <= record["masked_fraction"] < 0.05 and 0 <= record["truncated_fraction"] < 0.05, record
+        assert record["masked_fraction"] == 0 and record["truncated_fraction"] < 0.05, record
+    # Step 2's batch was sampled before step 1's update, which moved the greedy output: the mismatch
+    # is that update's, and the tokens it moved furthest are truncated or masked, not amplified.
+    assert 0 < second["behaviour_tokens"] <= second["target_tokens"] and second["mismatch_kl"] > 10 * first["mismatch_kl"], second
+    assert second["masked_fraction"] + second["truncated_fraction"] > 0, second
 
 
 @pytest.mark.model

@@ -46,7 +46,7 @@ class APOConfig(PolicyJobConfig):
     kl_coef: float = Field(0.0, ge=0, description="Weight of the KL to the reference policy (0: none, as APO reports)")
     reference: str = Field("", description="Reference policy for the KL (default: the starting weights)")
     updates_per_batch: int = Field(1, ge=1, description="Optimizer steps on each rollout batch (1: strictly on-policy)")
-    max_length: int = Field(4096, ge=16, description="Tokens kept per rollout (prompt included)")
+    max_length: int | None = Field(None, ge=16, description="Tokens kept per rollout (prompt included); the rest is cut and counted (truncated_rollouts in metrics.jsonl). None: the policy's context (max_position_embeddings)")
     task_source: str = Field("apo", description="task_source of the stored rollouts")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Where and how rollouts run")
 

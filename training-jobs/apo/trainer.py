@@ -16,9 +16,10 @@ serves each step's LoRA adapter under a new name or reloads full weights in plac
 server loads the checkpoint). metrics.jsonl has each step's sync_seconds within its seconds.
 
 Under torchrun, every rank rolls out its share of the step's prompts through a running executor (an
-inference fleet; in process rank 0 runs them all) and learns its own groups (a group stays on one
-rank), every token weighted by the step's count of groups over all ranks, so 1 rank and N make the
-same update. With rollout.max_async_steps the rollouts of step n+1 are generated while step n trains
+inference fleet; in process rank 0 runs them all); every rank then has every group and learns its
+share of their rollouts, balanced by tokens, every token weighted by the step's count of groups,
+so 1 rank and N make the same update. A rollout that fails or times out is dropped and counted
+(failed_episodes in metrics.jsonl). With rollout.max_async_steps the rollouts of step n+1 are generated while step n trains
 (on_policy.Rollouts.batches). The loss is decoupled from the policy that sampled (AReaL's decoupled
 PPO): the clipped ratio is against the weights before the update, and each token weighs the ratio
 of those to the sampler's log-probability (kept with the sampled tokens: an older step's weights,
@@ -41,7 +42,6 @@ import math
 import random
 import time
 from dataclasses import dataclass
-from itertools import chain
 
 import torch
 from gearshift.api.common.v1.common_pb2 import Trajectory
@@ -51,8 +51,8 @@ from gearshift.jobs.apo.rollouts import Group, collect, informative
 from gearshift.errors import FailedPrecondition
 from gearshift.rewards.feedback import is_feedback
 from gearshift.rewards.formats import final_answer
-from gearshift.training import advantages, data, losses, tokenization
-from gearshift.training.batching import MicroBatch, balanced
+from gearshift.training import advantages, data, distributed, losses, tokenization
+from gearshift.training.batching import MicroBatch, balance
 from gearshift.training.config import ConversationConfig
 from gearshift.training.on_policy import encode_rollouts, gathered, rollout_services
 from gearshift.training.results import register
@@ -114,6 +114,15 @@ class RolloutBatch:
     # not kept); None: not used (the rollouts sampled another distribution than the model's own).
     behaviour: list[torch.Tensor] | None = None
 
+    def share(self, ranks) -> RolloutBatch:
+        """This rank's rollouts, the batch's split over the ranks by tokens (a group's rollouts may
+        land on several: advantages and weights are the whole step's, so the update is the same)."""
+        mine = balance([len(e.input_ids) for e in self.encoded], ranks.world_size)[ranks.rank]
+        index = torch.tensor(mine, dtype=torch.long)
+        return RolloutBatch([self.encoded[i] for i in mine], self.rewards[index], self.groups[index], self.advantages[index],
+                            self.weights[index], sum(self.encoded[i].unsampled for i in mine),
+                            None if self.behaviour is None else [self.behaviour[i] for i in mine])
+
 
 def group_advantages(groups: list[Group]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every rollout's reward, group index and advantage (the z-score within its group)."""
@@ -127,15 +136,15 @@ def reward_advantages(rewards_of_groups: list[list[float]]) -> tuple[torch.Tenso
     return rewards, group_ids, advantages.group_zscore(rewards, group_ids)
 
 
-def encode_groups(tokenizer, groups: list[Group], config: APOConfig, total_groups: int | None = None, behaviour: bool = False) -> RolloutBatch:
-    """Tokens and masks of every rollout (on_policy.encode_rollouts), with group, reward, advantage
-    and token weight; total_groups is the step's count of groups over every rank (default: these);
+def encode_groups(tokenizer, groups: list[Group], config: APOConfig, behaviour: bool = False, max_length: int | None = None) -> RolloutBatch:
+    """Tokens and masks of every rollout of the step's groups (on_policy.encode_rollouts, at most
+    max_length tokens each: default the config's), with group, reward, advantage and token weight;
     behaviour: keep the log-probabilities the rollouts were sampled with (the importance weights')."""
     rollouts = [rollout for group in groups for rollout in group.rollouts]
-    encoded = encode_rollouts(tokenizer, rollouts, config.rollout, config.max_length)
+    encoded = encode_rollouts(tokenizer, rollouts, config.rollout, max_length or config.max_length)
     rewards, group_ids, advantage = group_advantages(groups)
     targets = torch.tensor([example.target_count for example in encoded])
-    weights = losses.trajectory_weights(targets, group_ids, total_groups or len(groups))
+    weights = losses.trajectory_weights(targets, group_ids, len(groups))
     kept = [torch.tensor(e.target_behaviour() or [math.nan] * e.target_count, dtype=torch.float32) for e in encoded] if behaviour else None
     return RolloutBatch(encoded, rewards, group_ids, advantage, weights, sum(e.unsampled for e in encoded), kept)
 
@@ -200,41 +209,39 @@ LOSS_FIGURES = ("tokens", "clipped_low", "clipped_high", "dual_clipped", "ratio_
                 "truncated", "mismatch_kl_sum")
 
 
-def learn(run: Run, kept: list[Group], config: APOConfig, reference: Frozen | None = None, sharded: bool = False,
-          stale: bool = False) -> tuple[float, dict]:
-    """One step's update on the informative groups, each group on one rank; returns the step's
-    loss and figures (over every rank). kept: the step's groups, each rank learning its share; with
-    sharded, this rank's own (each rank rolled out its share), every token still weighted by the
-    step's count of groups over every rank. The sampler's log-probabilities are used wherever kept
-    and the rollouts sampled the raw distribution; stale (asynchronous rollouts) needs them."""
-    own = kept if sharded else balanced(run.ranks, kept, lambda group: sum(rollout.ByteSize() for rollout in group.rollouts))  # bytes: tokens before encoding
-    total = int(run.ranks.sum([len(kept)])[0]) if sharded else len(kept)
-    mine = encode_groups(run.tokenizer, own, config, total_groups=total, behaviour=config.rollout.raw_sampling)
-    if stale:
-        (kept_any,) = run.ranks.sum([sum(int((~b.isnan()).sum()) for b in mine.behaviour or [])])
-        if not kept_any:
-            raise FailedPrecondition(
-                "no rollout kept its sampled tokens' log-probabilities, which asynchronous rollouts need as the ratio's old "
-                "policy: keep GEARSHIFT_POLICY_CLIENT__RETURN_LOGPROBS on at the executor (and the router and planner)"
-            )
+def learn(run: Run, kept: list[Group], config: APOConfig, reference: Frozen | None = None, stale: bool = False) -> tuple[float, dict]:
+    """One step's update on the informative groups (every rank's, the same list on every rank),
+    each rank learning its share of their rollouts, balanced by tokens; returns the step's loss
+    and figures (over every rank). The sampler's log-probabilities are used wherever kept and the
+    rollouts sampled the raw distribution; stale (asynchronous rollouts) needs them."""
+    every = encode_groups(run.tokenizer, kept, config, behaviour=config.rollout.raw_sampling, max_length=max_length(run, config))
+    if stale and not any(bool((~b.isnan()).any()) for b in every.behaviour or []):
+        raise FailedPrecondition(
+            "no rollout kept its sampled tokens' log-probabilities, which asynchronous rollouts need as the ratio's old "
+            "policy: keep GEARSHIFT_POLICY_CLIENT__RETURN_LOGPROBS on at the executor (and the router and planner)"
+        )
+    mine = every.share(run.ranks)
     results = apo_update(run, mine, config, reference)
-    tokens, targets, unsampled = run.ranks.sum(
-        [sum(len(e.input_ids) for e in mine.encoded), sum(e.target_count for e in mine.encoded), mine.unsampled]
-    )
-    every = list(chain.from_iterable(gathered(run, [g.rewards for g in kept]))) if sharded else [g.rewards for g in kept]
-    rewards, _, advantage = reward_advantages(every)
+    rewards, _, advantage = group_advantages(kept)
     last = results[-1]
     return last["loss"], {
-        "groups_per_rank": gathered(run, len(own)),
-        "tokens": int(tokens),
-        "target_tokens": int(targets),
-        "unsampled_tokens": int(unsampled),
+        "rollouts_per_rank": gathered(run, len(mine.encoded)),
+        "tokens_per_rank": gathered(run, sum(len(e.input_ids) for e in mine.encoded)),
+        "tokens": sum(len(e.input_ids) for e in every.encoded),
+        "target_tokens": sum(e.target_count for e in every.encoded),
+        "unsampled_tokens": every.unsampled,
+        "truncated_rollouts": sum(e.truncated > 0 for e in every.encoded),
         "updated": True,
         "rewards": rewards.tolist(),
         "advantages": advantage.tolist(),
         **{name: last[name] for name in STEP_FIGURES},
         "first_update_loss": results[0]["loss"],
     }
+
+
+def max_length(run: Run, config: APOConfig) -> int:
+    """Tokens kept per rollout: the config's, else the policy's context."""
+    return config.max_length or run.context_length
 
 
 STEP_FIGURES = ("grad_norm", "clipped_low", "clipped_high", "dual_clipped", "kl", "entropy", "behaviour_tokens", "masked_fraction",
@@ -266,29 +273,28 @@ async def train_async(config: APOConfig, on_step: StepCallback | None = None) ->
             for step in run.steps():
                 started = time.perf_counter()
                 batch = await next_batch(step)
-                groups, own = batch.items, rollouts.every_rank  # own: each rank has its own groups, not every rank's
+                groups = rollouts.everyones(batch.items)  # a fleet's: every rank's, so the ranks share the step's tokens
                 ids = [t.id for group in groups for t in group.rollouts]
-                rollout_ids += list(chain.from_iterable(gathered(run, ids))) if own else ids
+                rollout_ids += ids
                 kept = informative(groups, config.pass_rate_window)
-                counts = [sum(r for g in groups for r in g.rewards), len(ids), len(groups), len(kept)]
-                reward_sum, rollout_count, group_count, kept_count = run.ranks.sum(counts) if own else counts
                 metrics = {
-                    "reward_mean": reward_sum / max(rollout_count, 1),
-                    "rollouts": int(rollout_count),
-                    "groups_dropped": int(group_count - kept_count),
+                    "reward_mean": sum(r for g in groups for r in g.rewards) / max(len(ids), 1),
+                    "rollouts": len(ids),
+                    "failed_episodes": sum(g.failed for g in groups),
+                    "groups_dropped": len(groups) - len(kept),
                     "rollout_seconds": batch.generation_ended - batch.generation_started,
                     **batch.timeline(),
                 }
-                if not kept_count:  # nothing to learn this step: every group's rewards were equal
-                    log.info("step %d: all %d groups dropped (equal rewards or outside the pass-rate window)", step, group_count)
+                if not kept:  # nothing to learn this step: every group's rewards were equal
+                    log.info("step %d: all %d groups dropped (equal rewards or outside the pass-rate window)", step, len(groups))
                     await rollouts.unchanged(step)
                     run.record(step, 0.0, metrics | {"tokens": 0, "updated": False}, started)
                     continue
                 training_started = time.time()
                 if max_async:  # in a thread, so this loop keeps the next step's rollouts going meanwhile
-                    loss, learned = await asyncio.to_thread(learn, run, kept, config, reference, own, True)
+                    loss, learned = await distributed.in_thread(run.ranks.device, learn, run, kept, config, reference, True)
                 else:
-                    loss, learned = learn(run, kept, config, reference, own)
+                    loss, learned = learn(run, kept, config, reference)
                 learned |= {"training_started": training_started, "training_ended": time.time()}
                 learned["sync_seconds"] = await rollouts.publish(step)  # part of the step's seconds
                 run.record(step, loss, metrics | learned, started)

@@ -31,5 +31,5 @@ class DistillConfig(PolicyJobConfig):
     default_teacher: str = Field("", description="Teacher of prompts whose domain is not in teachers; empty: such prompts are an error")
     top_k: int | None = Field(None, ge=1, description="Align on the student's top-k tokens only; none: the full vocabulary")
     batch_size: int = Field(4, ge=1, description="Prompts per optimizer step (one student episode each)")
-    max_length: int = Field(4096, ge=16, description="Tokens kept per episode (prompt included)")
+    max_length: int | None = Field(None, ge=16, description="Tokens kept per episode (prompt included); the rest is cut and counted (truncated_rollouts in metrics.jsonl). None: the policy's context (max_position_embeddings)")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="How the student's episodes run (through the executor)")

@@ -7,8 +7,9 @@ tools, and the tool responses it reads are the environment's, never its own. A d
 each prompt's teacher; the loss is the per-token reverse KL(student || teacher) on the tokens the
 student wrote, over the full vocabulary or the student's top-k, averaged over those tokens (of the
 whole global batch: under torchrun every rank runs its share of the episodes through a running
-executor, an inference fleet, and learns them; in process rank 0 runs them all and each rank learns
-its share). With rollout.max_async_steps the episodes of step n+1 are generated while step n trains
+executor, an inference fleet, or in process rank 0 runs them all; either way every rank then learns
+its share of all of them, balanced by tokens). An episode that fails or times out is dropped and
+counted (failed_episodes in metrics.jsonl). With rollout.max_async_steps the episodes of step n+1 are generated while step n trains
 (on_policy.Rollouts.batches), at most that many updates stale; the reverse KL is taken on the current
 student's distribution at the sampled tokens, so it needs no importance ratio: the staleness only
 shifts which contexts the student is aligned on. A token whose probability under the trainer and
@@ -37,7 +38,6 @@ import random
 import time
 import uuid
 from dataclasses import dataclass
-from itertools import chain
 
 import torch
 from gearshift.api.common.v1.common_pb2 import Mode, Purpose, Trajectory
@@ -46,10 +46,10 @@ from gearshift.clients import channel
 from gearshift.jobs.distill.config import DistillConfig, Prompt
 from gearshift.protocol.modes import MODE_OF
 from gearshift.settings import Settings
-from gearshift.training import batching, data, forward, losses
+from gearshift.training import batching, data, distributed, forward, losses
 from gearshift.training.batching import MicroBatch
 from gearshift.training.config import ConversationConfig
-from gearshift.training.on_policy import encode_rollouts, gathered, rollout_services, sampling, solve
+from gearshift.training.on_policy import encode_rollouts, gathered, rollout_services, sampling, solve_each
 from gearshift.training.results import register
 from gearshift.training.runtime import Frozen, Run, StepCallback
 
@@ -77,9 +77,10 @@ def teacher_of(prompt: Prompt, config: DistillConfig) -> str:
 
 
 async def student_rollouts(stack: Settings, prompts: list[Prompt], config: DistillConfig, run_id: str, step: int,
-                           first: int = 0) -> list[Trajectory]:
+                           first: int = 0) -> list[Trajectory | None]:
     """One episode per prompt with the student's current weights (a pinned mode is injected), in
-    the prompt's conversation; prompts are the step's from index first on (a rank's share)."""
+    the prompt's conversation; prompts are the step's from index first on (a rank's share). An
+    episode that failed or timed out is None (on_policy.solve_each)."""
     slots = asyncio.Semaphore(config.rollout.concurrency)
     requests = [
         executor_pb2.SolveRequest(
@@ -99,7 +100,7 @@ async def student_rollouts(stack: Settings, prompts: list[Prompt], config: Disti
     ]
     async with channel(stack.executor_addr, stack) as ch:
         stub = executor_pb2_grpc.ExecutorStub(ch)
-        return list(await asyncio.gather(*(solve(stub, request, slots) for request in requests)))
+        return await solve_each(stub, requests, slots, config.rollout.episode_timeout_s)
 
 
 def teacher_views(run: Run, micro: MicroBatch, owners: list[str], teachers: dict[str, Frozen]) -> tuple[forward.Teacher, ...]:
@@ -138,7 +139,7 @@ class Mismatch:
         kept = ~behaviour.isnan()
         self.behaviour_tokens += int(kept.sum())
         self.masked += int(masked.sum())
-        self.kl_sum += float(losses.k3_kl(behaviour, logp)[kept].sum())
+        self.kl_sum += float(losses.k3_kl(behaviour.double(), logp.double())[kept].sum())  # float64: see losses.policy_loss
         return masked
 
 
@@ -161,29 +162,27 @@ def distill_loss_of(run: Run, owners: list[str], behaviour: list[torch.Tensor] |
     return loss_of
 
 
-def learn(run: Run, config: DistillConfig, teachers: dict[str, Frozen], owners: list[str], episodes: list[Trajectory],
-          sharded: bool = False) -> tuple[float, dict]:
-    """One step's update on the student's episodes (owners[i]: the teacher of episode i), each rank
-    learning its share (sharded: the episodes are this rank's own, each rank rolled out its share);
+def learn(run: Run, config: DistillConfig, teachers: dict[str, Frozen], owners: list[str], episodes: list[Trajectory]) -> tuple[float, dict]:
+    """One step's update on the student's episodes (owners[i]: the teacher of episode i; every
+    rank's, the same list on every rank), each rank learning its share, balanced by tokens;
     returns the step's loss and figures (over every rank)."""
-    encoded = encode_rollouts(run.tokenizer, episodes, config.rollout, config.max_length)
+    encoded = encode_rollouts(run.tokenizer, episodes, config.rollout, config.max_length or run.context_length)
     usable = [(owner, e) for owner, e in zip(owners, encoded) if e.target_count]
-    (sampled,) = run.ranks.sum([sum(e.target_count for _, e in usable)]) if sharded else [sum(e.target_count for _, e in usable)]
-    sampled = int(sampled)
+    sampled = sum(e.target_count for _, e in usable)
+    truncated = sum(e.truncated > 0 for e in encoded)
     if not sampled:
-        return 0.0, {"tokens": 0, "sampled_tokens": 0, "updated": False}
-    mine = usable if sharded else batching.balanced(run.ranks, usable, lambda pair: len(pair[1].input_ids))
+        return 0.0, {"tokens": 0, "sampled_tokens": 0, "truncated_rollouts": truncated, "updated": False}
+    mine = batching.balanced(run.ranks, usable, lambda pair: len(pair[1].input_ids))
     behaviour = ([torch.tensor(e.target_behaviour() or [math.nan] * e.target_count, dtype=torch.float32) for _, e in mine]
                  if config.rollout.raw_sampling else None)
     mismatch = Mismatch()
     loss = run.accumulate(run.micro_batches([e for _, e in mine]),
                           distill_loss_of(run, [o for o, _ in mine], behaviour, teachers, sampled, config, mismatch))
     grad_norm = run.optimize()
-    tokens = sum(len(e.input_ids) for _, e in usable)
-    (tokens,) = run.ranks.sum([tokens]) if sharded else [tokens]
     kept, masked, kl_sum = run.ranks.sum([mismatch.behaviour_tokens, mismatch.masked, mismatch.kl_sum])
-    return loss, {"tokens": int(tokens), "sampled_tokens": sampled, "grad_norm": grad_norm, "updated": True,
-                  "episodes_per_rank": gathered(run, len(mine)), "behaviour_tokens": int(kept),
+    return loss, {"tokens": sum(len(e.input_ids) for _, e in usable), "sampled_tokens": sampled, "truncated_rollouts": truncated,
+                  "grad_norm": grad_norm, "updated": True, "episodes_per_rank": gathered(run, len(mine)),
+                  "tokens_per_rank": gathered(run, sum(len(e.input_ids) for _, e in mine)), "behaviour_tokens": int(kept),
                   "masked_fraction": masked / max(kept, 1), "mismatch_kl": kl_sum / max(kept, 1)}
 
 
@@ -209,17 +208,17 @@ async def train_async(config: DistillConfig, on_step: StepCallback | None = None
             for step in run.steps():
                 started = time.perf_counter()
                 batch = await next_batch(step)
-                picked, episodes = batch.items
-                own = rollouts.every_rank  # each rank has its own episodes, not every rank's
-                ids = [t.id for t in episodes]
-                rollout_ids += list(chain.from_iterable(gathered(run, ids))) if own else ids
-                owners = [teacher_of(p, config) for p in picked]
+                pairs = rollouts.everyones(list(zip(*batch.items)))  # a fleet's: every rank's, so the ranks share the step's tokens
+                finished = [(prompt, episode) for prompt, episode in pairs if episode is not None]
+                episodes = [episode for _, episode in finished]
+                rollout_ids += [t.id for t in episodes]
+                owners = [teacher_of(prompt, config) for prompt, _ in finished]
                 training_started = time.time()
                 if max_async:  # in a thread, so this loop keeps the next step's episodes going meanwhile
-                    loss, metrics = await asyncio.to_thread(learn, run, config, teachers, owners, episodes, own)
+                    loss, metrics = await distributed.in_thread(run.ranks.device, learn, run, config, teachers, owners, episodes)
                 else:
-                    loss, metrics = learn(run, config, teachers, owners, episodes, own)
-                metrics |= {"training_started": training_started, "training_ended": time.time()}
+                    loss, metrics = learn(run, config, teachers, owners, episodes)
+                metrics |= {"training_started": training_started, "training_ended": time.time(), "failed_episodes": len(pairs) - len(finished)}
                 if metrics["updated"]:
                     metrics["sync_seconds"] = await rollouts.publish(step)  # part of the step's seconds
                 else:

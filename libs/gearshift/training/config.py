@@ -224,6 +224,9 @@ class RolloutConfig(Strict):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass of every model call")
     max_tokens_per_turn: int = Field(128, ge=8, description="Tokens per policy turn in the in-process stack")
     max_steps: int = Field(0, ge=0, description="Turn budget per rollout (0: the mode's default)")
+    episode_timeout_s: float = Field(
+        900.0, gt=0, description="An episode still running this long after it started is dropped and counted (failed_episodes), not waited for"
+    )
     concurrency: int = Field(12, ge=1, description="Rollouts in flight at once (on each rank, when every rank rolls out through executor_addr)")
     exact_tokens: bool = Field(
         True, description="Learn only the tokens the policy sampled (kept with each turn); false: the re-tokenised text's"

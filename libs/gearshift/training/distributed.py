@@ -9,6 +9,7 @@ runs in one process as it always did."""
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import logging
@@ -277,3 +278,15 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
     if coefficient < 1.0:
         torch._foreach_mul_(grads, coefficient)
     return total
+
+
+async def in_thread(device: torch.device, function: Callable[..., T], *args) -> T:
+    """function(*args) in a worker thread on device. CUDA's current device is per thread: a thread
+    that did not set it runs its kernels and collectives on cuda:0, whatever its rank's device."""
+
+    def on_device() -> T:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        return function(*args)
+
+    return await asyncio.to_thread(on_device)

@@ -124,7 +124,8 @@ def policy_loss(
         per_token = per_token + kl_coef * kl
     loss = (per_token * weights.to(per_token.dtype)).sum()
     with torch.no_grad():
-        mismatch = k3_kl(logp_behaviour.to(logp.dtype), logp_old)[kept] if logp_behaviour is not None else kl[:0]
+        # in float64: at the 1e-6 differences of two float32 kernels, r - log r - 1 cancels to 0 in float32
+        mismatch = k3_kl(logp_behaviour.double(), logp_old.double())[kept] if logp_behaviour is not None else kl[:0]
         return PolicyLoss(
             loss=loss,
             tokens=len(logp),

@@ -9,7 +9,10 @@ With rollout.max_async_steps > 0 (prime-rl's async level) the episodes of step n
 while step n trains (Rollouts.batches): a batch whose generation started when the fleet's policy
 carried update v is trained at step s only if s - 1 - v <= max_async_steps (its staleness, in
 metrics.jsonl with the step's timeline), and the log-probabilities the fleet returned with each
-sampled token are the old policy of APO's clipped ratio, which corrects for the staleness.
+sampled token weigh (APO) or mask (both) the tokens the trainer would not have sampled
+(losses.policy_loss). An episode that fails or times out is dropped and counted (solve_each), and
+every rank agrees each step that it may go on (Rollouts.batches): a rank whose rollouts failed
+stops every rank, none is left waiting in a collective.
 
 Against a running executor (rollout.executor_addr) the policy server it calls gets the new weights
 after every update without a restart, by the route its engine has (RemotePolicy): vLLM serves
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import time
@@ -32,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from gearshift import weights
-from gearshift.api.common.v1.common_pb2 import Sampling, Trajectory
+from gearshift.api.common.v1.common_pb2 import Sampling, Trajectory, TrajectoryStatus
 from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
 from gearshift.embedded import EmbeddedPolicy, embedded
 from gearshift.errors import FailedPrecondition
@@ -48,6 +52,7 @@ SERVED_NAME = "policy-in-training"
 SERVING_DIR = "serving"  # in the run's output dir: what a remote server loads (the checkpoints volume)
 ADAPTER_PREFIX = "adapter-step-"
 T = TypeVar("T")
+log = logging.getLogger("gearshift.training.on_policy")
 
 
 def sampling(rollout: RolloutConfig, seed: int, trajectory_id: str) -> Sampling:
@@ -164,6 +169,10 @@ def gathered(run: Run, value: T) -> list[T]:
     return values
 
 
+class RolloutsFailed(RuntimeError):
+    """A step's rollouts failed on some rank: every rank stops."""
+
+
 @dataclass
 class Batch(Generic[T]):
     """A step's episodes as this rank has them, the policy that generated them and when (seconds
@@ -260,9 +269,40 @@ class Rollouts:
         return (len(items) * self.run.ranks.rank) // self.run.ranks.world_size, self.run.ranks.shard(items)
 
     async def collect(self, episodes: Callable[[Settings], Awaitable[T]]) -> T:
-        """await episodes(settings) on rank 0; every rank gets the result."""
-        result = await episodes(self.settings) if self.run.ranks.main else None
-        return self.run.ranks.shared(lambda: result)
+        """await episodes(settings) on rank 0; every rank gets the result, or raises where rank 0's
+        failed (no rank is left waiting for a result that will not come)."""
+        result, error = None, None
+        if self.run.ranks.main:
+            try:
+                result = await episodes(self.settings)
+            except Exception as exc:
+                error = exc
+        shared = self.run.ranks.shared(lambda: RolloutsFailed(f"rank 0's rollouts failed: {error}") if error else result)
+        if error is not None:
+            raise error
+        if isinstance(shared, RolloutsFailed):
+            raise shared
+        return shared
+
+    def everyones(self, items: list[T]) -> list[T]:
+        """Every rank's items, in rank order, on every rank, when each rank rolled out its own share
+        (so a step's work can be balanced over the ranks); else items, which every rank has."""
+        return [item for share in gathered(self.run, items) for item in share] if self.every_rank else items
+
+    async def agreed(self, step: int, get: Callable[[int], Awaitable[Batch[T]]]) -> Batch[T]:
+        """get(step), once every rank knows that every rank has its batch (a sum across ranks when
+        each rolls out its own): a rank whose rollouts failed raises, and so does every other."""
+        try:
+            batch, error = await get(step), None
+        except Exception as exc:
+            batch, error = None, exc
+        if self.every_rank and self.run.ranks.distributed:
+            (failed,) = self.run.ranks.sum([float(error is not None)])
+            if failed and error is None:
+                raise RolloutsFailed(f"step {step}: the rollouts of {int(failed)} other rank(s) failed (their logs say why)")
+        if error is not None:
+            raise error
+        return batch
 
     @contextlib.asynccontextmanager
     async def batches(self, steps: Sequence[int], generate: Callable[[Settings | None, int], Awaitable[T]],
@@ -282,13 +322,13 @@ class Rollouts:
                 ended = time.time()
                 return Batch(step, items, self.version, started, ended, ended - started)
 
-            yield now
+            yield lambda step: self.agreed(step, now)
             return
         if not self.every_rank:
             raise FailedPrecondition("asynchronous rollouts need an inference fleet: set rollout.executor_addr")
         ahead = Ahead(self, steps, generate, max_async)
         try:
-            yield ahead.next
+            yield lambda step: self.agreed(step, ahead.next)
         finally:
             await ahead.close()
 
@@ -376,10 +416,37 @@ async def rollout_services(run: Run, rollout: RolloutConfig, store_addr: str) ->
         yield Rollouts(run, remote=None, copied=copied, settings=platform.settings, server=platform.policy, copy=copy, version=run.start_step)
 
 
-async def solve(stub: executor_pb2_grpc.ExecutorStub, request: executor_pb2.SolveRequest, slots: asyncio.Semaphore) -> Trajectory:
-    """Runs one episode; returns the stored trajectory from the final event."""
-    async with slots:
+async def solve(stub: executor_pb2_grpc.ExecutorStub, request: executor_pb2.SolveRequest, slots: asyncio.Semaphore,
+                timeout: float | None = None) -> Trajectory:
+    """Runs one episode (at most timeout seconds once it has a slot); returns the stored trajectory
+    from the final event."""
+    async with slots, asyncio.timeout(timeout):
         async for item in stub.Solve(request):
             if item.HasField("final"):
                 return item.final.trajectory
     raise RuntimeError(f"the executor ended episode {request.trajectory_id} without a final event")
+
+
+UNFINISHED = (TrajectoryStatus.TRAJECTORY_STATUS_FAILED, TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED)
+
+
+async def solve_each(stub: executor_pb2_grpc.ExecutorStub, requests: list[executor_pb2.SolveRequest], slots: asyncio.Semaphore,
+                     timeout: float) -> list[Trajectory | None]:
+    """Every request's episode, None for one that failed (the executor's error, an episode stored
+    as failed or cancelled, a timeout): it is dropped, logged and counted by the job, never the
+    job's end. An episode is one sample of many; the step learns from the rest."""
+    results = await asyncio.gather(*(solve(stub, request, slots, timeout) for request in requests), return_exceptions=True)
+    finished: list[Trajectory | None] = []
+    for request, result in zip(requests, results):
+        if isinstance(result, BaseException) and not isinstance(result, Exception):
+            raise result  # cancelled: the job is stopping
+        if isinstance(result, Exception) or result.status in UNFINISHED:
+            why = (f"{type(result).__name__}: {result}" if isinstance(result, Exception)
+                   else f"ended {TrajectoryStatus.Name(result.status)}: {result.error}")
+            log.warning("episode %s dropped: %s", request.trajectory_id, why.splitlines()[0][:300])
+            finished.append(None)
+        else:
+            finished.append(result)
+    return finished
+
+

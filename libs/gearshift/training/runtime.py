@@ -131,6 +131,11 @@ class Run:
         return self.policy.model
 
     @property
+    def context_length(self) -> int:
+        """The policy's context in tokens (its config's max_position_embeddings)."""
+        return int(self.model.config.max_position_embeddings)
+
+    @property
     def tokenizer(self):
         return self.policy.tokenizer
 

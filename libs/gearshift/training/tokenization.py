@@ -60,12 +60,13 @@ class Encoded:
     unsampled counts the tokens of learned pieces that the policy did not sample (re-tokenised
     text; masked when encoded exact). behaviour[i] is token i's log-probability under the policy
     that sampled it (NaN where not kept: text the policy did not sample, a server that did not
-    return them); None when no token has one."""
+    return them); None when no token has one. truncated counts the tokens cut at max_length."""
 
     input_ids: list[int]
     target: list[bool]
     unsampled: int = 0
     behaviour: list[float] | None = None
+    truncated: int = 0  # tokens cut at max_length
 
     @property
     def target_count(self) -> int:
@@ -176,9 +177,10 @@ def encode_pieces(tokenizer, pieces: list[Segment], max_length: int | None = Non
         behaviour += list(piece.logprobs[: len(sampled)]) if piece.logprobs else [math.nan] * len(sampled)
         behaviour += [math.nan] * len(rest)
         unsampled += len(rest) if piece.target else 0
-    if max_length is not None:
+    truncated = max(0, len(ids) - max_length) if max_length is not None else 0
+    if truncated:
         ids, target, behaviour = ids[:max_length], target[:max_length], behaviour[:max_length]
-    return Encoded(ids, target, unsampled, behaviour if any(value == value for value in behaviour) else None)
+    return Encoded(ids, target, unsampled, behaviour if any(value == value for value in behaviour) else None, truncated)
 
 
 def sampled_prefix(tokenizer, sampled: tuple[int, ...], text: str) -> tuple[list[int], int]:

@@ -133,3 +133,11 @@ def test_at_staleness_zero_the_update_is_plain_ppos():
     (plain_loss, plain_grad), (loss, grad) = grads
     assert loss == pytest.approx(plain_loss, rel=1e-6) and torch.allclose(grad, plain_grad)
     assert result.masked == 0 and result.mismatch_kl_sum == pytest.approx(0.0, abs=1e-6)
+
+
+def test_the_mismatch_of_two_float32_kernels_does_not_read_zero():
+    # vLLM's and the trainer's float32 log-probabilities differ by about 1e-6: the k3 estimate,
+    # about d^2 / 2 a token, cancels to 0 when computed in float32.
+    old = torch.full((4,), -2.0)
+    result = weighted(old.clone().requires_grad_(), old, [1.0], [4], [0], logp_behaviour=old + 1e-6)
+    assert result.mismatch_kl_sum == pytest.approx(4 * 0.5e-12, rel=0.1)
