@@ -67,7 +67,7 @@ async def test_rollouts_keep_each_sampled_tokens_logprob_under_the_policy_that_s
     for trajectory in trajectories:
         encoded = tokenization.encode_trajectory(run.tokenizer, trajectory, exact=True, end_of_turn=False)
         kept = encoded.target_behaviour()
-        assert kept is not None and len(kept) == encoded.target_count > 0 and not any(math.isnan(v) for v in kept)
+        assert len(kept) == encoded.target_count > 0 and not any(math.isnan(v) for v in kept)
         assert max(abs(a - b) for a, b in zip(kept, model_logprobs(run, encoded))) < 1e-4
 
 

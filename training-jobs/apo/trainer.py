@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import random
 import time
 from dataclasses import dataclass
@@ -126,13 +125,8 @@ class RolloutBatch:
 
 def group_advantages(groups: list[Group]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every rollout's reward, group index and advantage (the z-score within its group)."""
-    return reward_advantages([group.rewards for group in groups])
-
-
-def reward_advantages(rewards_of_groups: list[list[float]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """group_advantages of the groups' rewards alone."""
-    rewards = torch.tensor([reward for group in rewards_of_groups for reward in group])
-    group_ids = torch.tensor([index for index, group in enumerate(rewards_of_groups) for _ in group], dtype=torch.long)
+    rewards = torch.tensor([reward for group in groups for reward in group.rewards])
+    group_ids = torch.tensor([index for index, group in enumerate(groups) for _ in group.rewards], dtype=torch.long)
     return rewards, group_ids, advantages.group_zscore(rewards, group_ids)
 
 
@@ -145,7 +139,7 @@ def encode_groups(tokenizer, groups: list[Group], config: APOConfig, behaviour: 
     rewards, group_ids, advantage = group_advantages(groups)
     targets = torch.tensor([example.target_count for example in encoded])
     weights = losses.trajectory_weights(targets, group_ids, len(groups))
-    kept = [torch.tensor(e.target_behaviour() or [math.nan] * e.target_count, dtype=torch.float32) for e in encoded] if behaviour else None
+    kept = [torch.tensor(e.target_behaviour(), dtype=torch.float32) for e in encoded] if behaviour else None
     return RolloutBatch(encoded, rewards, group_ids, advantage, weights, sum(e.unsampled for e in encoded), kept)
 
 
@@ -214,7 +208,7 @@ def learn(run: Run, kept: list[Group], config: APOConfig, reference: Frozen | No
     each rank learning its share of their rollouts, balanced by tokens; returns the step's loss
     and figures (over every rank). The sampler's log-probabilities are used wherever kept and the
     rollouts sampled the raw distribution; stale (asynchronous rollouts) needs them."""
-    every = encode_groups(run.tokenizer, kept, config, behaviour=config.rollout.raw_sampling, max_length=max_length(run, config))
+    every = encode_groups(run.tokenizer, kept, config, behaviour=config.rollout.raw_sampling, max_length=config.max_length or run.context_length)
     if stale and not any(bool((~b.isnan()).any()) for b in every.behaviour or []):
         raise FailedPrecondition(
             "no rollout kept its sampled tokens' log-probabilities, which asynchronous rollouts need as the ratio's old "
@@ -222,7 +216,6 @@ def learn(run: Run, kept: list[Group], config: APOConfig, reference: Frozen | No
         )
     mine = every.share(run.ranks)
     results = apo_update(run, mine, config, reference)
-    rewards, _, advantage = group_advantages(kept)
     last = results[-1]
     return last["loss"], {
         "rollouts_per_rank": gathered(run, len(mine.encoded)),
@@ -232,16 +225,11 @@ def learn(run: Run, kept: list[Group], config: APOConfig, reference: Frozen | No
         "unsampled_tokens": every.unsampled,
         "truncated_rollouts": sum(e.truncated > 0 for e in every.encoded),
         "updated": True,
-        "rewards": rewards.tolist(),
-        "advantages": advantage.tolist(),
+        "rewards": every.rewards.tolist(),
+        "advantages": every.advantages.tolist(),
         **{name: last[name] for name in STEP_FIGURES},
         "first_update_loss": results[0]["loss"],
     }
-
-
-def max_length(run: Run, config: APOConfig) -> int:
-    """Tokens kept per rollout: the config's, else the policy's context."""
-    return config.max_length or run.context_length
 
 
 STEP_FIGURES = ("grad_norm", "clipped_low", "clipped_high", "dual_clipped", "kl", "entropy", "behaviour_tokens", "masked_fraction",

@@ -33,7 +33,6 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import time
 import uuid
@@ -173,7 +172,7 @@ def learn(run: Run, config: DistillConfig, teachers: dict[str, Frozen], owners: 
     if not sampled:
         return 0.0, {"tokens": 0, "sampled_tokens": 0, "truncated_rollouts": truncated, "updated": False}
     mine = batching.balanced(run.ranks, usable, lambda pair: len(pair[1].input_ids))
-    behaviour = ([torch.tensor(e.target_behaviour() or [math.nan] * e.target_count, dtype=torch.float32) for _, e in mine]
+    behaviour = ([torch.tensor(e.target_behaviour(), dtype=torch.float32) for _, e in mine]
                  if config.rollout.raw_sampling else None)
     mismatch = Mismatch()
     loss = run.accumulate(run.micro_batches([e for _, e in mine]),

@@ -441,8 +441,7 @@ async def solve_each(stub: executor_pb2_grpc.ExecutorStub, requests: list[execut
         if isinstance(result, BaseException) and not isinstance(result, Exception):
             raise result  # cancelled: the job is stopping
         if isinstance(result, Exception) or result.status in UNFINISHED:
-            why = (f"{type(result).__name__}: {result}" if isinstance(result, Exception)
-                   else f"ended {TrajectoryStatus.Name(result.status)}: {result.error}")
+            why = f"{type(result).__name__}: {result}" if isinstance(result, Exception) else f"stored {TrajectoryStatus.Name(result.status)}"
             log.warning("episode %s dropped: %s", request.trajectory_id, why.splitlines()[0][:300])
             finished.append(None)
         else:

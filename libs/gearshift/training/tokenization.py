@@ -72,10 +72,10 @@ class Encoded:
     def target_count(self) -> int:
         return sum(self.target)
 
-    def target_behaviour(self) -> list[float] | None:
+    def target_behaviour(self) -> list[float]:
         """The behaviour log-probabilities of the target tokens, in order (NaN where not kept)."""
         if self.behaviour is None:
-            return None
+            return [math.nan] * self.target_count
         return [value for value, learned in zip(self.behaviour, self.target) if learned]
 
 
