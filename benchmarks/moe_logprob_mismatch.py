@@ -89,7 +89,7 @@ def trainer_logprobs(model: Path, rows: list[dict]) -> list[list[float]]:
 def compare(model: Path, samples: int, folder: Path) -> dict:
     rows = vllm_samples(model, samples, folder)
     ours = trainer_logprobs(model, rows)
-    differences = torch.tensor([a - b for row, mine in zip(rows, ours) for a, b in zip(mine, row["logprobs"])])
+    differences = torch.tensor([a - b for row, mine in zip(rows, ours) for a, b in zip(mine, row["logprobs"])], dtype=torch.float64)
     ratios = differences.exp()
     low, high = OffPolicyConfig().mask_band
     return {"tokens": len(differences), "mean_abs_difference": float(differences.abs().mean()), "max_abs_difference": float(differences.abs().max()),
