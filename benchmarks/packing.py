@@ -12,8 +12,8 @@ Layouts, run round-robin (a shared machine's load falls on all alike), medians o
 - padded: batching.plan, one example per row, the prefix decoded with every row;
 - padded, shared prefix: batching.plan and today's forward: the prefix decoded once, the rows from
   its KV cache in two halves by length (three decoder calls);
-- packed: batching.pack, no prefix sharing (position ids, block-diagonal attention);
-- packed, shared prefix: batching.pack, the prefix once per packed row, one decoder call.
+- packed: batching.pack, no prefix sharing (one row, position ids, forward.block_attention);
+- packed, shared prefix: batching.pack, the prefix once per micro-batch, one decoder call.
 Tokens are those the decoder computes (rows x width per call, padding included).
 
     .venv/bin/python benchmarks/packing.py [--groups 4] [--rollouts 8] [--layers 6] [--tokens 8192] [--rounds 3] [--threads 2]
@@ -73,13 +73,13 @@ def episodes(tokenizer, groups: int, rollouts: int, seed: int = 0) -> list[token
     return encoded
 
 
-def model(layers: int, attention: str) -> torch.nn.Module:
+def model(layers: int) -> torch.nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(weights.cache_smollm2(Settings().models_dir), local_files_only=True)
     config.num_hidden_layers = layers
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation=attention)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")  # TargetForward runs it as forward.block_attention
 
 
 def layouts(examples: list[tokenization.Encoded], max_tokens: int, pad_id: int) -> dict[str, list[batching.MicroBatch]]:
@@ -117,10 +117,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=8192, help="micro_batch_tokens")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--attention", default="sdpa", choices=["sdpa", "eager"])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    net = model(args.layers, args.attention)
+    net = model(args.layers)
     tokenizer = weights.smollm2_tokenizer(Settings().models_dir)
     examples = episodes(tokenizer, args.groups, args.rollouts)
     targets = sum(example.target_count for example in examples)
@@ -136,7 +135,7 @@ def main() -> None:
     lengths = [len(example.input_ids) for example in examples]
     report = {
         "examples": len(examples), "real_tokens": sum(lengths), "shortest": min(lengths), "longest": max(lengths),
-        "shared_prefix": batching.common_prefix(examples), "layers": args.layers, "attention": args.attention,
+        "shared_prefix": batching.common_prefix(examples), "layers": args.layers,
         "micro_batch_tokens": args.tokens, "threads": args.threads, "rounds": args.rounds,
         "layouts": {name: {"micro_batches": len(plan), "decoder_calls": sum(1 if micro.batch.packed or not forward.shared_prefix(micro.batch) or not micro.share_prefix else 3 for micro in plan),
                            "computed_tokens": sum(computed_tokens(module, micro) for micro in plan),

@@ -1,4 +1,4 @@
-"""A rank's peak resident memory over a whole SFT run (load, one step, export) falls with the number
+"""A rank's resident memory over a whole SFT run (load, one step, export) falls with the number
 of ranks: each rank builds the model on the meta device and reads only its shards, and the export
 streams one tensor at a time. A random Llama of 0.36B parameters, big enough that its weights
 outweigh what Python and torch hold anyway (about 400 MB a process)."""
@@ -18,7 +18,12 @@ from tests.libs.training.trajectories import routed_instant
 pytestmark = [pytest.mark.slow, pytest.mark.ranks]
 
 WORKER = Path(__file__).with_name("sft_memory_worker.py")
-MAX_RATIO = 0.7  # a rank's peak at 2 ranks over the peak at 1 (before meta loading: 1.27 under LoRA)
+MAX_RATIO = 0.7  # what a rank holds at 2 ranks over what it holds at 1 (loading's peak before meta loading: 1.27 under LoRA)
+# The step's own peak (activations, the head's chunk, a gathered layer) does not shard with one
+# example; since packed rows attend block by block (forward.block_attention) it is small, and the
+# whole run's peak at 2 ranks was 0.81 of 1 rank's under LoRA (2.18 GB against 2.71 GB; 2.51 against
+# 3.64 before, when the row's dense mask inflated 1 rank's step).
+MAX_RUN_RATIO = 0.9
 # The training image's malloc (docker/model.Dockerfile; `make tools` installs it here). Under glibc's,
 # a 2-rank run's peak swung from 0.57x to 0.72x of one rank's between runs of the same code.
 JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
@@ -63,8 +68,9 @@ def test_two_ranks_hold_at_most_seven_tenths_of_one_and_export_holds_no_whole_co
     model, size = random_llama
     one = sft_memory(1, model, lora, tmp_path / "one")[0]
     two = sft_memory(2, model, lora, tmp_path / "two")
-    peak_two = max(rank["run_peak_kib"] for rank in two)
-    assert peak_two <= MAX_RATIO * one["run_peak_kib"], (one, two)
+    held = lambda rank: rank["before_export_kib"] - rank["start_kib"]  # noqa: E731 - the model and optimizer after the step
+    assert max(held(rank) for rank in two) <= MAX_RATIO * held(one), (one, two)
     assert max(rank["load_peak_kib"] for rank in two) <= MAX_RATIO * one["load_peak_kib"], (one, two)
+    assert max(rank["run_peak_kib"] for rank in two) <= MAX_RUN_RATIO * one["run_peak_kib"], (one, two)
     for rank in two:  # what the export added on each rank: one gathered tensor at a time, far from the model
         assert (rank["export_peak_kib"] - rank["before_export_kib"]) * 1024 < size / 4, (size, rank)

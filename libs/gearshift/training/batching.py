@@ -4,16 +4,13 @@ batch. And the step's examples split over the ranks by tokens (balanced), not by
 
 Two layouts (runtime.packing):
 - padded (plan): one example per row, rows padded to the longest;
-- packed (pack): the examples laid end to end in rows as wide as the micro-batch's longest
-  example, first fit longest first, so a short example fills the room a long row's neighbours
-  leave instead of padding. Position ids restart at each example and attention stays inside it
-  (block-diagonal), so every example's values are those it has alone. Where every example shares
-  a prefix before its first target (APO and distillation: the system prompt, two thirds of a
-  short episode), each row holds the prefix once and the rest of each of its examples after it,
-  attending to the prefix and to itself: the prefix decoded once per row, in the same decoder call.
-  Packed rows are as wide as the longest example, not one row of micro_batch_tokens: on the
-  sdpa and eager attentions a custom mask computes every (query, key) pair of a row, so one long
-  row would cost the square of its width (see benchmarks/packing.py)."""
+- packed (pack): the examples laid end to end in one row per micro-batch, first fit longest first,
+  with no padding at all. Position ids restart at each example and attention stays inside it
+  (varlen: flash attention's cu_seqlens on GPUs, forward.block_attention's per-example blocks on
+  the sdpa attention), so every example's values are those it has alone. Where every example
+  shares a prefix before its first target (APO and distillation: the system prompt, two thirds of
+  a short episode), the row holds the prefix once and the rest of each example after it, each
+  attending to the prefix and to itself: the prefix decoded once per micro-batch, in the same call."""
 
 from __future__ import annotations
 
@@ -23,7 +20,7 @@ from typing import TypeVar
 
 import torch
 
-from gearshift.training.tokenization import PADDING, PREFIX, Batch, Encoded, collate
+from gearshift.training.tokenization import PREFIX, Batch, Encoded, collate
 
 T = TypeVar("T")
 
@@ -83,82 +80,49 @@ def plan(examples: list[Encoded], max_tokens: int, pad_id: int) -> list[MicroBat
     return [MicroBatch(sorted(group), collate([examples[i] for i in sorted(group)], pad_id)) for group in groups]
 
 
-@dataclass
-class _Packing:
-    """A micro-batch being packed: rows of example indices (each after the prefix), and the room
-    left in each."""
-
-    width: int
-    prefix: int
-    rows: list[list[int]]
-    room: list[int]
-
-    def place(self, index: int, length: int, max_tokens: int) -> bool:
-        """index into the first row with room for it, or a new row within max_tokens; False if neither."""
-        for row, room in enumerate(self.room):
-            if room >= length:
-                self.rows[row].append(index)
-                self.room[row] -= length
-                return True
-        if max_tokens and (len(self.rows) + 1) * self.width > max_tokens:
-            return False
-        self.rows.append([index])
-        self.room.append(self.width - self.prefix - length)
-        return True
-
-
 def pack(examples: list[Encoded], max_tokens: int, pad_id: int, share_prefix: bool = True) -> list[MicroBatch]:
-    """The examples packed (module docstring) in micro-batches of at most max_tokens tokens
-    (rows x width, padding included; 0: no bound), each example whole in one row, longest first,
-    first fit over every micro-batch so far; an example longer than the bound goes alone. With
-    share_prefix, the prefix every example shares before its first target is held once per row
-    (where that saves MIN_TOKENS_SAVED tokens or more)."""
+    """The examples end to end in one row per micro-batch of at most max_tokens tokens (0: no
+    bound), each example whole, longest first, first fit over every micro-batch so far; an example
+    longer than the bound goes alone. With share_prefix, the prefix every example shares before its
+    first target is held once per micro-batch (where that saves MIN_TOKENS_SAVED tokens or more)."""
     from gearshift.training.forward import MIN_TOKENS_SAVED  # forward imports tokenization, as this module does
 
     if not examples:
         return []
     prefix = common_prefix(examples) if share_prefix else 0
     rests = [len(example.input_ids) - prefix for example in examples]
-    packings: list[_Packing] = []
+    groups: list[list[int]] = []
+    tokens: list[int] = []
     for index in sorted(range(len(examples)), key=lambda i: (-rests[i], i)):
-        if not any(packing.place(index, rests[index], max_tokens) for packing in packings):  # only the last takes a new row
-            packings.append(_Packing(prefix + rests[index], prefix, [[index]], [0]))
-    if prefix and prefix * (len(examples) - sum(len(packing.rows) for packing in packings)) < MIN_TOKENS_SAVED:
+        fits = next((g for g, used in enumerate(tokens) if not max_tokens or used + rests[index] <= max_tokens), None)
+        if fits is None:
+            groups.append([index])
+            tokens.append(prefix + rests[index])
+        else:
+            groups[fits].append(index)
+            tokens[fits] += rests[index]
+    if prefix and prefix * (len(examples) - len(groups)) < MIN_TOKENS_SAVED:
         return pack(examples, max_tokens, pad_id, share_prefix=False)
     micro_batches = []
-    for packing in packings:
-        indices = sorted(index for row in packing.rows for index in row)
-        local = {index: row for row, index in enumerate(indices)}
-        rows = [[local[index] for index in sorted(row)] for row in packing.rows]
-        chosen = [examples[index] for index in indices]
-        micro_batches.append(MicroBatch(indices, packed(rows, chosen, pad_id, prefix, packing.width), bool(prefix), chosen, pad_id))
+    for group in groups:
+        chosen = [examples[index] for index in sorted(group)]
+        micro_batches.append(MicroBatch(sorted(group), packed(chosen, prefix), bool(prefix), chosen, pad_id))
     return micro_batches
 
 
-def packed(rows: list[list[int]], examples: list[Encoded], pad_id: int, prefix: int = 0, width: int = 0) -> Batch:
-    """The examples laid out in rows (indices into examples, each row's in order), every row
-    starting with the first prefix tokens once (they are every example's first tokens) and
-    padded to width (at least the widest row)."""
-    lengths = [prefix + sum(len(examples[i].input_ids) - prefix for i in row) for row in rows]
-    width = max(width, *lengths)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    target = torch.zeros((len(rows), width), dtype=torch.bool)
-    positions = torch.arange(width).repeat(len(rows), 1)
-    sequences = torch.full((len(rows), width), PADDING, dtype=torch.long)
-    for row, members in enumerate(rows):
-        if prefix:
-            ids[row, :prefix] = torch.tensor(examples[members[0]].input_ids[:prefix])
-            sequences[row, :prefix] = PREFIX
-        at = prefix
-        for index in members:
-            rest = len(examples[index].input_ids) - prefix
-            ids[row, at:at + rest] = torch.tensor(examples[index].input_ids[prefix:])
-            target[row, at:at + rest] = torch.tensor(examples[index].target[prefix:])
-            positions[row, at:at + rest] = torch.arange(prefix, prefix + rest)
-            sequences[row, at:at + rest] = index
-            at += rest
-        positions[row, at:] = torch.arange(width - at)  # the padding: a sequence of its own
-    return Batch(ids, (sequences != PADDING).long(), target, positions, sequences)
+def packed(examples: list[Encoded], prefix: int = 0) -> Batch:
+    """The examples end to end in one row, after their first prefix tokens held once (they are
+    every example's first tokens); position ids restart with each example, after the prefix."""
+    ids, target = list(examples[0].input_ids[:prefix]), [False] * prefix
+    positions, sequences = list(range(prefix)), [PREFIX] * prefix
+    for index, example in enumerate(examples):
+        rest = len(example.input_ids) - prefix
+        ids += example.input_ids[prefix:]
+        target += example.target[prefix:]
+        positions += range(prefix, prefix + rest)
+        sequences += [index] * rest
+    row = [torch.tensor([values]) for values in (ids, target, positions, sequences)]
+    return Batch(row[0], torch.ones_like(row[0]), row[1].bool(), row[2], row[3])
 
 
 def common_prefix(examples: list[Encoded]) -> int:

@@ -144,7 +144,7 @@ class RuntimeConfig(Strict):
         8192, ge=0, description="Most padded tokens in one forward; a rank's share of the batch is split into micro-batches whose gradients accumulate (0: one forward)"
     )
     packing: bool = Field(
-        True, description="Pack a micro-batch's examples end to end in rows as wide as its longest one (position ids restarting, attention inside each example) instead of one padded row each; where every example shares a prefix, padded rows decode it once (faster on the CPU), except under activation checkpointing, where packed rows hold it once per row"
+        True, description="Pack a micro-batch's examples end to end in one row (position ids restarting, varlen attention inside each example, no padding, a prefix every example shares held once) instead of one padded row each; on sdpa (run as forward.block_attention) and flash attention (which shares no prefix), else padded"
     )
     loss_chunk_tokens: int = Field(
         1024, ge=0, description="Target tokens whose logits the head computes at once for the loss (float32, recomputed in the backward); 0: all of a micro-batch's at once"

@@ -6,9 +6,11 @@ every row of a batch starts with the same system prompt (two thirds of a short e
 tokens): the decoder runs it once and the rows continue from its KV cache, broadcast over the
 batch, in two halves by length, each padded only to its own longest row. That is the same
 computation, gradients included (they flow back through the shared cache), done once instead of
-once per row and without most of the padding. A packed batch (batching.pack: several examples to
-a row, the shared prefix once per row) is one decoder call instead, under activation
-checkpointing too.
+once per row and without most of the padding. A packed batch (batching.pack: the examples end
+to end in one row, the shared prefix once) is one decoder call instead, under activation
+checkpointing too, with varlen attention: each example attends to itself (and the prefix) alone,
+by flash attention's cu_seqlens on GPUs or block_attention's per-example blocks on sdpa, and no
+[tokens, tokens] mask is ever built.
 
 And the head never makes the [tokens, vocabulary] logits whole: Head computes the per-token
 values a loss needs (log-probabilities, entropy, KL to a teacher) a chunk of tokens at a time.
@@ -22,6 +24,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.utils.checkpoint
+
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from gearshift.training import losses
 from gearshift.training.balancing import RouterLoad, routers
@@ -171,9 +177,8 @@ def hidden_states(model: torch.nn.Module, batch: Batch, share_prefix: bool = Tru
         return out
 
     if batch.packed:  # one call, whatever the layout (batching.pack)
-        # No cache: with one, transformers would not read the sequences from the position ids.
         return decode(packed_members(batch) if router is not None else None, input_ids=batch.input_ids, position_ids=batch.position_ids,
-                      attention_mask=packed_attention(model, batch), use_cache=False).last_hidden_state
+                      use_cache=False, **varlen_inputs(model, batch)).last_hidden_state
     checkpointing = model.training and getattr(decoder, "gradient_checkpointing", False)  # the flag every transformers sets
     shared = shared_prefix(batch) if share_prefix and not checkpointing else 0
     rows, width = batch.input_ids.shape
@@ -236,24 +241,69 @@ def _target_coordinates(batch: Batch) -> tuple[torch.Tensor, ...]:
     return rows[order], columns[order], examples[order], positions[order]
 
 
-def packed_attention(model: torch.nn.Module, batch: Batch) -> torch.Tensor | None:
-    """The attention mask a packed batch's decoder call takes: None where position ids alone say
-    where sequences start (transformers then masks block-diagonally for sdpa and eager, and flash
-    attention runs varlen); with a shared prefix, a [B, 1, T, T] mask where each token attends
-    causally to its own sequence and its row's prefix (sdpa: boolean; eager: additive)."""
+BLOCKS = "gearshift_blocks"  # the attention implementation of block_attention
+# A mask create_causal_mask hands on as it is: a packed call builds no [tokens, tokens] mask.
+NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)
+
+
+def varlen_inputs(model: torch.nn.Module, batch: Batch) -> dict:
+    """What a packed batch's decoder call takes besides its ids and positions: each sequence's
+    bounds in the row (cu_seqlens: the shared prefix, then every example), given to flash
+    attention's varlen path, or to block_attention on sdpa. Flash attention's varlen takes one
+    row and no prefix shared across sequences: anything else is refused, not run wrong."""
     sequences = batch.sequence_ids
-    if not (sequences == PREFIX).any():
-        return None
+    if sequences.shape[0] != 1:
+        raise ValueError(f"a packed batch is one row (batching.pack), not {sequences.shape[0]}: varlen attention takes one")
+    starts = torch.ones_like(sequences[0], dtype=torch.bool)
+    starts[1:] = sequences[0, 1:] != sequences[0, :-1]
+    bounds = torch.cat([starts.nonzero().squeeze(-1), torch.tensor([sequences.shape[1]], device=sequences.device)]).to(torch.int32)
+    prefix = int((sequences[0] == PREFIX).sum())
+    longest = int((bounds[1:] - bounds[:-1]).max())
     implementation = model.config._attn_implementation
-    if implementation not in ("sdpa", "eager"):
-        raise ValueError(f"a packed batch with a shared prefix needs a custom mask: the {implementation} attention takes none")
-    width = sequences.shape[1]
-    causal = torch.ones(width, width, dtype=torch.bool, device=sequences.device).tril()
-    seen = (sequences[:, :, None] == sequences[:, None, :]) | (sequences == PREFIX)[:, None, :]
-    mask = (seen & causal)[:, None]
-    if implementation == "eager":
-        return torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, torch.finfo(torch.float32).min)
-    return mask
+    if not takes_varlen(implementation):
+        raise ValueError(f"a packed batch needs varlen attention: flash attention or {BLOCKS} (TargetForward sets it for sdpa), not {implementation}")
+    if implementation == BLOCKS:
+        return {"attention_mask": NO_MASK, "block_bounds": bounds.tolist(), "prefix_length": prefix}
+    if prefix:
+        raise ValueError("flash attention's varlen path cannot attend to a prefix shared by the packed sequences: pack with share_prefix off")
+    return {"attention_mask": None, "cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": longest, "max_length_k": longest}
+
+
+def takes_varlen(implementation: str) -> bool:
+    """Whether an attention implementation runs packed batches (runtime.packing): block_attention,
+    or flash attention's varlen path; any other runs padded batches."""
+    return implementation == BLOCKS or "flash" in implementation
+
+
+def block_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                    block_bounds: list[int] | None = None, prefix_length: int = 0, **kwargs) -> tuple[torch.Tensor, None]:
+    """sdpa, block by block on a packed row ([1, heads, tokens, dim]): each sequence between two
+    block_bounds attends causally to itself and, after the prefix (prefix_length tokens), to all
+    of it; a mask is built per block where a prefix needs one, never [tokens, tokens]. Without
+    block_bounds (a padded batch, generation) it is sdpa as transformers runs it."""
+    if block_bounds is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    pieces = []
+    for start, end in zip(block_bounds[:-1], block_bounds[1:]):
+        keys, values, mask = key[:, :, start:end], value[:, :, start:end], None
+        if prefix_length and start >= prefix_length:
+            keys = torch.cat([key[:, :, :prefix_length], keys], dim=2)
+            values = torch.cat([value[:, :, :prefix_length], values], dim=2)
+            mask = torch.ones(end - start, prefix_length + end - start, dtype=torch.bool, device=query.device).tril(prefix_length)
+        pieces.append(torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, start:end], keys, values, attn_mask=mask, is_causal=mask is None, scale=scaling, enable_gqa=True))
+    return torch.cat(pieces, dim=2).transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(BLOCKS, block_attention)
+AttentionMaskInterface.register(BLOCKS, sdpa_mask)  # a padded batch's masks, as sdpa's
+
+
+def use_block_attention(model: torch.nn.Module) -> None:
+    """model's sdpa attention as block_attention: the same outside packed batches, varlen in them."""
+    if model.config._attn_implementation == "sdpa":
+        model.set_attn_implementation(BLOCKS)
 
 
 class TargetForward(torch.nn.Module):
@@ -267,6 +317,7 @@ class TargetForward(torch.nn.Module):
         self.model = model
         self.routers = routers(model)  # an MoE's: its forward adds what they did (balancing.RouterLoad)
         chunked_head(model, chunk_tokens)
+        use_block_attention(model)
 
     @property
     def head(self) -> Head:

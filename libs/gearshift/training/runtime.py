@@ -167,26 +167,25 @@ class Run:
         """This rank's examples (tokenization.Encoded) in micro-batches of at most
         runtime.micro_batch_tokens. Every rank gets as many (fillers pad the shorter plans) and
         takes the same path, since FSDP gathers a layer's weights at each call of the layer:
-        packed (runtime.packing: one decoder call, no padding) unless the examples share a prefix
-        outside activation checkpointing; there the padded path decodes the prefix once in three
-        calls, faster than the packed call's dense mask on this CPU (benchmarks/packing.py --layers
-        2 --groups 2 --rounds 5: 9.0 s a step against 17.9 s), agreeing on which micro-batches."""
+        packed (runtime.packing, on an attention that takes varlen: one decoder call, no padding,
+        a shared prefix held once), else padded, where a shared prefix is decoded once in three
+        calls, the ranks agreeing on which micro-batches. Packed is the faster where both run
+        (benchmarks/packing.py --layers 2 --groups 2 --rounds 3: 7.2 s a step against 7.4 s with
+        a shared prefix, 8.0 against 9.3 without)."""
         runtime = self.config.runtime
-        plan = None
-        if runtime.packing:
-            checkpointing = getattr(self.model.get_decoder(), "gradient_checkpointing", False)
-            prefix_mask = self.model.config._attn_implementation in ("sdpa", "eager")
-            plan = batching.pack(examples, runtime.micro_batch_tokens, self.pad_id, share_prefix=prefix_mask)
-            (padded,) = self.ranks.max([float(not checkpointing and any(micro.share_prefix for micro in plan))])
-            plan = None if padded else plan
-        packed = plan is not None
-        plan = plan if packed else batching.plan(examples, runtime.micro_batch_tokens, self.pad_id)
+        attention = self.model.config._attn_implementation
+        if runtime.packing and forward.takes_varlen(attention):
+            share = attention == forward.BLOCKS  # flash attention's varlen attends to no shared prefix
+            plan = batching.pack(examples, runtime.micro_batch_tokens, self.pad_id, share_prefix=share)
+            if self.ranks.distributed:
+                (count,) = self.ranks.max([len(plan)])
+                plan += [batching.filler(self.pad_id, share_prefix=False) for _ in range(int(count) - len(plan))]
+            return plan
+        plan = batching.plan(examples, runtime.micro_batch_tokens, self.pad_id)
         if not self.ranks.distributed:
             return plan
         (count,) = self.ranks.max([len(plan)])
-        plan += [batching.filler(self.pad_id, share_prefix=not packed) for _ in range(int(count) - len(plan))]
-        if packed:
-            return plan
+        plan += [batching.filler(self.pad_id) for _ in range(int(count) - len(plan))]
         shares = self.ranks.min([float(forward.shared_prefix(micro.batch) > 0) for micro in plan])
         for micro, share in zip(plan, shares):
             micro.share_prefix = bool(share)

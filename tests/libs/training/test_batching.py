@@ -42,24 +42,26 @@ def test_packing_keeps_every_example_whole_with_its_positions_within_the_bound()
             assert batch.target_mask[at].tolist() == examples[index].target
         assert batch.tokens == sum(len(examples[i].input_ids) for i in micro.indices)
     padded = batching.plan(examples, 128, pad_id=0)
-    # 198 tokens: padded rows compute 2 x 60 + 4 x 30 + 3 x 7 = 261 in 3 forwards, packed ones 2 x 60 + 3 x 30 in 2
-    assert sum(m.batch.input_ids.numel() for m in plan) == 210 < sum(m.batch.input_ids.numel() for m in padded) == 261
+    # 198 tokens: padded rows compute 2 x 60 + 4 x 30 + 3 x 7 = 261 in 3 forwards, packed ones the 198 alone in 2 rows
+    assert [m.batch.input_ids.shape[0] for m in plan] == [1, 1]
+    assert sum(m.batch.input_ids.numel() for m in plan) == 198 < sum(m.batch.input_ids.numel() for m in padded) == 261
     assert len(plan) == 2 < len(padded) == 3
     assert len(batching.pack(synthetic([100]), 64, pad_id=0)) == 1  # too long: alone
 
 
-def test_a_shared_prefix_is_held_once_per_row_and_only_where_it_saves_enough():
+def test_a_shared_prefix_is_held_once_per_micro_batch_and_only_where_it_saves_enough():
     prefix = list(range(1000, 1000 + forward.MIN_TOKENS_SAVED))
     examples = [tokenization.Encoded(prefix + [7] * n, [False] * len(prefix) + [True] * n) for n in (40, 10, 20, 5)]
     (micro,) = batching.pack(examples, 0, pad_id=0)
     assert micro.share_prefix and batching.common_prefix(examples) == len(prefix) - 1  # the last prefix token predicts a target
     batch = micro.batch
-    assert batch.input_ids.shape == (2, len(prefix) + 40)  # [prefix, 40] and [prefix, 20, 10, 5]
-    assert int((batch.sequence_ids == tokenization.PREFIX).sum()) == 2 * (len(prefix) - 1)
+    shared = len(prefix) - 1
+    assert batch.input_ids.shape == (1, shared + sum(len(e.input_ids) - shared for e in examples))  # [prefix, 41, 21, 11, 6]
+    assert int((batch.sequence_ids == tokenization.PREFIX).sum()) == shared
     for row, example in enumerate(examples):
         at = batch.sequence_ids == row
         assert batch.position_ids[at].tolist() == list(range(len(prefix) - 1, len(example.input_ids)))
-    few = batching.pack(examples[:2], 0, pad_id=0)[0]  # two rows of two: nothing saved
+    few = batching.pack(examples[:2], 0, pad_id=0)[0]  # two examples: the prefix once saves 127 tokens, under 128
     assert not few.share_prefix and not (few.batch.sequence_ids == tokenization.PREFIX).any()
 
 
@@ -110,7 +112,7 @@ def weighted(values: torch.Tensor, out: forward.Targets) -> torch.Tensor:
 def test_packed_sft_batches_give_the_padded_logprobs_and_gradients(model, tokenizer):
     examples = sft_examples(tokenizer)
     (packed,) = batching.pack(examples, 0, tokenizer.eos_token_id)
-    assert not packed.share_prefix and packed.batch.input_ids.shape[0] == 2  # the chats share one row
+    assert not packed.share_prefix and packed.batch.input_ids.shape[0] == 1  # every chat in one row
     (padded,) = batching.plan(examples, 0, tokenizer.eos_token_id)
     assert packed.indices == padded.indices == [0, 1, 2, 3]
     padded.share_prefix = False
@@ -121,7 +123,7 @@ def test_packed_sft_batches_give_the_padded_logprobs_and_gradients(model, tokeni
 def test_packed_rollouts_sharing_a_prompt_give_the_padded_logprobs_and_gradients(model, tokenizer):
     examples = group(tokenizer)
     (packed,) = batching.pack(examples, 0, tokenizer.eos_token_id)
-    assert packed.share_prefix and packed.batch.input_ids.shape[0] == 2  # [prompt, 117] and [prompt, 25, 25, 47]
+    assert packed.share_prefix and packed.batch.input_ids.shape[0] == 1  # [prompt, 117, 47, 25, 25]
     (whole,) = batching.plan(examples, 0, tokenizer.eos_token_id)
     whole.share_prefix = False
     loss = lambda out: weighted(out.logprobs, out)  # noqa: E731

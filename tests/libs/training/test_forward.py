@@ -4,8 +4,11 @@ halves by length."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
+from gearshift.testing.tensor_memory import LiveTensors
 from gearshift.training import batching, forward, tokenization
 from transformers import AutoModelForCausalLM
 
@@ -60,8 +63,8 @@ def test_the_one_call_packed_prefix_equals_the_three_call_path_also_under_checkp
     (three,) = batching.plan(examples, 0, tokenizer.eos_token_id)
     assert forward.shared_prefix(three.batch) > 0  # today's path: the prefix, then two halves from its cache
     (one,) = batching.pack(examples, 0, tokenizer.eos_token_id)
-    assert one.share_prefix and one.batch.input_ids.shape[0] == 2  # [prefix, agentic rest] and [prefix, rest, rest]
-    assert int((one.batch.sequence_ids == tokenization.PREFIX).sum()) == 2 * batching.common_prefix(examples)
+    assert one.share_prefix and one.batch.input_ids.shape[0] == 1  # [prefix, agentic rest, rest, rest]
+    assert int((one.batch.sequence_ids == tokenization.PREFIX).sum()) == batching.common_prefix(examples)
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
     logprobs, loss, grads = loss_and_grads(model, three.batch)
     model.activation_checkpointing_enable()  # the three-call path cannot share a prefix here; the packed one still does
@@ -72,3 +75,52 @@ def test_the_one_call_packed_prefix_equals_the_three_call_path_also_under_checkp
         assert torch.allclose(logprobs, other_logprobs, atol=1e-5) and torch.allclose(loss, other_loss, atol=1e-6)
         assert len(grads) == len(other_grads) > 0
         assert all(torch.allclose(a, b, atol=1e-6, rtol=1e-4) for a, b in zip(grads, other_grads))
+
+
+def block_diagonal_mask(batch: tokenization.Batch) -> torch.Tensor:
+    """The [rows, 1, W, W] mask a packed row needs on an attention without varlen: each token
+    attends causally within its own sequence (the mask the packed path built before block_attention)."""
+    sequences = batch.sequence_ids
+    width = sequences.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    return ((sequences[:, :, None] == sequences[:, None, :]) & causal)[:, None]
+
+
+def test_packing_eight_sequences_of_1k_in_blocks_holds_less_than_the_dense_mask_and_gives_its_values(tiny_dir):
+    torch.manual_seed(0)
+    examples = [tokenization.Encoded(torch.randint(5, 1000, (1024,)).tolist(), [False] * 24 + [True] * 1000) for _ in range(8)]
+    (micro,) = batching.pack(examples, 0, 0, share_prefix=False)
+    batch = micro.batch
+    assert batch.input_ids.shape == (1, 8 * 1024)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+
+    def hidden_and_peak(attention: dict) -> tuple[torch.Tensor, int]:
+        with LiveTensors() as live:  # the mask, when the path builds one, is counted
+            inputs = attention() if callable(attention) else attention
+            hidden = model.get_decoder()(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False, **inputs).last_hidden_state
+            hidden.pow(2).sum().backward()
+        return hidden.detach(), live.peak
+
+    dense, dense_peak = hidden_and_peak(lambda: {"attention_mask": block_diagonal_mask(batch)})
+    forward.use_block_attention(model)
+    blocks, blocks_peak = hidden_and_peak(forward.varlen_inputs(model, batch))
+    assert torch.allclose(blocks, dense, atol=1e-5)
+    print(f"peak live tensors: blocks {blocks_peak / 2**20:.1f} MiB, dense mask {dense_peak / 2**20:.1f} MiB")
+    assert blocks_peak < 0.5 * dense_peak
+
+
+def test_varlen_inputs_refuse_what_flash_attention_would_run_wrong():
+    examples = [tokenization.Encoded([1, 2, 3, 4], [False, True, True, True]) for _ in range(2)]
+    (micro,) = batching.pack(examples, 0, 0, share_prefix=False)
+    flash = SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2"))  # its config is all that is read
+    assert forward.varlen_inputs(flash, micro.batch)["cu_seq_lens_q"].tolist() == [0, 4, 8]
+    two_rows = tokenization.Batch(*(torch.cat([t, t]) for t in (micro.batch.input_ids, micro.batch.attention_mask, micro.batch.target_mask,
+                                                                    micro.batch.position_ids, micro.batch.sequence_ids)))
+    with pytest.raises(ValueError, match="one row"):
+        forward.varlen_inputs(flash, two_rows)
+    prefixed = tokenization.Batch(*(t for t in (micro.batch.input_ids, micro.batch.attention_mask, micro.batch.target_mask,
+                                                micro.batch.position_ids, micro.batch.sequence_ids.clone().index_fill_(1, torch.tensor([0]), tokenization.PREFIX))))
+    with pytest.raises(ValueError, match="prefix"):
+        forward.varlen_inputs(flash, prefixed)
+    with pytest.raises(ValueError, match="needs varlen attention"):
+        forward.varlen_inputs(SimpleNamespace(config=SimpleNamespace(_attn_implementation="eager")), micro.batch)

@@ -54,7 +54,7 @@ def test_four_micro_batches_accumulate_to_the_batch_of_four(tiny_dir, tmp_path):
     longest = max(len(e.input_ids) for e in examples(Run.start("sft", config(tiny_dir, tmp_path))))
     split = Run.start("sft", config(tiny_dir, tmp_path, runtime={"micro_batch_tokens": longest}))
     split_loss, parts, split_steps = gradients(split)
-    assert (whole_steps, split_steps) == (1, 4)
+    assert whole_steps == 1 < split_steps  # at most the longest example's tokens each (two short ones share one, the prefix once)
     assert split_loss == pytest.approx(whole_loss, rel=1e-6)
     assert_same_gradients(whole, parts)
 
