@@ -251,6 +251,9 @@ def varlen_inputs(model: torch.nn.Module, batch: Batch) -> dict:
     bounds in the row (cu_seqlens: the shared prefix, then every example), given to flash
     attention's varlen path, or to block_attention on sdpa. Flash attention's varlen takes one
     row and no prefix shared across sequences: anything else is refused, not run wrong."""
+    implementation = model.config._attn_implementation
+    if not takes_varlen(implementation):
+        raise ValueError(f"a packed batch needs varlen attention: flash attention or {BLOCKS} (TargetForward sets it for sdpa), not {implementation}")
     sequences = batch.sequence_ids
     if sequences.shape[0] != 1:
         raise ValueError(f"a packed batch is one row (batching.pack), not {sequences.shape[0]}: varlen attention takes one")
@@ -259,9 +262,6 @@ def varlen_inputs(model: torch.nn.Module, batch: Batch) -> dict:
     bounds = torch.cat([starts.nonzero().squeeze(-1), torch.tensor([sequences.shape[1]], device=sequences.device)]).to(torch.int32)
     prefix = int((sequences[0] == PREFIX).sum())
     longest = int((bounds[1:] - bounds[:-1]).max())
-    implementation = model.config._attn_implementation
-    if not takes_varlen(implementation):
-        raise ValueError(f"a packed batch needs varlen attention: flash attention or {BLOCKS} (TargetForward sets it for sdpa), not {implementation}")
     if implementation == BLOCKS:
         return {"attention_mask": NO_MASK, "block_bounds": bounds.tolist(), "prefix_length": prefix}
     if prefix:
@@ -292,7 +292,7 @@ def block_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
             values = torch.cat([value[:, :, :prefix_length], values], dim=2)
             mask = torch.ones(end - start, prefix_length + end - start, dtype=torch.bool, device=query.device).tril(prefix_length)
         pieces.append(torch.nn.functional.scaled_dot_product_attention(
-            query[:, :, start:end], keys, values, attn_mask=mask, is_causal=mask is None, scale=scaling, enable_gqa=True))
+            query[:, :, start:end], keys, values, attn_mask=mask, dropout_p=dropout, is_causal=mask is None, scale=scaling, enable_gqa=True))
     return torch.cat(pieces, dim=2).transpose(1, 2).contiguous(), None
 
 
