@@ -15,7 +15,9 @@ synthetic rows of token ids, the prompt masked and the completion learned:
 - fsdp: with two GPUs or more, the SFT phase again as one job across all of them (torchrun, FSDP2);
 - moe: a random Qwen3-MoE (1.4B, 32 experts, 4 per token) through the SFT job's steps with the
   routers' balancing loss, and one step's peak memory as torch's FSDPMemTracker predicts it over a
-  fake process group against the same step measured (gearshift.training.memory).
+  fake process group against the same step measured (gearshift.training.memory);
+- varlen: --rows sequences of --length tokens packed in one row, forward.block_attention and (where
+  flash_attn imports) flash attention's varlen, against padded rows: seconds, memory, agreement.
 For each: tokens/s (median over timed steps after warm-up), model FLOPs utilisation, peak GPU
 memory. MFU counts model FLOPs as PaLM does (6 per weight per token, plus 12 * layers * hidden *
 sequence for attention; the head only on target tokens, since only they need it) against both the
@@ -402,6 +404,58 @@ def moe_sft(args, scratch: Path, peaks: dict) -> dict:
             "predicted_over_measured": round(predicted["Total"] / measured["Total"], 3)}
 
 
+def varlen_packing(args, model_dir: Path, peaks: dict) -> dict:
+    """--rows sequences of --length tokens, packed in one row (forward.block_attention on sdpa,
+    then flash attention's varlen where flash_attn imports) against padded rows, in bf16: each
+    layout's forward and backward of the target tokens' log-probabilities, median seconds and peak
+    memory, and how far its log-probabilities are from the padded ones."""
+    from transformers import AutoModelForCausalLM
+
+    from gearshift.training import batching, forward
+
+    device = device_of(args)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device)
+    module = forward.TargetForward(model)  # sdpa runs as block_attention
+    examples = rows(model.config.vocab_size, args.rows, args.length, args.length // 4, seed=3)
+    layouts = {"padded": batching.plan(examples, 0, 0)[0], "packed, blocks": batching.pack(examples, 0, 0, share_prefix=False)[0]}
+    layouts["padded"].share_prefix = False
+    try:
+        import flash_attn  # noqa: F401 - only whether it is there
+        flash = True
+    except ImportError:
+        flash = False
+
+    def run(micro) -> tuple[torch.Tensor, list[float], Memory]:
+        seconds = []
+        with Memory(device) as memory:
+            for _ in range(args.steps):
+                sync(device)
+                started = time.perf_counter()
+                out = forward.through(module, micro.batch.to(device), False)
+                out.logprobs.float().sum().backward()
+                sync(device)
+                seconds.append(time.perf_counter() - started)
+                module.zero_grad(set_to_none=True)
+        return out.logprobs.detach().float(), seconds[args.warmup:], memory
+
+    tokens = sum(len(e.input_ids) for e in examples)
+    report, reference = {"sequences": args.rows, "length": args.length, "flash_attn": flash}, None
+    for name, micro in layouts.items():
+        logprobs, seconds, memory = run(micro)
+        reference = logprobs if reference is None else reference
+        report[name] = {"step_seconds": round(statistics.median(seconds), 4), "tokens_per_second": round(tokens / statistics.median(seconds)),
+                        "peak_gpu_gib": memory.peak_gib and round(memory.peak_gib, 3),
+                        "max_abs_logprob_difference": float((logprobs - reference).abs().max())}
+    if flash:
+        model.set_attn_implementation("flash_attention_2")
+        logprobs, seconds, memory = run(layouts["packed, blocks"])
+        report["packed, flash varlen"] = {"step_seconds": round(statistics.median(seconds), 4),
+                                          "tokens_per_second": round(tokens / statistics.median(seconds)),
+                                          "peak_gpu_gib": memory.peak_gib and round(memory.peak_gib, 3),
+                                          "max_abs_logprob_difference": float((logprobs - reference).abs().max())}
+    return report
+
+
 def free() -> None:
     gc.collect()
     if torch.cuda.is_available():
@@ -424,7 +478,7 @@ def attempt(report: dict, name: str, phase, out: Path) -> None:
             (out / "report.json").write_text(json.dumps(report, indent=2))
 
 
-PHASES = ("sft", "trl", "apo", "load", "fsdp", "moe")
+PHASES = ("sft", "trl", "apo", "load", "fsdp", "moe", "varlen")
 
 
 def main() -> None:
@@ -498,6 +552,8 @@ def main() -> None:
             attempt(report, "fsdp_sft", lambda: fsdp_sft(args, model_dir), args.out)
         if "moe" in phases:
             attempt(report, "moe_sft", lambda: moe_sft(args, scratch, peaks), args.out)
+        if "varlen" in phases:
+            attempt(report, "varlen_packing", lambda: varlen_packing(args, model_dir, peaks), args.out)
     print(json.dumps(report, indent=2))
 
 
