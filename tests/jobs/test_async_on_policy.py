@@ -223,7 +223,7 @@ async def check_async_rollouts_from_a_fleet(url: str, tmp_path: Path, monkeypatc
     ours = versions[versions.index(0):] if 0 in versions else versions[-1:]  # from this run's first
     assert ours == sorted(set(ours)) and ours[-1] == 2, seen
     # At staleness 0 (step 1: the batch the synchronous run trained on, replayed from the store),
-    # with the behaviour policy's log-probabilities as the old policy, the update is the synchronous one.
+    # weighted by the sampler's log-probabilities as the synchronous run was, the update is the synchronous one.
     alone = synchronous[0]
     assert first["rewards"] == alone["rewards"] and first["target_tokens"] == alone["target_tokens"]
     assert first["grad_norm"] == pytest.approx(alone["grad_norm"], rel=1e-3)

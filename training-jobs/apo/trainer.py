@@ -211,8 +211,8 @@ def learn(run: Run, kept: list[Group], config: APOConfig, reference: Frozen | No
     every = encode_groups(run.tokenizer, kept, config, behaviour=config.rollout.raw_sampling, max_length=config.max_length or run.context_length)
     if stale and not any(bool((~b.isnan()).any()) for b in every.behaviour or []):
         raise FailedPrecondition(
-            "no rollout kept its sampled tokens' log-probabilities, which asynchronous rollouts need as the ratio's old "
-            "policy: keep GEARSHIFT_POLICY_CLIENT__RETURN_LOGPROBS on at the executor (and the router and planner)"
+            "no rollout kept its sampled tokens' log-probabilities, which weigh asynchronous rollouts' tokens: "
+            "keep GEARSHIFT_POLICY_CLIENT__RETURN_LOGPROBS on at the executor (and the router and planner)"
         )
     mine = every.share(run.ranks)
     results = apo_update(run, mine, config, reference)

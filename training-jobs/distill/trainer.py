@@ -138,7 +138,7 @@ class Mismatch:
         kept = ~behaviour.isnan()
         self.behaviour_tokens += int(kept.sum())
         self.masked += int(masked.sum())
-        self.kl_sum += float(losses.k3_kl(behaviour.double(), logp.double())[kept].sum())  # float64: see losses.policy_loss
+        self.kl_sum += float(losses.mismatch_kl(behaviour, logp)[kept].sum())
         return masked
 
 

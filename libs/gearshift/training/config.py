@@ -232,7 +232,7 @@ class RolloutConfig(Strict):
         True, description="Learn only the tokens the policy sampled (kept with each turn); false: the re-tokenised text's"
     )
     max_async_steps: int = Field(
-        0, ge=0, description="Asynchronous rollouts with bounded staleness (prime-rl's async level): the rollouts of step n+1 are generated while step n trains, and a batch is trained at most this many updates after the weights that generated it; the behaviour policy's log-probabilities (kept with the sampled tokens) are the old policy of the clipped ratio. 0: synchronous (generate, then train). Needs executor_addr"
+        0, ge=0, description="Asynchronous rollouts with bounded staleness (prime-rl's async level): the rollouts of step n+1 are generated while step n trains, and a batch is trained at most this many updates after the weights that generated it; the sampler's log-probabilities (kept with the sampled tokens) weigh and mask its tokens (off_policy). 0: synchronous (generate, then train). Needs executor_addr"
     )
 
     off_policy: OffPolicyConfig = Field(default_factory=OffPolicyConfig, description="Truncation and masking of tokens the sampler drew from another policy than the trainer's")
@@ -244,7 +244,7 @@ class RolloutConfig(Strict):
         if self.max_async_steps and not self.executor_addr:
             raise ValueError("rollout.max_async_steps needs rollout.executor_addr (an inference fleet that generates while the trainer trains)")
         if self.max_async_steps and not self.raw_sampling:
-            raise ValueError("rollout.max_async_steps needs temperature 1 and top_p 1: the sampler's log-probabilities, the old policy of stale rollouts, are the raw model's")
+            raise ValueError("rollout.max_async_steps needs temperature 1 and top_p 1: the sampler's log-probabilities, which weigh stale rollouts' tokens, are the raw model's")
         return self
 
     @property

@@ -44,6 +44,13 @@ def k3_kl(logp: torch.Tensor, logp_ref: torch.Tensor) -> torch.Tensor:
     return log_ratio.exp() - log_ratio - 1
 
 
+def mismatch_kl(logp_behaviour: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(sampler || trainer) on the sampler's tokens (NaN where its
+    log-probability was not kept), in float64: at the 1e-6 differences of two float32 kernels,
+    r - log r - 1 cancels to 0 in float32."""
+    return k3_kl(logp_behaviour.double(), logp.double())
+
+
 def importance_weights(logp_proximal: torch.Tensor, logp_behaviour: torch.Tensor, cap: float,
                        band: tuple[float, float]) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token weight of a token sampled by another policy than the proximal one (an older
@@ -124,8 +131,6 @@ def policy_loss(
         per_token = per_token + kl_coef * kl
     loss = (per_token * weights.to(per_token.dtype)).sum()
     with torch.no_grad():
-        # in float64: at the 1e-6 differences of two float32 kernels, r - log r - 1 cancels to 0 in float32
-        mismatch = k3_kl(logp_behaviour.double(), logp_old.double())[kept] if logp_behaviour is not None else kl[:0]
         return PolicyLoss(
             loss=loss,
             tokens=len(logp),
@@ -137,5 +142,5 @@ def policy_loss(
             behaviour_tokens=int(kept.sum()),
             masked=int(masked.sum()),
             truncated=int((kept & ~masked & (importance >= importance_cap)).sum()),
-            mismatch_kl_sum=float(mismatch.sum()),
+            mismatch_kl_sum=float(mismatch_kl(logp_behaviour, logp_old)[kept].sum()) if logp_behaviour is not None else 0.0,
         )
