@@ -116,7 +116,7 @@ class RolloutBatch:
     def share(self, ranks) -> RolloutBatch:
         """This rank's rollouts, the batch's split over the ranks by tokens (a group's rollouts may
         land on several: advantages and weights are the whole step's, so the update is the same)."""
-        mine = balance([len(e.input_ids) for e in self.encoded], ranks.world_size)[ranks.rank]
+        mine = balance([len(e.input_ids) for e in self.encoded], ranks.data_ranks)[ranks.data_rank]
         index = torch.tensor(mine, dtype=torch.long)
         return RolloutBatch([self.encoded[i] for i in mine], self.rewards[index], self.groups[index], self.advantages[index],
                             self.weights[index], sum(self.encoded[i].unsampled for i in mine),

@@ -157,7 +157,7 @@ def balance(tokens: list[int], ranks: int) -> list[list[int]]:
 
 
 def balanced(ranks, items: list[T], tokens: Callable[[T], int]) -> list[T]:
-    """This rank's items (ranks: distributed.Ranks), the step's items split over the ranks by
+    """This rank's items (ranks: distributed.Ranks), the step's items split over the data ranks by
     tokens(item) (balance): every loss is normalised by a count over the global batch, so the
     update does not depend on the split."""
-    return [items[i] for i in balance([tokens(item) for item in items], ranks.world_size)[ranks.rank]]
+    return [items[i] for i in balance([tokens(item) for item in items], ranks.data_ranks)[ranks.data_rank]]

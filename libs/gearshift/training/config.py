@@ -136,6 +136,12 @@ class RuntimeConfig(Strict):
     expert_parallel: int = Field(
         1, ge=1, description="Expert parallelism: each mixture-of-experts layer's experts spread over this many ranks (tokens sent to their experts' ranks and back, all-to-all), FSDP2 sharding them over the rest; it divides the ranks and the experts. 1: every rank's FSDP shard holds a share of every expert"
     )
+    context_parallel: int = Field(
+        1, ge=1, description="Context parallelism (Ulysses): each packed micro-batch's tokens split over this many ranks, which see the same examples; attention exchanges heads for the whole sequence (all-to-all) and back. It divides the ranks and the attention heads; needs runtime.packing on sdpa attention. 1: a rank holds its examples whole"
+    )
+    tensor_parallel: int = Field(
+        1, ge=1, description="Tensor parallelism for dense models: attention heads and MLP columns split over this many consecutive ranks (DTensor), which see the same examples; FSDP2 shards over the rest. It divides the ranks and the heads. 1: none"
+    )
     compile: bool = Field(False, description="torch.compile each decoder layer (the first steps take longer while it compiles)")
     compile_backend: Literal["inductor", "aot_eager"] = Field(
         "inductor", description="torch.compile's backend: inductor (generated kernels), or aot_eager (graphs captured and run by eager kernels: checks a model compiles, fast to build)"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -37,6 +38,9 @@ class Ranks:
     world_size: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
+    # Consecutive ranks that learn the same examples, each a part of the work on them (context x
+    # tensor parallel): the data is split over the world_size / splitting groups of them.
+    splitting: int = 1
 
     @property
     def main(self) -> bool:
@@ -47,14 +51,37 @@ class Ranks:
     def distributed(self) -> bool:
         return self.world_size > 1
 
+    @property
+    def data_rank(self) -> int:
+        """Which share of the data this rank learns (the same for the ranks that split it)."""
+        return self.rank // self.splitting
+
+    @property
+    def data_ranks(self) -> int:
+        """How many shares the data is split into."""
+        return self.world_size // self.splitting
+
+    def split_by(self, splitting: int) -> Ranks:
+        """These ranks with groups of splitting consecutive ranks learning the same examples."""
+        if self.world_size % splitting:
+            raise ValueError(f"context_parallel x tensor_parallel = {splitting} does not divide the job's {self.world_size} ranks")
+        return dataclasses.replace(self, splitting=splitting)
+
     def shard(self, items: list[T]) -> list[T]:
-        """This rank's contiguous slice of items (the ranks' slices cover items once, in order)."""
+        """This rank's contiguous slice of items (the ranks' slices cover items once, in order): a
+        share of work every rank does apart, such as rollouts (the data a step learns is split over
+        data ranks instead: batching.balanced)."""
         start, end = (len(items) * self.rank) // self.world_size, (len(items) * (self.rank + 1)) // self.world_size
         return items[start:end]
 
     def sum(self, values: list[float]) -> list[float]:
         """The element-wise sum of values over every rank."""
         return self._reduce(values, dist.ReduceOp.SUM)
+
+    def data_sum(self, values: list[float]) -> list[float]:
+        """The sum over the data's shares of values that every rank splitting a share holds alike
+        (a count of its examples): the sum over every rank, over splitting."""
+        return [value / self.splitting for value in self.sum(values)]
 
     def max(self, values: list[float]) -> list[float]:
         return self._reduce(values, dist.ReduceOp.MAX)

@@ -102,7 +102,8 @@ class Run:
     def start(cls, job: str, config: PolicyJobConfig, on_step: StepCallback | None = None) -> Run:
         """Joins the job's ranks, loads and wraps the model, builds the optimizer, and resumes
         from saved state when there is some."""
-        ranks = distributed.start(config.runtime)
+        runtime = config.runtime
+        ranks = distributed.start(runtime).split_by(runtime.context_parallel * runtime.tensor_parallel)
         torch.manual_seed(config.optim.seed)  # the same initialisation (LoRA's) on every rank
         torch.set_num_threads(intra_op_threads(config.optim))
         dtype = distributed.compute_dtype(config.runtime, ranks.device)
@@ -235,7 +236,7 @@ class Run:
         share over the step's count of sequences, with the config's router_aux_loss_coef. Returns
         that sum."""
         routers = getattr(self.module, "module", self.module).routers  # the TargetForward's count (DDP wraps it)
-        (sequences,) = self.ranks.sum([float(sum(len(micro.indices) for micro in plan))]) if routers else (1.0,)
+        (sequences,) = self.ranks.data_sum([float(sum(len(micro.indices) for micro in plan))]) if routers else (1.0,)
         local, balance = 0.0, 0.0
         expert_tokens = torch.zeros(routers, getattr(self.model.config, "num_experts", 0), dtype=torch.float64)
         for index, micro in enumerate(plan):
