@@ -26,8 +26,9 @@ class RouterLoad:
     """What the routers did in one forward, summed per layer, sequence and expert over the
     decoder calls that made it (a shared prefix counts in every sequence that shares it)."""
 
-    def __init__(self, experts: int, top_k: int):
+    def __init__(self, experts: int, top_k: int, context=None):
         self.experts, self.top_k = experts, top_k
+        self.context = context  # context_parallel.Context: the sequences' tokens are split over its ranks
         self.assigned = self.probabilities = None  # [layers, sequences, experts]
         self.tokens = None  # [sequences]
 
@@ -45,10 +46,16 @@ class RouterLoad:
             self.assigned, self.probabilities, self.tokens = self.assigned + assigned, self.probabilities + summed, self.tokens + tokens
 
     def loss_sum(self) -> torch.Tensor:
-        """The balancing loss summed over this forward's sequences (each a mean over layers)."""
-        tokens = self.tokens.clamp(min=1.0)[None, :, None]
-        per_layer = self.experts * ((self.assigned / tokens) * (self.probabilities / tokens)).sum(dim=-1)  # [layers, sequences]
-        return per_layer.mean(dim=0).sum()
+        """The balancing loss summed over this forward's sequences (each a mean over layers). Under
+        context parallelism each rank saw a slice of every sequence: the counts are summed over the
+        group first, and each rank takes 1/size of the loss, so the group's shares add up to it."""
+        assigned, probabilities, tokens, share = self.assigned, self.probabilities, self.tokens, 1.0
+        if self.context is not None:
+            assigned, tokens = (self.context.all_reduce(counts.detach()) for counts in (assigned, tokens))
+            probabilities, share = self.context.all_reduce(probabilities), 1.0 / self.context.size
+        tokens = tokens.clamp(min=1.0)[None, :, None]
+        per_layer = self.experts * ((assigned / tokens) * (probabilities / tokens)).sum(dim=-1)  # [layers, sequences]
+        return per_layer.mean(dim=0).sum() * share
 
     def expert_tokens(self) -> torch.Tensor:
         """[layers, experts]: the top-k assignments each expert took (a token counts k times)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -198,6 +198,17 @@ class PolicyJobConfig(JobConfig):
     model: ModelConfig = Field(default_factory=ModelConfig, description="The model being trained")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer and schedule")
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description="Device, precision, parallelism across ranks, micro-batches")
+
+    # Whether the job's loss takes targets split over a context group (context_parallel.py): a sum
+    # over tokens does (SFT); APO's per-rollout log-probabilities and distillation's teacher views
+    # are gathered whole per example, so they refuse it until they are split the same way.
+    splits_context: ClassVar[bool] = True
+
+    @model_validator(mode="after")
+    def _context_parallel_where_split(self) -> PolicyJobConfig:
+        if self.runtime.context_parallel > 1 and not self.splits_context:
+            raise ValueError(f"runtime.context_parallel is for SFT: {type(self).__name__.removesuffix('Config')} learns whole examples on each rank (set it to 1)")
+        return self
 
 
 class OffPolicyConfig(Strict):

@@ -31,6 +31,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from gearshift.training import losses
 from gearshift.training.balancing import RouterLoad, routers
+from gearshift.training.context_parallel import Context
 from gearshift.training.tokenization import PREFIX, Batch
 
 
@@ -89,10 +90,10 @@ class Head(torch.nn.Linear):
                     part, logp = _checkpointed(self._reverse_kl, hidden[at], tokens[at], teacher.hidden[start:start + chunk], teacher.weight, top_k)
                     kl, logprobs = kl.index_put((at,), part), logprobs.index_put((at,), logp)
             return logprobs, None, kl
+        # At least one chunk, empty or not: the loss of a rank with no targets (a context slice of
+        # prompt alone) still reaches the weights, so its backward makes the collectives the others do.
         pieces = [_checkpointed(self._logprobs, hidden[start:start + chunk], tokens[start:start + chunk], entropy)
-                  for start in range(0, len(tokens), chunk)]
-        if not pieces:
-            return hidden.new_zeros(0, dtype=torch.float32), hidden.new_zeros(0, dtype=torch.float32) if entropy else None, None
+                  for start in range(0, max(len(tokens), 1), chunk)]
         return torch.cat([logp for logp, _ in pieces]), torch.cat([ent for _, ent in pieces]) if entropy else None, None
 
     def _logprobs(self, hidden: torch.Tensor, tokens: torch.Tensor, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -162,9 +163,11 @@ def shared_prefix(batch: Batch) -> int:
     return length if length * (rows - 1) >= MIN_TOKENS_SAVED else 0
 
 
-def hidden_states(model: torch.nn.Module, batch: Batch, share_prefix: bool = True, router: RouterLoad | None = None) -> torch.Tensor:
-    """[B, T, H] last hidden states. A packed batch in one call (its layout shares any prefix); a
-    padded one's shared prefix is decoded once where share_prefix allows, except under activation
+def hidden_states(model: torch.nn.Module, batch: Batch, share_prefix: bool = True, router: RouterLoad | None = None,
+                  context: Context | None = None) -> torch.Tensor:
+    """[B, T, H] last hidden states. A packed batch in one call (its layout shares any prefix),
+    under context parallelism this rank's slice of its tokens alone ([1, T / size, H]); a padded
+    one's shared prefix is decoded once where share_prefix allows, except under activation
     checkpointing, whose recomputed layers take no cache. router (an MoE's) gets each call's
     router logits with the sequences its tokens belong to."""
     decoder = model.get_decoder()
@@ -177,8 +180,13 @@ def hidden_states(model: torch.nn.Module, batch: Batch, share_prefix: bool = Tru
         return out
 
     if batch.packed:  # one call, whatever the layout (batching.pack)
-        return decode(packed_members(batch) if router is not None else None, input_ids=batch.input_ids, position_ids=batch.position_ids,
-                      use_cache=False, **varlen_inputs(model, batch)).last_hidden_state
+        ids, positions, inputs = batch.input_ids, batch.position_ids, varlen_inputs(model, batch)
+        members = packed_members(batch) if router is not None else None
+        if context is not None:  # the slice's tokens; attention exchanges them (block_attention)
+            start, end = context.bounds(ids.shape[1])
+            ids, positions, inputs["context"] = ids[:, start:end], positions[:, start:end], context
+            members = members[start:end] if members is not None else None
+        return decode(members, input_ids=ids, position_ids=positions, use_cache=False, **inputs).last_hidden_state
     checkpointing = model.training and getattr(decoder, "gradient_checkpointing", False)  # the flag every transformers sets
     shared = shared_prefix(batch) if share_prefix and not checkpointing else 0
     rows, width = batch.input_ids.shape
@@ -277,13 +285,20 @@ def takes_varlen(implementation: str) -> bool:
 
 def block_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                    block_bounds: list[int] | None = None, prefix_length: int = 0, **kwargs) -> tuple[torch.Tensor, None]:
+                    block_bounds: list[int] | None = None, prefix_length: int = 0, context: Context | None = None,
+                    **kwargs) -> tuple[torch.Tensor, None]:
     """sdpa, block by block on a packed row ([1, heads, tokens, dim]): each sequence between two
     block_bounds attends causally to itself and, after the prefix (prefix_length tokens), to all
-    of it; a mask is built per block where a prefix needs one, never [tokens, tokens]. Without
-    block_bounds (a padded batch, generation) it is sdpa as transformers runs it."""
+    of it; a mask is built per block where a prefix needs one, never [tokens, tokens]. Under
+    context parallelism the row is this rank's slice of the pack: the heads are exchanged for the
+    whole sequence first, and back after (context_parallel.py). Without block_bounds (a padded
+    batch, generation) it is sdpa as transformers runs it."""
     if block_bounds is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    if context is not None:
+        heads = query.shape[1]
+        query, key, value = (context.gather_sequence(states) for states in
+                             (query, context.with_heads_for(key, heads), context.with_heads_for(value, heads)))
     pieces = []
     for start, end in zip(block_bounds[:-1], block_bounds[1:]):
         keys, values, mask = key[:, :, start:end], value[:, :, start:end], None
@@ -293,7 +308,10 @@ def block_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
             mask = torch.ones(end - start, prefix_length + end - start, dtype=torch.bool, device=query.device).tril(prefix_length)
         pieces.append(torch.nn.functional.scaled_dot_product_attention(
             query[:, :, start:end], keys, values, attn_mask=mask, dropout_p=dropout, is_causal=mask is None, scale=scaling, enable_gqa=True))
-    return torch.cat(pieces, dim=2).transpose(1, 2).contiguous(), None
+    out = torch.cat(pieces, dim=2)
+    if context is not None:
+        out = context.scatter_sequence(out)
+    return out.transpose(1, 2).contiguous(), None
 
 
 AttentionInterface.register(BLOCKS, block_attention)
@@ -312,9 +330,10 @@ class TargetForward(torch.nn.Module):
     own forward, never around calls to its submodules). Returns a tuple: FSDP finds the tensors of
     a tuple; through() reads it as Targets."""
 
-    def __init__(self, model: torch.nn.Module, chunk_tokens: int = Head.chunk_tokens):
+    def __init__(self, model: torch.nn.Module, chunk_tokens: int = Head.chunk_tokens, context: Context | None = None):
         super().__init__()
         self.model = model
+        self.context = context  # this rank's context group: packed batches are split over it
         self.routers = routers(model)  # an MoE's: its forward adds what they did (balancing.RouterLoad)
         chunked_head(model, chunk_tokens)
         use_block_attention(model)
@@ -327,12 +346,20 @@ class TargetForward(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor, share_prefix: bool = True,
                 hidden_only: bool = False, entropy: bool = False, teachers: tuple[Teacher, ...] = (), top_k: int | None = None,
                 position_ids: torch.Tensor | None = None, sequence_ids: torch.Tensor | None = None) -> tuple:
-        batch = Batch(input_ids, attention_mask, target_mask, position_ids, sequence_ids)
+        batch, start = Batch(input_ids, attention_mask, target_mask, position_ids, sequence_ids), 0
+        if self.context is not None:
+            if not batch.packed:
+                raise ValueError("context parallelism splits packed batches (batching.pack), not padded rows")
+            batch = self.context.padded(batch)
         at_rows, at_columns, rows, columns = _target_coordinates(batch)
+        if self.context is not None:  # the targets this rank's slice of the tokens predicts
+            start, end = self.context.bounds(batch.input_ids.shape[1])
+            mine = (at_columns >= start) & (at_columns < end)
+            at_rows, at_columns, rows, columns = at_rows[mine], at_columns[mine], rows[mine], columns[mine]
         router = None
         if torch.is_grad_enabled() and not hidden_only and self.routers:  # what trains an MoE's routers
-            router = RouterLoad(self.model.config.num_experts, self.model.config.num_experts_per_tok)
-        hidden = hidden_states(self.model, batch, share_prefix, router)[at_rows, at_columns]
+            router = RouterLoad(self.model.config.num_experts, self.model.config.num_experts_per_tok, self.context)
+        hidden = hidden_states(self.model, batch, share_prefix, router, self.context)[at_rows, at_columns - start]
         tokens = batch.input_ids[at_rows, at_columns + 1]
         if hidden_only:
             return tokens, rows, columns + 1, None, None, None, hidden, None, None

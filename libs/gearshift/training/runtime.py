@@ -23,7 +23,7 @@ import torch
 
 from gearshift import code_version, weights
 from gearshift.settings import Settings
-from gearshift.training import batching, checkpoints, distributed, forward
+from gearshift.training import batching, checkpoints, context_parallel, distributed, forward
 from gearshift.training.config import OptimConfig, PolicyJobConfig
 from gearshift.training.results import METRICS_FILE, read_metrics, register, write_result
 
@@ -58,9 +58,9 @@ def intra_op_threads(optim: OptimConfig) -> int:
     return max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
-def target_forward(config: PolicyJobConfig) -> checkpoints.Wrap:
-    """What a loaded model becomes: a TargetForward with the run's loss chunks."""
-    return lambda model: forward.TargetForward(model, config.runtime.loss_chunk_tokens)
+def target_forward(config: PolicyJobConfig, context: context_parallel.Context | None = None) -> checkpoints.Wrap:
+    """What a loaded model becomes: a TargetForward with the run's loss chunks and context group."""
+    return lambda model: forward.TargetForward(model, config.runtime.loss_chunk_tokens, context)
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,7 @@ class Run:
     ranks: distributed.Ranks
     dtype: torch.dtype  # of the forward and backward (bf16 over float32 master weights, or fp32)
     checkpoint_id: str
+    context: context_parallel.Context | None = None  # this rank's context group, which splits each packed micro-batch
     start_step: int = 0
     step: int = 0
     saved_step: int = -1
@@ -107,14 +108,16 @@ class Run:
         torch.manual_seed(config.optim.seed)  # the same initialisation (LoRA's) on every rank
         torch.set_num_threads(intra_op_threads(config.optim))
         dtype = distributed.compute_dtype(config.runtime, ranks.device)
-        policy = checkpoints.load_policy(config.model, Settings().models_dir, dtype, ranks, config.runtime, target_forward(config))
+        context = context_parallel.context_of(ranks, runtime)
+        policy = checkpoints.load_policy(config.model, Settings().models_dir, dtype, ranks, runtime, target_forward(config, context))
+        context_parallel.check(policy.model, runtime)
         policy.model.train()
         module = policy.module  # the TargetForward, sharded (FSDP) or replicated (DDP) before or after its weights came
         optimizer, scheduler = build_optimizer(policy.model, config.optim)  # after sharding: it holds the shards
         output = config.output.dir
         output.mkdir(parents=True, exist_ok=True)
         checkpoint_id = ranks.shared(lambda: config.output.checkpoint_id or _saved_id(output) or str(uuid.uuid4()))
-        run = cls(job, config, policy, module, optimizer, scheduler, ranks, dtype, checkpoint_id, on_step=on_step)
+        run = cls(job, config, policy, module, optimizer, scheduler, ranks, dtype, checkpoint_id, context, on_step=on_step)
         if ranks.main:
             (output / "checkpoint_id").write_text(checkpoint_id)
         if config.output.resume:
@@ -212,7 +215,8 @@ class Run:
         models_dir = Settings().models_dir
         if self.policy.is_lora and weights.resolve(source, models_dir) == self.policy.source_path:
             return Frozen(None)
-        return Frozen(checkpoints.load_frozen(source, models_dir, self.dtype, self.ranks, self.config.runtime, target_forward(self.config)))
+        wrap = target_forward(self.config, self.context)
+        return Frozen(checkpoints.load_frozen(source, models_dir, self.dtype, self.ranks, self.config.runtime, wrap))
 
     def score(self, frozen: Frozen, micro: batching.MicroBatch, **asked) -> forward.Targets:
         """A frozen model's Targets on a micro-batch, without gradients. The policy's own base
