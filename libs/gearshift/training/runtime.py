@@ -13,6 +13,7 @@ import asyncio
 import json
 import math
 import os
+import resource
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -288,9 +289,11 @@ class Run:
 
     def record(self, step: int, loss: float, metrics: dict, started: float) -> None:
         """Ends a step: a metrics line (rank 0), the resume state every save_every steps, the callback.
-        metrics are the whole job's (summed over ranks where each rank saw a part)."""
+        metrics are the whole job's (summed over ranks where each rank saw a part); peak_rss_mib is
+        the largest rank's peak resident memory so far."""
         self.step = step
-        metrics, self.router_metrics = {**self.router_metrics, **metrics}, {}
+        (peak,) = self.ranks.max([peak_resident_mib()])
+        metrics, self.router_metrics = {**self.router_metrics, **metrics, "peak_rss_mib": peak}, {}
         record = {"step": step, "loss": loss, "lr": self.scheduler.get_last_lr()[0], "seconds": time.perf_counter() - started, **metrics}
         if "tokens" in metrics:
             record["tokens_per_second"] = metrics["tokens"] / record["seconds"]
@@ -351,6 +354,11 @@ class Run:
             },
         }
         return write_result(self.output, result)
+
+
+def peak_resident_mib() -> float:
+    """This process's peak resident memory so far (ru_maxrss: KiB on Linux), in MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _saved_id(output: Path) -> str:
