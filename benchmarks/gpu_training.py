@@ -17,7 +17,11 @@ synthetic rows of token ids, the prompt masked and the completion learned:
   routers' balancing loss, and one step's peak memory as torch's FSDPMemTracker predicts it over a
   fake process group against the same step measured (gearshift.training.memory);
 - varlen: --rows sequences of --length tokens packed in one row, forward.block_attention and (where
-  flash_attn imports) flash attention's varlen, against padded rows: seconds, memory, agreement.
+  flash_attn imports) flash attention's varlen, against padded rows: seconds, memory, agreement;
+- stream: with two GPUs or more, the model's bf16 export streamed in buckets (weight_stream, the
+  transport of rollout.weight_transfer nccl) from this process's GPU to a receiver process on the
+  next over NCCL: seconds, GB/s, the most bytes held; with one GPU a note, skipped; on the CPU
+  (the dry run) the same over gloo.
 For each: tokens/s (median over timed steps after warm-up), model FLOPs utilisation, peak GPU
 memory. MFU counts model FLOPs as PaLM does (6 per weight per token, plus 12 * layers * hidden *
 sequence for attention; the head only on target tokens, since only they need it) against both the
@@ -32,6 +36,7 @@ there with its error and the next one runs; memory is freed between phases.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import json
 import os
@@ -456,6 +461,41 @@ def varlen_packing(args, model_dir: Path, peaks: dict) -> dict:
     return report
 
 
+def stream_weights(args, model_dir: Path) -> dict:
+    """The model's bf16 export streamed bucket by bucket (--bucket-mib) to a receiver process, as
+    rollout.weight_transfer nccl streams it into vLLM (which is not installed here: the receiver is
+    weight_stream's own): from cuda:0 to a process on the second GPU over NCCL, or over gloo on the
+    CPU; what each side counted, and rank 0's most bytes held against the bucket size."""
+    from gearshift.testing.ports import free_port
+    from gearshift.training import checkpoints, weight_stream
+    from gearshift.training.config import ModelConfig
+    from gearshift.training.distributed import Ranks
+
+    device = device_of(args)
+    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+    if device.type == "cuda" and gpus < 2:
+        note = f"{gpus} GPU: streaming weights over NCCL takes two (the trainer's and the receiver's); the stream phase is skipped"
+        print(note, flush=True)
+        return {"skipped": note}
+    backend, address, out = ("nccl" if gpus else "gloo"), f"127.0.0.1:{free_port()}", args.out / "stream"
+    env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": "1"} if gpus else {})}
+    receiver = subprocess.Popen([sys.executable, "-m", "gearshift.training.weight_stream", "--address", address, "--backend", backend,
+                                 "--out", str(out)], env=env)
+    try:
+        policy = checkpoints.load_policy(ModelConfig(base=str(model_dir)), model_dir.parent, ranks=Ranks(device=device))
+        group = weight_stream.join(backend, address, 0, 2, device)
+        tensors = checkpoints.export_tensors(policy, torch.bfloat16)
+        streamed = asyncio.run(weight_stream.to_receivers(tensors, args.bucket_mib << 20, group))
+        receiver.wait(timeout=300)
+    finally:
+        receiver.kill()
+    received = json.loads((out / "report.json").read_text())[0]
+    return {"backend": backend, "bucket_bytes": args.bucket_mib << 20, "buckets": len(streamed.buckets), "tensors": streamed.tensors,
+            "bytes": streamed.bytes, "seconds": round(streamed.seconds, 3), "gb_per_second": round(streamed.bytes / streamed.seconds / 1e9, 2),
+            "largest_bucket": max(nbytes for nbytes, _ in streamed.buckets), "peak_held_bytes": streamed.peak_held,
+            "received_bytes": received["bytes"], "received_tensors": len(received["names"]), "receiver_seconds": received["seconds"]}
+
+
 def free() -> None:
     gc.collect()
     if torch.cuda.is_available():
@@ -478,7 +518,7 @@ def attempt(report: dict, name: str, phase, out: Path) -> None:
             (out / "report.json").write_text(json.dumps(report, indent=2))
 
 
-PHASES = ("sft", "trl", "apo", "load", "fsdp", "moe", "varlen")
+PHASES = ("sft", "trl", "apo", "load", "fsdp", "moe", "varlen", "stream")
 
 
 def main() -> None:
@@ -499,6 +539,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="first steps left out of the medians")
     parser.add_argument("--micro-batch-tokens", type=int, default=16384)
     parser.add_argument("--checkpointing", action="store_true", help="activation checkpointing in every trainer")
+    parser.add_argument("--bucket-mib", type=int, default=256, help="the stream phase's bucket size")
     args = parser.parse_args()
     phases = args.phases.split(",")
     if unknown := set(phases) - set(PHASES):
@@ -554,6 +595,8 @@ def main() -> None:
             attempt(report, "moe_sft", lambda: moe_sft(args, scratch, peaks), args.out)
         if "varlen" in phases:
             attempt(report, "varlen_packing", lambda: varlen_packing(args, model_dir, peaks), args.out)
+        if "stream" in phases:
+            attempt(report, "weight_stream", lambda: stream_weights(args, model_dir), args.out)
     print(json.dumps(report, indent=2))
 
 

@@ -14,7 +14,8 @@ the built-in server switches checkpoints (POST /v1/load); vLLM serves LoRA adapt
 (/v1/load_lora_adapter, /v1/unload_lora_adapter) and reloads full weights in place
 (/collective_rpc reload_weights, then /reset_prefix_cache). vLLM's other candidates do not work in
 its CPU build 0.32.0: /sleep and /wake_up are no-ops there, and the weight-transfer engines
-(/init_weight_transfer_engine, /update_weights) are NCCL or CUDA IPC.
+(/init_weight_transfer_engine, /update_weights) are NCCL or CUDA IPC: on GPUs,
+gearshift.training.weight_transfer streams full weights into the NCCL one (vllm_admin).
 
     async with PolicyClient.from_settings(settings) as policy:
         done = await policy.complete("Q: 2+2?\\nA:", max_tokens=8, stop=["\\n"])
@@ -636,6 +637,31 @@ class PolicyClient:
             raise FailedPrecondition(
                 f"vLLM at {self.base_url} has no /collective_rpc to reload full weights with: start it with VLLM_SERVER_DEV_MODE=1"
             ) from None
+
+    async def vllm_admin(self, route: str, body: dict | None = None, params: dict | None = None) -> None:
+        """POSTs one of vLLM's routes at its root that take weights over NCCL (/pause,
+        /init_weight_transfer_engine, /start_weight_update, /update_weights, /finish_weight_update,
+        /resume, /reset_prefix_cache, /shutdown_weight_transfer_engine; gearshift.training.
+        weight_transfer drives them). They exist when vLLM runs with VLLM_SERVER_DEV_MODE=1."""
+        await self._require(VLLM, "receive weights over NCCL")
+        try:
+            (await self._unary("POST", route, root=True, json=body, params=params)).release()
+        except _RouteMissing:
+            raise FailedPrecondition(f"vLLM at {self.base_url} has no {route}: start it with VLLM_SERVER_DEV_MODE=1") from None
+
+    async def vllm_workers(self) -> int:
+        """How many worker processes vLLM runs (tensor x pipeline x data parallel): each is a member
+        of a weight-transfer group (GET /server_info, a VLLM_SERVER_DEV_MODE route)."""
+        await self._require(VLLM, "receive weights over NCCL")
+        try:
+            info = await self._json(await self._unary("GET", "/server_info", root=True, params={"config_format": "json"}), "/server_info")
+        except _RouteMissing:
+            raise FailedPrecondition(f"vLLM at {self.base_url} has no /server_info: start it with VLLM_SERVER_DEV_MODE=1") from None
+        try:
+            parallel = info["vllm_config"]["parallel_config"]
+            return int(parallel["tensor_parallel_size"]) * int(parallel["pipeline_parallel_size"]) * int(parallel["data_parallel_size"])
+        except (KeyError, TypeError, ValueError):
+            raise Unavailable(f"vLLM at {self.base_url} sent a /server_info without its parallel config") from None
 
     async def _require(self, engine: str, action: str) -> None:
         found = await self.engine()

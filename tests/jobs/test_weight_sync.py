@@ -122,6 +122,15 @@ async def test_full_weights_reach_vllm_in_place_and_its_cached_prefixes_go(vllm_
         assert await served_greedy(policy, LONG_PROMPT, 8) == before
 
 
+@pytest.mark.model
+@pytest.mark.vllm
+async def test_vllm_counts_the_workers_of_its_weight_transfer_group(vllm_servers):
+    """rollout.weight_transfer nccl sizes vLLM's NCCL group (the trainer's rank 0 and every worker)
+    from /server_info; the transfer itself needs GPUs (weight_transfer.py, test_weight_stream.py)."""
+    async with PolicyClient(vllm_servers[1], "smollm2") as policy:
+        assert await policy.vllm_workers() == 1
+
+
 @pytest.mark.parametrize("lora", [False, True])
 async def test_the_builtin_server_loads_each_updates_checkpoint(tiny_dir, tmp_path, lora):
     settings = Settings(data_dir=tmp_path, log_level="WARNING", policy_server=PolicyServerSettings(port=0, model=str(tiny_dir)))

@@ -16,8 +16,8 @@ stops every rank, none is left waiting in a collective.
 
 Against a running executor (rollout.executor_addr) the policy server it calls gets the new weights
 after every update without a restart, by the route its engine has (RemotePolicy): vLLM serves
-each step's LoRA adapter under a new name, or reloads full weights in place; the built-in server
-loads the saved checkpoint. The time it takes is the step's sync_seconds in metrics.jsonl."""
+each step's LoRA adapter under a new name, or reloads full weights in place (or receives them
+over NCCL, weight_transfer.py); the built-in server loads the saved checkpoint. The time it takes is the step's sync_seconds in metrics.jsonl."""
 
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ from gearshift.topology import SERVICE_NAMES
 from gearshift.training import checkpoints, distributed, tokenization
 from gearshift.training.config import RolloutConfig
 from gearshift.training.runtime import Run, intra_op_threads
+from gearshift.training.weight_transfer import VllmWeights, require_cuda
 
 SERVED_NAME = "policy-in-training"
 SERVING_DIR = "serving"  # in the run's output dir: what a remote server loads (the checkpoints volume)
@@ -115,13 +116,15 @@ class RemotePolicy:
     - the built-in server: the checkpoint (a LoRA adapter merged in) in output/serving,
       POST /v1/load.
     The server reads the files from the run's output dir (on Kubernetes the checkpoints volume,
-    which the policy pods mount too)."""
+    which the policy pods mount too). With rollout.weight_transfer "nccl", vLLM gets full weights
+    over NCCL instead, bucket by bucket from the shards, no file written (weight_transfer.py)."""
 
     client: PolicyClient | None  # rank 0's
     adapters: bool  # the adapter alone travels (vLLM and a LoRA run); the same on every rank
     alias: str
     admin_token: str | None = None  # the built-in server's, for /v1/load
     kept_versions: int = 0  # older adapters whose files stay (rollout.max_async_steps)
+    nccl: VllmWeights | None = None  # full weights over NCCL (on every rank), else through the volume
 
     async def publish(self, run: Run, step: int) -> None:
         """Gives the server the run's current weights as step's (every rank calls it)."""
@@ -131,6 +134,8 @@ class RemotePolicy:
             if self.client is not None:
                 await self.client.serve_adapter(self.alias, step, str(directory.resolve()))
                 drop_other_adapters(directory, self.kept_versions)
+        elif self.nccl is not None:
+            await self.nccl.publish(run, step)
         else:
             serving = run.output / SERVING_DIR
             run.save_weights(serving)
@@ -140,9 +145,13 @@ class RemotePolicy:
 
 
 @contextlib.asynccontextmanager
-async def remote_policy(run: Run, settings: Settings) -> AsyncIterator[RemotePolicy]:
-    """The policy server settings.policy_client names, its engine asked once on rank 0."""
+async def remote_policy(run: Run, settings: Settings, weight_transfer: str = "volume") -> AsyncIterator[RemotePolicy]:
+    """The policy server settings.policy_client names, its engine asked once on rank 0; full
+    weights reach it through the volume, or with weight_transfer "nccl" over NCCL (vLLM only)."""
+    if weight_transfer == "nccl":
+        require_cuda(run.ranks.device)
     client = PolicyClient.from_settings(settings) if run.ranks.main else None
+    nccl = None
     try:
         engine = await client.engine() if client is not None else None
         adapters = run.ranks.shared(lambda: engine == VLLM and run.policy.is_lora)
@@ -153,9 +162,15 @@ async def remote_policy(run: Run, settings: Settings) -> AsyncIterator[RemotePol
                 f"policy by an alias vLLM does not serve, the same for this job and for the executor, router and planner "
                 f"(GEARSHIFT_POLICY_CLIENT__MODEL={SERVED_NAME})"
             )
+        if weight_transfer == "nccl" and not adapters:
+            if not run.ranks.shared(lambda: engine == VLLM):
+                raise FailedPrecondition("rollout.weight_transfer 'nccl' streams into vLLM's NCCL weight-transfer engine: the policy server is not vLLM")
+            nccl = await VllmWeights.open(run, client)
         admin = settings.policy_server.admin_token
-        yield RemotePolicy(client, adapters, alias, admin.get_secret_value() if admin else None)
+        yield RemotePolicy(client, adapters, alias, admin.get_secret_value() if admin else None, nccl=nccl)
     finally:
+        if nccl is not None:
+            await nccl.close()
         if client is not None:
             await client.aclose()
 
@@ -387,7 +402,7 @@ async def rollout_services(run: Run, rollout: RolloutConfig, store_addr: str) ->
     if rollout.executor_addr:
         stack = settings.model_copy(update={"executor_addr": rollout.executor_addr})
         stack = stack.with_policy(rollout.policy_url) if rollout.policy_url else stack
-        async with remote_policy(run, stack) as server:
+        async with remote_policy(run, stack, rollout.weight_transfer) as server:
             server.kept_versions = rollout.max_async_steps
             rollouts = Rollouts(run, remote=server, copied=False, settings=stack, version=run.start_step)
             await rollouts.publish(run.start_step)  # the remote server starts from this run's weights
