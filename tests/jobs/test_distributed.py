@@ -303,6 +303,11 @@ def moe_cases(ranks: int, moe_dirs: tuple[Path, Path], teacher_dir, rollouts: Pa
     if ranks in EXPERT_PARALLEL:
         parallel = {"runtime": {"expert_parallel": 2}}
         cases.update({f"moe-{job}-{EXPERT_PARALLEL[ranks]}": trainer(job, f"moe-{job}-{EXPERT_PARALLEL[ranks]}", **parallel) for job in ("sft", "distill")})
+    if ranks == 2:  # context parallelism: each micro-batch's tokens split over the 2 ranks, alone and with expert parallelism
+        cases.update({f"moe-{job}-cp2": trainer(job, f"moe-{job}-cp2", runtime={"context_parallel": 2}) for job in ("sft", "apo", "distill")})
+        cases["moe-sft-cp2-ep2"] = trainer("sft", "moe-sft-cp2-ep2", runtime={"context_parallel": 2, "expert_parallel": 2})
+    if ranks == 4:  # 2 data x 2 context, experts over each context pair
+        cases["moe-sft-cp2x2-ep2"] = trainer("sft", "moe-sft-cp2x2-ep2", runtime={"context_parallel": 2, "expert_parallel": 2})
     if ranks == 2:
         cases["moe-export-ep2"] = "export", sft_config(moe_dir, out(2, "moe-export-ep2"), runtime={"expert_parallel": 2}), sft_trajectories
     if ranks == 1:
@@ -405,11 +410,15 @@ def out_dir(run: dict) -> Path:
 
 
 @pytest.mark.parametrize("job, ranks, layout", [("sft", 2, ""), ("apo", 2, ""), ("distill", 2, ""), ("sft", 2, "-ep2"),
-                                                ("distill", 2, "-ep2"), ("sft", 4, "-ep2x2"), ("distill", 4, "-ep2x2")])
+                                                ("distill", 2, "-ep2"), ("sft", 4, "-ep2x2"), ("distill", 4, "-ep2x2"),
+                                                ("sft", 2, "-cp2"), ("apo", 2, "-cp2"), ("distill", 2, "-cp2"), ("sft", 2, "-cp2-ep2"),
+                                                ("sft", 4, "-cp2x2-ep2")])
 def test_a_moe_trains_on_several_ranks_as_in_one_process_with_its_balancing_loss(worker_runs, job, ranks, layout):
-    """The tiny Qwen3-MoE sharded by FSDP, or with its experts spread over 2 ranks (expert
-    parallelism) on 2 ranks and on a 2 x 2 mesh: the same losses (the balancing loss in them),
-    gradients (weights after the steps), per-expert counts and exported files as one process."""
+    """The tiny Qwen3-MoE sharded by FSDP, with its experts spread over 2 ranks (expert
+    parallelism) on 2 ranks and on a 2 x 2 mesh, or each micro-batch's tokens split over 2 ranks
+    (context parallelism), alone, with expert parallelism and beside 2 data ranks: the same losses
+    (the balancing loss in them), gradients (weights after the steps), per-expert counts and
+    exported files as one process."""
     one, two = worker_runs[1][f"moe-{job}"], worker_runs[ranks][f"moe-{job}{layout}"]
     assert_same_run(one, two)
     if job == "sft":  # the job whose worker run exports (the others run their learn() alone)

@@ -29,8 +29,6 @@ class APOPrompt(Strict):
 class APOConfig(PolicyJobConfig):
     """GRPO with adaptive sampling: per prompt rho forced rollouts per mode plus gamma free ones."""
 
-    splits_context = False
-
     prompts: list[APOPrompt] = Field(default_factory=list, description="Training prompts given inline")
     data: DataConfig | None = Field(
         None, description="Also take prompts (query, conversation, reference) from stored trajectories; needs store_addr. The reference is the stored reference answer, else the answer of a served trajectory a client judged correct (feedback)"

@@ -175,11 +175,12 @@ def apo_update(run: Run, rollouts: RolloutBatch, config: APOConfig, reference: F
         def loss_of(micro: MicroBatch) -> torch.Tensor:
             out = run.forward(micro, entropy=True)
             logp = out.logprobs
-            old = per_token(logp_old, micro, logp.device)
+            old = per_token(logp_old, micro, logp.device)  # this rank's targets: rollout_logprobs kept its own
+            behaviour = per_token(rollouts.behaviour, micro, logp.device)  # every target's
             advantage, weight = (micro.gather(values).to(logp.device)[out.rows] for values in (rollouts.advantages, rollouts.weights))
             part = losses.policy_loss(logp, logp.detach() if old is None else old, advantage, weight, config.eps_low, config.eps_high,
                                       config.kl_coef, per_token(logp_ref, micro, logp.device),
-                                      per_token(rollouts.behaviour, micro, logp.device), config.dual_clip,
+                                      None if behaviour is None else out.local(behaviour), config.dual_clip,
                                       off_policy.importance_cap, off_policy.mask_band)
             if not micro.filler:
                 parts.append(part)
@@ -188,7 +189,7 @@ def apo_update(run: Run, rollouts: RolloutBatch, config: APOConfig, reference: F
 
         loss = run.accumulate(plan, loss_of)
         grad_norm = run.optimize()
-        totals = dict(zip((*LOSS_FIGURES, "entropy"), run.ranks.sum([*(sum(getattr(p, name) for p in parts) for name in LOSS_FIGURES),
+        totals = dict(zip((*LOSS_FIGURES, "entropy"), run.ranks.token_sum([*(sum(getattr(p, name) for p in parts) for name in LOSS_FIGURES),
                                                                      sum(entropy_sums)])))
         tokens, sampled = max(totals["tokens"], 1), max(totals["behaviour_tokens"], 1)
         results.append({"loss": loss, "grad_norm": grad_norm, "clipped_low": totals["clipped_low"] / tokens,

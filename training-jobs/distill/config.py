@@ -21,8 +21,6 @@ class Prompt(Strict):
 class DistillConfig(PolicyJobConfig):
     """The student samples on the prompts; each prompt's teacher scores the student's own tokens."""
 
-    splits_context = False
-
     prompts: list[Prompt] = Field(default_factory=list, description="Prompts given inline")
     data: DataConfig | None = Field(
         None, description='Also take prompts from stored trajectories (query, conversation, labels["domain"]); needs store_addr'

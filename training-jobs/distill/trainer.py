@@ -110,16 +110,22 @@ def teacher_views(run: Run, micro: MicroBatch, owners: list[str], teachers: dict
     micro-batch, and a teacher in lockstep (sharded, or the policy's own base) is called on every
     micro-batch, rows or not: every rank makes the same collective calls."""
     target_rows, _ = forward.target_positions(micro.batch)
+    _, _, mine = forward.context_split(micro.batch, run.context)  # the student's targets on this rank (None: all)
     views = []
     for source, teacher in teachers.items():
         weight = forward.whole_weight(run.head_of(teacher))
         rows = [row for row, owner in enumerate(owners) if owner == source]
         if rows:
-            hidden = run.score(teacher, micro.select(rows, share_prefix=not teacher.lockstep), hidden_only=True).hidden
-            positions = torch.isin(target_rows, torch.tensor(rows)).nonzero().squeeze(-1).to(hidden.device)
-            views.append(forward.Teacher(positions, hidden, weight))
+            out = run.score(teacher, micro.select(rows, share_prefix=not teacher.lockstep), hidden_only=True)
+            owned = torch.isin(target_rows, torch.tensor(rows)).nonzero().squeeze(-1)  # the teacher's targets among all
+            hidden = out.hidden if out.kept is None else run.context.whole(out.hidden, out.kept, len(owned))
+            positions = owned
+            if mine is not None:  # the student's own targets that this teacher owns, and their rows of hidden
+                at = torch.isin(mine, owned)
+                positions, hidden = at.nonzero().squeeze(-1), hidden[torch.searchsorted(owned, mine[at])]
+            views.append(forward.Teacher(positions.to(hidden.device), hidden, weight))
         elif teacher.lockstep and run.ranks.distributed:
-            run.score(teacher, batching.filler(run.pad_id, share_prefix=False), hidden_only=True)
+            run.score(teacher, run.filler(), hidden_only=True)
     return tuple(views)
 
 
@@ -154,7 +160,7 @@ def distill_loss_of(run: Run, owners: list[str], behaviour: list[torch.Tensor] |
         out = run.forward(micro, teachers=views, top_k=config.top_k)
         kl = out.kl
         if behaviour is not None and not micro.filler:
-            sampler = torch.cat([behaviour[i] for i in micro.indices]).to(kl.device)
+            sampler = out.local(torch.cat([behaviour[i] for i in micro.indices]).to(kl.device))
             kl = torch.where(mismatch.add(out.logprobs, sampler, config.rollout.off_policy.mask_band), 0.0, kl)
         return kl.sum() / sampled
 
@@ -178,7 +184,7 @@ def learn(run: Run, config: DistillConfig, teachers: dict[str, Frozen], owners: 
     loss = run.accumulate(run.micro_batches([e for _, e in mine]),
                           distill_loss_of(run, [o for o, _ in mine], behaviour, teachers, sampled, config, mismatch))
     grad_norm = run.optimize()
-    kept, masked, kl_sum = run.ranks.sum([mismatch.behaviour_tokens, mismatch.masked, mismatch.kl_sum])
+    kept, masked, kl_sum = run.ranks.token_sum([mismatch.behaviour_tokens, mismatch.masked, mismatch.kl_sum])
     return loss, {"tokens": sum(len(e.input_ids) for _, e in usable), "sampled_tokens": sampled, "truncated_rollouts": truncated,
                   "grad_norm": grad_norm, "updated": True, "episodes_per_rank": gathered(run, len(mine)),
                   "tokens_per_rank": gathered(run, sum(len(e.input_ids) for _, e in mine)), "behaviour_tokens": int(kept),

@@ -46,7 +46,7 @@ class MicroBatch:
     @property
     def rows(self) -> int:
         """The micro-batch's examples (a padded batch's rows, a filler's included)."""
-        return len(self.indices) if self.batch.packed else self.batch.input_ids.shape[0]
+        return len(self.examples) if self.batch.packed else self.batch.input_ids.shape[0]
 
     def select(self, rows: list[int], share_prefix: bool = True) -> MicroBatch:
         """These rows of the micro-batch alone (packed again, or at the same positions)."""
@@ -139,8 +139,17 @@ def common_prefix(examples: list[Encoded]) -> int:
 
 def filler(pad_id: int, share_prefix: bool = True) -> MicroBatch:
     """Two identical rows of padding, the last token a target."""
-    row = Encoded([pad_id] * DUMMY_TOKENS, [False] * (DUMMY_TOKENS - 1) + [True])
-    return MicroBatch([], collate([row, row], pad_id), share_prefix)
+    return MicroBatch([], collate([_filler_row(pad_id)] * 2, pad_id), share_prefix)
+
+
+def packed_filler(pad_id: int) -> MicroBatch:
+    """filler's two rows packed in one (what context parallelism splits)."""
+    rows = [_filler_row(pad_id)] * 2
+    return MicroBatch([], packed(rows), False, rows, pad_id)
+
+
+def _filler_row(pad_id: int) -> Encoded:
+    return Encoded([pad_id] * DUMMY_TOKENS, [False] * (DUMMY_TOKENS - 1) + [True])
 
 
 def balance(tokens: list[int], ranks: int) -> list[list[int]]:

@@ -6,6 +6,7 @@ so a crash loses at most save_every steps and a run saved at N ranks resumes at 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import math
@@ -174,7 +175,7 @@ def save_weights(policy: LoadedPolicy, directory: Path, ranks: Ranks, dtype: tor
             policy.model.save_pretrained(partial / ADAPTER_DIR, state_dict=adapter)
     if merged or not policy.is_lora:
         base = policy.model.get_base_model() if policy.is_lora else policy.model
-        write_safetensors(partial, _export_tensors(policy, dtype), ranks, max_file_bytes)
+        write_safetensors(partial, export_tensors(policy, dtype), ranks, max_file_bytes)
         if ranks.main:
             base.config.save_pretrained(partial)
             if base.can_generate() and base.generation_config is not None:
@@ -197,7 +198,8 @@ SAFETENSORS_NAMES = {dtype: name for name, dtype in loading.SAFETENSORS_DTYPES.i
 @dataclass
 class ExportedTensor:
     """A tensor of the exported checkpoint: its name, shape and dtype, the parameter it is laid out
-    like (a DTensor sharded by rows under FSDP), and how to make this rank's rows of it (under
+    like (a DTensor sharded by rows under FSDP, and by columns too under tensor parallelism), and
+    how to make this rank's part of it (under
     LoRA a collective too: every rank calls rows in the same order)."""
 
     name: str
@@ -224,7 +226,7 @@ def _whole(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return tensor.to(dtype)
 
 
-def _export_tensors(policy: LoadedPolicy, dtype: torch.dtype) -> list[ExportedTensor]:
+def export_tensors(policy: LoadedPolicy, dtype: torch.dtype) -> list[ExportedTensor]:
     """The checkpoint's tensors in the family's layout (layouts.py), a tied weight once; under LoRA
     each adapted weight W + scaling * B @ A (merged_lora_state), made on each rank for its own rows
     of W and B (sharded alike, by output rows) with the whole A (r rows)."""
@@ -259,9 +261,9 @@ def _export_tensors(policy: LoadedPolicy, dtype: torch.dtype) -> list[ExportedTe
 def write_safetensors(directory: Path, tensors: list[ExportedTensor], ranks: Ranks, max_file_bytes: int = MAX_FILE_BYTES) -> None:
     """tensors as safetensors files in directory (model.safetensors, or model-0000k-of-0000n files
     of at most max_file_bytes each and the index transformers reads). Rank 0 writes each tensor's
-    rows as they come, its own then each other shard's in order (_stream_rows): no process ever
-    holds more than a shard of a tensor besides its own shards. The headers come first, from the
-    shapes and dtypes alone."""
+    rows as they come, run by run in row order (_stream_rows): no process ever holds more of a
+    tensor than a run of its rows (a shard, or a shard's tensor-parallel columns joined) besides
+    its own shards. The headers come first, from the shapes and dtypes alone."""
     files: list[list[ExportedTensor]] = [[]]
     for tensor in tensors:
         if files[-1] and sum(t.nbytes for t in files[-1]) + tensor.nbytes > max_file_bytes:
@@ -288,8 +290,9 @@ def write_safetensors(directory: Path, tensors: list[ExportedTensor], ranks: Ran
 
 def _stream_rows(tensor: ExportedTensor, handle, ranks: Ranks) -> int:
     """Writes a tensor's bytes with handle (rank 0's; None elsewhere) from its rows on each rank:
-    one shard at a time, through point-to-point messages from the ranks holding the shards of the
-    first replica (_holders), in mesh order: the order of their rows (an expert's matrix lies on one). Returns the bytes written."""
+    one run of rows at a time, in row order, through point-to-point messages from the ranks holding
+    one replica's parts (_parts); a run split by columns (tensor parallelism's input features) is
+    joined on rank 0 before it is written. Returns the bytes written."""
     from torch.distributed.tensor import DTensor
 
     rows = tensor.rows()
@@ -297,37 +300,53 @@ def _stream_rows(tensor: ExportedTensor, handle, ranks: Ranks) -> int:
         return _write(handle, rows) if handle else 0
     import torch.distributed as dist
 
-    holders = _holders(tensor.like)
-    if ranks.rank not in holders:
+    runs = _parts(tensor.like)
+    if ranks.rank not in {holder for run in runs for holder in run}:
         return 0  # another replica: rank 0's has the same rows
     if not handle:
-        count = torch.tensor([rows.shape[0] if rows.dim() else 1], dtype=torch.int64, device=rows.device)
-        dist.send(count, dst=0)
-        if count.item():
+        shape = torch.tensor(list(rows.shape) or [1], dtype=torch.int64, device=rows.device)
+        dist.send(shape, dst=0)
+        if rows.numel():
             dist.send(rows.contiguous(), dst=0)
         return 0
     written = 0
-    for holder in holders:
-        if holder == ranks.rank:
-            written += _write(handle, rows)
-            continue
-        count = torch.zeros(1, dtype=torch.int64, device=rows.device)
-        dist.recv(count, src=holder)
-        if count.item():
-            shard = torch.empty((int(count.item()), *tensor.shape[1:]), dtype=tensor.dtype, device=rows.device)
-            dist.recv(shard, src=holder)
-            written += _write(handle, shard)
-            del shard
+    for run in runs:
+        parts = [rows if holder == ranks.rank else _received(holder, tensor, rows.device) for holder in run]
+        written += _write(handle, parts[0] if len(parts) == 1 else torch.cat(parts, dim=1))
+        del parts
     return written
 
 
-def _holders(like) -> list[int]:
-    """The ranks whose shards of a DTensor make it once, in mesh order: on replicated dims
-    (HSDP's replicas) those at rank 0's coordinate, 0."""
-    from torch.distributed.tensor import Replicate
+def _received(holder: int, tensor: ExportedTensor, device: torch.device) -> torch.Tensor:
+    """A holder's rows of tensor, as _stream_rows sends them: their shape, then them."""
+    import torch.distributed as dist
 
-    at = tuple(0 if isinstance(placement, Replicate) else slice(None) for placement in like.placements)
-    return like.device_mesh.mesh[at].flatten().tolist()
+    shape = torch.zeros(max(1, len(tensor.shape)), dtype=torch.int64, device=device)
+    dist.recv(shape, src=holder)
+    part = torch.empty(shape.tolist(), dtype=tensor.dtype, device=device)
+    if part.numel():
+        dist.recv(part, src=holder)
+    return part
+
+
+def _parts(like) -> list[list[int]]:
+    """The ranks whose parts of a DTensor make it once, by runs of rows in row order: for each run,
+    the ranks holding its columns, in column order (one rank unless tensor parallelism splits
+    them). On replicated dims (HSDP's replicas) the first rank in mesh order holds a part: rank
+    0's replica; what tensor parallelism leaves whole lies on each tensor rank's own mesh, of
+    which rank 0's holds it (none on the others')."""
+    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+
+    mesh, first = like.device_mesh, {}
+    if not (mesh.mesh == 0).any():
+        return []  # a replica on another tensor rank's mesh: rank 0's has the same rows
+    for coordinate in itertools.product(*(range(size) for size in mesh.shape)):
+        _, offset = _compute_local_shape_and_global_offset(like.shape, mesh.shape, list(coordinate), like.placements)
+        first.setdefault(tuple(offset), int(mesh.mesh[coordinate]))
+    runs: dict[int, list[int]] = {}
+    for offset in sorted(first):
+        runs.setdefault(offset[0] if offset else 0, []).append(first[offset])
+    return list(runs.values())
 
 
 def _write(handle, rows: torch.Tensor) -> int:

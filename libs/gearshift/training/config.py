@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -199,17 +199,6 @@ class PolicyJobConfig(JobConfig):
     optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer and schedule")
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig, description="Device, precision, parallelism across ranks, micro-batches")
 
-    # Whether the job's loss takes targets split over a context group (context_parallel.py): a sum
-    # over tokens does (SFT); APO's per-rollout log-probabilities and distillation's teacher views
-    # are gathered whole per example, so they refuse it until they are split the same way.
-    splits_context: ClassVar[bool] = True
-
-    @model_validator(mode="after")
-    def _context_parallel_where_split(self) -> PolicyJobConfig:
-        if self.runtime.context_parallel > 1 and not self.splits_context:
-            raise ValueError(f"runtime.context_parallel is for SFT: {type(self).__name__.removesuffix('Config')} learns whole examples on each rank (set it to 1)")
-        return self
-
 
 class OffPolicyConfig(Strict):
     """How the loss treats a token sampled by another policy than the one being updated: an older
@@ -253,6 +242,9 @@ class RolloutConfig(Strict):
     )
 
     off_policy: OffPolicyConfig = Field(default_factory=OffPolicyConfig, description="Truncation and masking of tokens the sampler drew from another policy than the trainer's")
+    weight_transfer: Literal["volume", "nccl"] = Field(
+        "volume", description="How a vLLM fleet (executor_addr) gets full weights after each update: volume: the checkpoint saved to the run's output dir (the checkpoints volume) and reloaded in place; nccl: streamed from the FSDP shards in buckets over NCCL into vLLM's weight-transfer engine, no file written (CUDA ranks; vLLM started with VLLM_SERVER_DEV_MODE=1 and --weight-transfer-config '{\"backend\": \"nccl\"}'). A LoRA run on vLLM sends its adapter either way"
+    )
 
     @model_validator(mode="after")
     def _async_needs_a_fleet(self) -> RolloutConfig:
@@ -260,6 +252,8 @@ class RolloutConfig(Strict):
         # trainer's own CPU: generating while it trains would race the update it overlaps.
         if self.max_async_steps and not self.executor_addr:
             raise ValueError("rollout.max_async_steps needs rollout.executor_addr (an inference fleet that generates while the trainer trains)")
+        if self.weight_transfer == "nccl" and not self.executor_addr:
+            raise ValueError("rollout.weight_transfer nccl streams to a vLLM fleet: set rollout.executor_addr")
         if self.max_async_steps and not self.raw_sampling:
             raise ValueError("rollout.max_async_steps needs temperature 1 and top_p 1: the sampler's log-probabilities, which weigh stale rollouts' tokens, are the raw model's")
         return self

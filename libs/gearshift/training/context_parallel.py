@@ -78,6 +78,23 @@ class Context:
         kv_heads = key.shape[1]
         return key if kv_heads % self.size == 0 else key.repeat_interleave(heads // kv_heads, dim=1)
 
+    def whole(self, values: torch.Tensor, kept: torch.Tensor, total: int) -> torch.Tensor:
+        """Per-target values ([this rank's targets, ...], no gradient) of the whole batch
+        ([total, ...]): every rank's, each at its kept indices (forward.Targets.kept)."""
+        count = torch.tensor([len(kept)], device=values.device)
+        counts = [torch.zeros_like(count) for _ in range(self.size)]
+        dist.all_gather(counts, count, group=self.group)
+        longest = int(max(counts))
+        padded = torch.nn.functional.pad(values, (0, 0) * (values.dim() - 1) + (0, longest - len(kept)))
+        indices = torch.nn.functional.pad(kept.to(values.device), (0, longest - len(kept)))
+        all_values, all_indices = [torch.empty_like(padded) for _ in range(self.size)], [torch.empty_like(indices) for _ in range(self.size)]
+        dist.all_gather(all_values, padded.contiguous(), group=self.group)
+        dist.all_gather(all_indices, indices, group=self.group)
+        out = values.new_zeros(total, *values.shape[1:])
+        for part, at, n in zip(all_values, all_indices, counts):
+            out[at[:int(n)]] = part[:int(n)]
+        return out
+
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """The sum over the group, with gradients (the backward sums them over the group too)."""
         import torch.distributed.nn.functional as functional
@@ -110,8 +127,9 @@ def check(model: torch.nn.Module, runtime) -> None:
     size, config = runtime.context_parallel, model.config
     if size == 1:
         return
-    if config.num_attention_heads % size:
-        raise ValueError(f"runtime.context_parallel {size} does not divide the model's {config.num_attention_heads} attention heads")
+    heads = config.num_attention_heads // runtime.tensor_parallel  # a rank's, under tensor parallelism
+    if heads % size:
+        raise ValueError(f"runtime.context_parallel {size} does not divide the {heads} attention heads a rank holds")
     if not runtime.packing:
         raise ValueError("runtime.context_parallel splits packed micro-batches: set runtime.packing true")
     if config._attn_implementation != BLOCKS:

@@ -3,9 +3,9 @@
 torchrun sets RANK, WORLD_SIZE and LOCAL_RANK; from them this module initialises the process
 group (nccl on CUDA, gloo on the CPU), picks the rank's device (cuda:LOCAL_RANK or the CPU),
 wraps the model for data parallelism (FSDP2: each decoder layer, the embeddings, the head, then
-the root, HSDP on a 2-D mesh across nodes; or DDP) and gives the jobs the few collectives they
-need. Without torchrun no process group exists and every collective is the identity, so a job
-runs in one process as it always did."""
+the root, HSDP on a 2-D mesh across nodes, or over the shard dim of tensor parallelism's 2-D mesh;
+or DDP) and gives the jobs the few collectives they need. Without torchrun no process group exists
+and every collective is the identity, so a job runs in one process as it always did."""
 
 from __future__ import annotations
 
@@ -41,6 +41,9 @@ class Ranks:
     # Consecutive ranks that learn the same examples, each a part of the work on them (context x
     # tensor parallel): the data is split over the world_size / splitting groups of them.
     splitting: int = 1
+    # Of those, how many compute the same per-token values (tensor parallel: each holds its
+    # examples' whole loss); context parallel ranks each hold a part of them.
+    copies: int = 1
 
     @property
     def main(self) -> bool:
@@ -61,11 +64,11 @@ class Ranks:
         """How many shares the data is split into."""
         return self.world_size // self.splitting
 
-    def split_by(self, splitting: int) -> Ranks:
-        """These ranks with groups of splitting consecutive ranks learning the same examples."""
-        if self.world_size % splitting:
-            raise ValueError(f"context_parallel x tensor_parallel = {splitting} does not divide the job's {self.world_size} ranks")
-        return dataclasses.replace(self, splitting=splitting)
+    def split_by(self, context: int, tensor: int) -> Ranks:
+        """These ranks with groups of context x tensor consecutive ranks learning the same examples."""
+        if self.world_size % (context * tensor):
+            raise ValueError(f"context_parallel x tensor_parallel = {context * tensor} does not divide the job's {self.world_size} ranks")
+        return dataclasses.replace(self, splitting=context * tensor, copies=tensor)
 
     def shard(self, items: list[T]) -> list[T]:
         """This rank's contiguous slice of items (the ranks' slices cover items once, in order): a
@@ -82,6 +85,11 @@ class Ranks:
         """The sum over the data's shares of values that every rank splitting a share holds alike
         (a count of its examples): the sum over every rank, over splitting."""
         return [value / self.splitting for value in self.sum(values)]
+
+    def token_sum(self, values: list[float]) -> list[float]:
+        """The sum of values over the tokens a rank computed (a loss, a count of tokens): over
+        every rank, over the copies tensor parallelism makes of them."""
+        return [value / self.copies for value in self.sum(values)]
 
     def max(self, values: list[float]) -> list[float]:
         return self._reduce(values, dist.ReduceOp.MAX)
@@ -170,6 +178,7 @@ def parallelize(module: torch.nn.Module, ranks: Ranks, runtime: RuntimeConfig, d
     if not any(param.is_meta for param in module.parameters()):
         module = module.to(ranks.device)
     check_expert_parallel(module, ranks, runtime)
+    check_tensor_parallel(module, ranks, runtime)
     if not ranks.distributed:
         return module
     if runtime.parallelism == "ddp":
@@ -186,7 +195,9 @@ def shard(module: torch.nn.Module, ranks: Ranks, runtime: RuntimeConfig, dtype: 
     one group), then the root (the final norm and whatever is left). In bf16 the parameters are
     gathered in bf16 for compute while the float32 shards stay the master weights and gradients
     are reduced in float32. On a 2-D mesh (mesh()), HSDP: shards within a row, replicas across.
-    With expert parallelism an MoE layer's experts are a group of their own (experts.py)."""
+    With expert parallelism an MoE layer's experts are a group of their own (experts.py). With
+    tensor parallelism each decoder layer's projections are split over the mesh's "tensor" dim
+    first (tensor_parallel.py), then every group is sharded over its "shard" dim (2-D DTensors)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     device_mesh = mesh(ranks, runtime)
@@ -196,6 +207,11 @@ def shard(module: torch.nn.Module, ranks: Ranks, runtime: RuntimeConfig, dtype: 
 
         options["mesh"] = device_mesh["shard"]
         parallelize_experts(module, device_mesh, options)
+    if runtime.tensor_parallel > 1:
+        from gearshift.training.tensor_parallel import parallelize_dense
+
+        options["mesh"] = device_mesh["shard"]
+        parallelize_dense(module, decoder_layers(module), device_mesh["tensor"])
     for layer in decoder_layers(module):
         fully_shard(layer, **options)
     model = getattr(module, "model", module)
@@ -230,6 +246,29 @@ def check_expert_parallel(module: torch.nn.Module, ranks: Ranks, runtime: Runtim
         raise ValueError("runtime.expert_parallel with HSDP (replicas across nodes) is not supported: set runtime.mesh_shape [1, ranks]")
 
 
+def check_tensor_parallel(module: torch.nn.Module, ranks: Ranks, runtime: RuntimeConfig) -> None:
+    """runtime.tensor_parallel, refused in one line where it cannot apply."""
+    degree = runtime.tensor_parallel
+    if degree == 1:
+        return
+    from gearshift.training.experts import experts_of
+    from gearshift.training.tensor_parallel import model_config, split_sizes
+
+    if ranks.world_size % degree:
+        raise ValueError(f"runtime.tensor_parallel {degree} does not divide the job's {ranks.world_size} ranks")
+    if runtime.parallelism != "fsdp":
+        raise ValueError("runtime.tensor_parallel needs runtime.parallelism fsdp")
+    if runtime.mesh_shape and runtime.mesh_shape[0] > 1:
+        raise ValueError("runtime.tensor_parallel with HSDP (replicas across nodes) is not supported: set runtime.mesh_shape [1, ranks]")
+    if runtime.expert_parallel > 1 or experts_of(module):
+        raise ValueError("runtime.tensor_parallel is for dense models: this one has mixture-of-experts layers (use runtime.expert_parallel)")
+    if any(".lora_" in name for name, _ in module.named_parameters()):
+        raise ValueError("runtime.tensor_parallel with LoRA is not supported: train the full weights, or set it to 1")
+    for what, size in split_sizes(model_config(module)).items():
+        if size % degree:
+            raise ValueError(f"runtime.tensor_parallel {degree} does not divide the model's {size} {what}")
+
+
 def mesh_shape(ranks: Ranks, runtime: RuntimeConfig) -> tuple[int, ...]:
     """(replicas, shards) for HSDP, or (ranks,) for FSDP: runtime.mesh_shape when set, else a
     replica per node (WORLD_SIZE over LOCAL_WORLD_SIZE) when the job spans more than one node."""
@@ -239,7 +278,7 @@ def mesh_shape(ranks: Ranks, runtime: RuntimeConfig) -> tuple[int, ...]:
             raise ValueError(f"runtime.mesh_shape {replicas} x {shards} does not hold the job's {ranks.world_size} ranks")
         return replicas, shards
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", ranks.world_size))
-    if 0 < per_node < ranks.world_size and ranks.world_size % per_node == 0 and runtime.expert_parallel == 1:
+    if 0 < per_node < ranks.world_size and ranks.world_size % per_node == 0 and runtime.expert_parallel == runtime.tensor_parallel == 1:
         return ranks.world_size // per_node, per_node
     return (ranks.world_size,)
 
@@ -247,10 +286,15 @@ def mesh_shape(ranks: Ranks, runtime: RuntimeConfig) -> tuple[int, ...]:
 def mesh(ranks: Ranks, runtime: RuntimeConfig):
     """The device mesh FSDP shards over (mesh_shape); with expert parallelism (shard_mod_ep, ep),
     its two dims flattened as "shard" for the dense layers (ep the inner one: an ep group is
-    consecutive ranks, on one node)."""
+    consecutive ranks, on one node); with tensor parallelism (shard, tensor), tensor the inner one
+    (a tensor group is consecutive ranks, on one node; a context group's ranks, if any, lie on
+    shard with the data's)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     shape = mesh_shape(ranks, runtime)
+    if runtime.tensor_parallel > 1:
+        degree = runtime.tensor_parallel
+        return init_device_mesh(ranks.device.type, (ranks.world_size // degree, degree), mesh_dim_names=("shard", "tensor"))
     if runtime.expert_parallel > 1:
         degree = runtime.expert_parallel
         device_mesh = init_device_mesh(ranks.device.type, (ranks.world_size // degree, degree), mesh_dim_names=("shard_mod_ep", "ep"))

@@ -49,6 +49,13 @@ class Targets:
     hidden: torch.Tensor | None = None  # [N, H] the last hidden states, when asked for (a teacher's)
     router_loss: torch.Tensor | None = None  # an MoE's balancing loss summed over the batch's sequences (balancing.py), with gradients
     expert_tokens: torch.Tensor | None = None  # [layers, experts] the top-k assignments each expert took
+    # Under context parallelism: which of the batch's targets (in target_positions' order) these
+    # are, this rank's slice of them; None: all of them.
+    kept: torch.Tensor | None = None
+
+    def local(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-target values of the whole batch ([all its targets]), those of the targets here."""
+        return values if self.kept is None else values[self.kept.to(values.device)]
 
     def per_row(self, values: torch.Tensor, rows: int) -> list[torch.Tensor]:
         """Per-target values ([N], in this order: rows ascending) split into one tensor per row."""
@@ -84,8 +91,8 @@ class Head(torch.nn.Linear):
         if teachers:  # the KL, and the tokens' log-probabilities without gradient (NaN where no teacher)
             kl = hidden.new_zeros(len(tokens), dtype=torch.float32)
             logprobs = torch.full_like(kl, torch.nan)
-            for teacher in teachers:
-                for start in range(0, len(teacher.positions), chunk):
+            for teacher in teachers:  # each at least once, as below, however few of its targets are here
+                for start in range(0, max(len(teacher.positions), 1), chunk):
                     at = teacher.positions[start:start + chunk]
                     part, logp = _checkpointed(self._reverse_kl, hidden[at], tokens[at], teacher.hidden[start:start + chunk], teacher.weight, top_k)
                     kl, logprobs = kl.index_put((at,), part), logprobs.index_put((at,), logp)
@@ -346,25 +353,33 @@ class TargetForward(torch.nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, target_mask: torch.Tensor, share_prefix: bool = True,
                 hidden_only: bool = False, entropy: bool = False, teachers: tuple[Teacher, ...] = (), top_k: int | None = None,
                 position_ids: torch.Tensor | None = None, sequence_ids: torch.Tensor | None = None) -> tuple:
-        batch, start = Batch(input_ids, attention_mask, target_mask, position_ids, sequence_ids), 0
-        if self.context is not None:
-            if not batch.packed:
-                raise ValueError("context parallelism splits packed batches (batching.pack), not padded rows")
-            batch = self.context.padded(batch)
+        batch, start, kept = context_split(Batch(input_ids, attention_mask, target_mask, position_ids, sequence_ids), self.context)
         at_rows, at_columns, rows, columns = _target_coordinates(batch)
-        if self.context is not None:  # the targets this rank's slice of the tokens predicts
-            start, end = self.context.bounds(batch.input_ids.shape[1])
-            mine = (at_columns >= start) & (at_columns < end)
-            at_rows, at_columns, rows, columns = at_rows[mine], at_columns[mine], rows[mine], columns[mine]
+        if kept is not None:  # the targets this rank's slice of the tokens predicts
+            at_rows, at_columns, rows, columns = at_rows[kept], at_columns[kept], rows[kept], columns[kept]
         router = None
         if torch.is_grad_enabled() and not hidden_only and self.routers:  # what trains an MoE's routers
             router = RouterLoad(self.model.config.num_experts, self.model.config.num_experts_per_tok, self.context)
         hidden = hidden_states(self.model, batch, share_prefix, router, self.context)[at_rows, at_columns - start]
         tokens = batch.input_ids[at_rows, at_columns + 1]
         if hidden_only:
-            return tokens, rows, columns + 1, None, None, None, hidden, None, None
+            return tokens, rows, columns + 1, None, None, None, hidden, None, None, kept
         routed = (router.loss_sum(), router.expert_tokens()) if router is not None else (None, None)
-        return tokens, rows, columns + 1, *self.head(hidden, tokens, entropy, teachers, top_k), None, *routed
+        return tokens, rows, columns + 1, *self.head(hidden, tokens, entropy, teachers, top_k), None, *routed, kept
+
+
+def context_split(batch: Batch, context: Context | None) -> tuple[Batch, int, torch.Tensor | None]:
+    """The batch as a context group splits it: made a multiple of the group's size (padding
+    that predicts nothing), this rank's first token, and which of its targets (indices in
+    target_positions' order) this rank's slice predicts; without a group, the batch, 0 and None."""
+    if context is None:
+        return batch, 0, None
+    if not batch.packed:
+        raise ValueError("context parallelism splits packed batches (batching.pack), not padded rows")
+    batch = context.padded(batch)
+    start, end = context.bounds(batch.input_ids.shape[1])
+    columns = _target_coordinates(batch)[1]
+    return batch, start, ((columns >= start) & (columns < end)).nonzero().squeeze(-1)
 
 
 def through(module: torch.nn.Module, batch: Batch, share_prefix: bool = True, **asked) -> Targets:

@@ -4,12 +4,14 @@ storage on the rank's device, each rank filling only its own shards from the saf
 
 How the shards are filled (the choice, and why): every rank reads its own rows of each tensor
 straight from the files, by byte range (FSDP2 shards dim 0, so a shard is one contiguous run of
-bytes), with plain reads, not a memory map, so no file page stays resident. No collective runs and
-no process ever holds more than its shards plus one shard-sized read; rank 0 reading and
-scattering would send every byte through one host and one process. torch.distributed.checkpoint's
-HuggingFaceStorageReader does the same reads but knows neither peft's names
-(base_model.model...base_layer.weight) nor tied weights nor the cast from the file's dtype to the
-master weights' float32, which this module does in a few lines. Every rank must see the files
+bytes), with plain reads, not a memory map, so no file page stays resident. Where tensor
+parallelism splits a projection by input features (dim 1), a rank reads its rows whole and keeps
+its columns: a read tensor_parallel times its shard, the price of one contiguous read. No
+collective runs and no process ever holds more than its shards plus one such read; rank 0
+reading and scattering would send every byte through one host and one process.
+torch.distributed.checkpoint's HuggingFaceStorageReader does the same reads but knows neither
+peft's names (base_model.model...base_layer.weight) nor tied weights nor the cast from the file's
+dtype to the master weights' float32, which this module does in a few lines. Every rank must see the files
 (models come from local directories: a shared volume on a cluster).
 
 What the meta device loses is rebuilt: non-persistent buffers (rotary inv_freq) are computed for
@@ -203,11 +205,14 @@ def materialise(module: torch.nn.Module, model: torch.nn.Module, path: Path, dev
         raise ValueError(f"{path} does not hold {len(missing)} of the model's tensors, e.g. {missing[:3]}")
     with torch.no_grad():
         for name, tensor in tensors:
-            local, offset = local_part(tensor)
+            local, offsets = local_block(tensor)
+            offset = offsets[0] if offsets else 0
             if name in init:
                 values = init[name][offset:offset + local.shape[0]] if local.dim() else init[name]
             else:
                 values = layout.read(files, file_key(name), tuple(tensor.shape), offset, offset + (local.shape[0] if local.dim() else 1))
+            if local.dim() > 1 and local.shape[1] != tensor.shape[1]:  # tensor parallelism's split by input features
+                values = values[:, offsets[1]:offsets[1] + local.shape[1]]
             if tuple(values.shape) != tuple(local.shape):
                 raise ValueError(f"{name}: the checkpoint's shard is {tuple(values.shape)}, the model's {tuple(local.shape)}")
             local.copy_(values)
@@ -232,14 +237,24 @@ def tied_parameters(module: torch.nn.Module) -> list[tuple[torch.nn.Module, str,
 
 def local_part(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
     """This rank's part of a parameter (a DTensor's local shard, or the tensor) and the row of the
-    whole tensor it starts at. Only shards of dim 0 (FSDP2's) are expected."""
+    whole tensor it starts at (its columns, where tensor parallelism splits them: local_block)."""
+    local, offsets = local_block(tensor)
+    return local, (offsets[0] if offsets else 0)
+
+
+def local_block(tensor: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """This rank's part of a parameter and the index of the whole tensor it starts at, per dim: a
+    run of rows (FSDP2 and expert parallelism shard dim 0), of some columns where tensor
+    parallelism splits input features (dim 1). Where both split the rows (FSDP2's _StridedShard
+    over tensor parallelism's output features) it is one run too: the FSDP share of the tensor
+    rank's rows."""
     from torch.distributed.tensor import DTensor
 
     if not isinstance(tensor, DTensor):
-        return tensor.data, 0
+        return tensor.data, (0,) * tensor.dim()
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     shape, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
-    if tuple(shape[1:]) != tuple(tensor.shape[1:]):
-        raise ValueError(f"a parameter sharded on a dim other than 0 ({tensor.placements}): not supported")
-    return tensor.to_local(), (offset[0] if offset else 0)
+    if tuple(shape[2:]) != tuple(tensor.shape[2:]):
+        raise ValueError(f"a parameter sharded on a dim other than 0 and 1 ({tensor.placements}): not supported")
+    return tensor.to_local(), tuple(offset)

@@ -7,7 +7,8 @@ takes no memory and no compute, so any model at its real shapes on any number of
 in seconds; on real ranks (measure) the same step gives the live tensors' peak, to check the
 prediction against.
 
-The step: one row of `tokens` tokens through the decoder, the chunked head on every position as a
+The step: one row of `tokens` tokens through the decoder (under context parallelism a slice of
+it on each rank, attention exchanging heads for the whole sequence), the chunked head on every position as a
 target, backward, in bf16 compute over float32 master weights (LoRA: a bf16 base, float32
 adapters). AdamW's moments exist before the tracked step (an untracked step made them); the
 optimizer step's own temporaries are left out (under FakeTensorMode its kernels count copies a
@@ -30,18 +31,26 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from gearshift.training import distributed, forward, loading
+from gearshift.training import context_parallel, distributed, forward, loading
 from gearshift.training.config import ModelConfig, OptimConfig, RuntimeConfig
 from gearshift.training.distributed import Ranks
 from gearshift.training.experts import experts_of, local_tensor, take_forward
 
 
 class StepProbe(forward.TargetForward):
-    """The step's forward: the decoder on input_ids [1, T], the head on every position."""
+    """The step's forward: input_ids [1, T] through the decoder as one packed sequence (the path
+    forward.hidden_states takes: block_attention, no mask), the head on every position; under
+    context parallelism, this rank's slice of them."""
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        hidden = self.model.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state[0]
-        logprobs, _, _ = self.head(hidden, input_ids[0])
+        length = input_ids.shape[1]
+        start, end = self.context.bounds(length) if self.context is not None else (0, length)
+        positions = torch.arange(start, end, device=input_ids.device)[None]
+        # varlen_inputs' bounds of a one-sequence pack, given as they are (FakeTensorMode reads no values)
+        hidden = self.model.get_decoder()(input_ids=input_ids[:, start:end], position_ids=positions, attention_mask=forward.NO_MASK,
+                                          block_bounds=[0, length], prefix_length=0, context=self.context,
+                                          use_cache=False).last_hidden_state[0]
+        logprobs, _, _ = self.head(hidden, input_ids[0, start:end])
         return logprobs
 
 
@@ -82,7 +91,10 @@ def track_step(config_dir: Path, model: ModelConfig, runtime: RuntimeConfig, ran
 
     compute = torch.bfloat16
     built, _ = loading.build(config_dir, compute if model.lora else torch.float32, model)
-    module = distributed.parallelize(StepProbe(built, runtime.loss_chunk_tokens), ranks, runtime, compute)
+    context = context_parallel.context_of(ranks, runtime)
+    probe = StepProbe(built, runtime.loss_chunk_tokens, context)
+    context_parallel.check(probe.model, runtime)
+    module = distributed.parallelize(probe, ranks, runtime, compute)
     if fake:
         _balanced(module)
     mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
@@ -93,7 +105,9 @@ def track_step(config_dir: Path, model: ModelConfig, runtime: RuntimeConfig, ran
                 torch.nn.init.normal_(loading.local_part(param)[0], std=0.02)
         optimizer, _ = build_optimizer(module, OptimConfig())
         ids = torch.randint(0, built.config.vocab_size, (1, tokens), device=ranks.device)
-        (-module(ids).sum()).backward()
+        compute_in = distributed.autocast(module, ranks.device, compute)  # bf16 on one rank too, as Run.forward computes
+        with compute_in:
+            (-module(ids).sum()).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if distributed.is_sharded(module):
@@ -102,7 +116,7 @@ def track_step(config_dir: Path, model: ModelConfig, runtime: RuntimeConfig, ran
         else:  # one rank: no FSDP to follow, the same accounting of every tensor
             tracker = MemTracker()
             tracker.track_external(module, optimizer, ids)
-        with tracker:
+        with tracker, compute_in:
             (-module(ids).sum()).backward()
         (snapshot,) = tracker.get_tracker_snapshot("peak").values()
     return {str(getattr(kind, "value", kind)): float(value) for kind, value in snapshot.items()}

@@ -105,7 +105,7 @@ class Run:
         """Joins the job's ranks, loads and wraps the model, builds the optimizer, and resumes
         from saved state when there is some."""
         runtime = config.runtime
-        ranks = distributed.start(runtime).split_by(runtime.context_parallel * runtime.tensor_parallel)
+        ranks = distributed.start(runtime).split_by(runtime.context_parallel, runtime.tensor_parallel)
         torch.manual_seed(config.optim.seed)  # the same initialisation (LoRA's) on every rank
         torch.set_num_threads(intra_op_threads(config.optim))
         dtype = distributed.compute_dtype(config.runtime, ranks.device)
@@ -184,7 +184,7 @@ class Run:
             plan = batching.pack(examples, runtime.micro_batch_tokens, self.pad_id, share_prefix=share)
             if self.ranks.distributed:
                 (count,) = self.ranks.max([len(plan)])
-                plan += [batching.filler(self.pad_id, share_prefix=False) for _ in range(int(count) - len(plan))]
+                plan += [self.filler() for _ in range(int(count) - len(plan))]
             return plan
         plan = batching.plan(examples, runtime.micro_batch_tokens, self.pad_id)
         if not self.ranks.distributed:
@@ -195,6 +195,11 @@ class Run:
         for micro, share in zip(plan, shares):
             micro.share_prefix = bool(share)
         return plan
+
+    def filler(self) -> batching.MicroBatch:
+        """A micro-batch that learns nothing, for a rank with fewer to make the same calls as the
+        others: packed under context parallelism (which splits packed batches alone)."""
+        return batching.packed_filler(self.pad_id) if self.context is not None else batching.filler(self.pad_id, share_prefix=False)
 
     def forward(self, micro: batching.MicroBatch, module: torch.nn.Module | None = None, **asked) -> forward.Targets:
         """A micro-batch's Targets (log-probabilities, or what asked asks: forward.through) on this
@@ -260,7 +265,7 @@ class Run:
         self.routed = []
         if routers:
             self.router_metrics = self._router_metrics(balance, expert_tokens, sequences)
-        (total,) = self.ranks.sum([local])
+        (total,) = self.ranks.token_sum([local])
         if not math.isfinite(total):
             raise FloatingPointError(f"loss is {total}")
         return total
@@ -268,7 +273,7 @@ class Run:
     def _router_metrics(self, balance: float, expert_tokens: torch.Tensor, sequences: float) -> dict:
         """The step's balancing loss (a mean over its sequences) and each router's per-expert
         counts of top-k assignments ([routers, experts]), over every rank."""
-        summed = self.ranks.sum([balance, *expert_tokens.flatten().tolist()])
+        summed = self.ranks.token_sum([balance, *expert_tokens.flatten().tolist()])
         counts = torch.tensor(summed[1:]).reshape(expert_tokens.shape)
         return {"balance_loss": summed[0] / max(sequences, 1.0), "expert_tokens": counts.long().tolist()}
 

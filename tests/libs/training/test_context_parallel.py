@@ -111,7 +111,7 @@ def test_context_parallel_is_refused_where_it_cannot_split():
     from gearshift.training.forward import TargetForward
 
     model = TargetForward(tiny_model("llama")).model
-    with pytest.raises(ValueError, match="does not divide the model's 4 attention heads"):
+    with pytest.raises(ValueError, match="does not divide the 4 attention heads a rank holds"):
         check(model, RuntimeConfig(context_parallel=3))
     with pytest.raises(ValueError, match="set runtime.packing true"):
         check(model, RuntimeConfig(context_parallel=2, packing=False))
