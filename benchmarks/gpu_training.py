@@ -21,7 +21,10 @@ synthetic rows of token ids, the prompt masked and the completion learned:
 - stream: with two GPUs or more, the model's bf16 export streamed in buckets (weight_stream, the
   transport of rollout.weight_transfer nccl) from this process's GPU to a receiver process on the
   next over NCCL: seconds, GB/s, the most bytes held; with one GPU a note, skipped; on the CPU
-  (the dry run) the same over gloo.
+  (the dry run) the same over gloo;
+- context: with two GPUs or more, one step on one sequence of 8 x --length tokens on one GPU and
+  split over two by context parallelism (Ulysses): a rank's peak measured and predicted; with one
+  GPU, skipped.
 For each: tokens/s (median over timed steps after warm-up), model FLOPs utilisation, peak GPU
 memory. MFU counts model FLOPs as PaLM does (6 per weight per token, plus 12 * layers * hidden *
 sequence for attention; the head only on target tokens, since only they need it) against both the
@@ -370,14 +373,14 @@ def fsdp_sft(args, model_dir: Path) -> dict:
     return {"gpus": gpus, **json.loads((out / "report.json").read_text())["sft"][0]}
 
 
-def memory_step(model_dir: Path, tokens: int, out: Path, device: str, measure: bool) -> dict:
-    """gearshift.training.memory's one-step peak (GiB per kind) on one rank: predicted over a fake
-    process group, or measured on a real one (torchrun, one process), each in a process of its own."""
-    runtime = json.dumps({"device": device})
-    command = [sys.executable, "-m", "gearshift.training.memory", str(model_dir / "config.json"), "--ranks", "1",
+def memory_step(model_dir: Path, tokens: int, out: Path, device: str, measure: bool, ranks: int = 1, context_parallel: int = 1) -> dict:
+    """gearshift.training.memory's one-step peak (GiB per kind) on rank 0 of ranks: predicted over a
+    fake process group, or measured on a real one (torchrun), each in a process of its own."""
+    runtime = json.dumps({"device": device, "context_parallel": context_parallel})
+    command = [sys.executable, "-m", "gearshift.training.memory", str(model_dir / "config.json"), "--ranks", str(ranks),
                "--tokens", str(tokens), "--runtime", runtime, "--out", str(out)]
     if measure:
-        command[1:3] = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", "-m", "gearshift.training.memory"]
+        command[1:3] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", "-m", "gearshift.training.memory"]
         command.append("--measure")
     subprocess.run(command, check=True, timeout=900)
     return json.loads(out.read_text())
@@ -407,6 +410,22 @@ def moe_sft(args, scratch: Path, peaks: dict) -> dict:
             "step_tokens": args.length, "predicted_gib": round(predicted["Total"], 3), "measured_tracker_gib": round(measured["Total"], 3),
             "measured_cuda_max_allocated_gib": measured.get("cuda_max_allocated") and round(measured["cuda_max_allocated"], 3),
             "predicted_over_measured": round(predicted["Total"] / measured["Total"], 3)}
+
+
+def context_parallel(args, model_dir: Path, scratch: Path) -> dict:
+    """One step on one sequence of 8 x --length tokens: on one GPU, and split over two by context
+    parallelism (Ulysses) when there are two; a rank's peak measured (the tracker's live tensors and
+    CUDA's own allocation) beside the tracker's prediction."""
+    gpus, tokens = torch.cuda.device_count(), 8 * args.length
+    if gpus < 2:
+        return {"skipped": f"{gpus} GPU: context parallelism across GPUs needs two or more"}
+    report = {"tokens": tokens}
+    for ranks in (1, 2):
+        measured = memory_step(model_dir, tokens, scratch / f"cp{ranks}-measured.json", args.device, True, ranks, ranks)
+        predicted = memory_step(model_dir, tokens, scratch / f"cp{ranks}-predicted.json", args.device, False, ranks, ranks)
+        report[f"context_parallel_{ranks}"] = {"measured_tracker_gib": round(measured["Total"], 3), "predicted_gib": round(predicted["Total"], 3),
+                                               "measured_cuda_max_allocated_gib": round(measured.get("cuda_max_allocated", 0.0), 3)}
+    return report
 
 
 def varlen_packing(args, model_dir: Path, peaks: dict) -> dict:
@@ -518,7 +537,7 @@ def attempt(report: dict, name: str, phase, out: Path) -> None:
             (out / "report.json").write_text(json.dumps(report, indent=2))
 
 
-PHASES = ("sft", "trl", "apo", "load", "fsdp", "moe", "varlen", "stream")
+PHASES = ("sft", "trl", "apo", "load", "fsdp", "moe", "varlen", "stream", "context")
 
 
 def main() -> None:
@@ -597,6 +616,8 @@ def main() -> None:
             attempt(report, "varlen_packing", lambda: varlen_packing(args, model_dir, peaks), args.out)
         if "stream" in phases:
             attempt(report, "weight_stream", lambda: stream_weights(args, model_dir), args.out)
+        if "context" in phases:
+            attempt(report, "context_parallel", lambda: context_parallel(args, model_dir, scratch), args.out)
     print(json.dumps(report, indent=2))
 
 

@@ -81,10 +81,17 @@ def helm(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([find_helm(), *args], capture_output=True, text=True, timeout=120)
 
 
-@lru_cache(maxsize=None)
 def render(values_files: tuple[str, ...] = (), sets: tuple[str, ...] = (), apis: tuple[str, ...] | None = None) -> tuple[dict, ...]:
     """`helm template` of the chart with these values files (relative to the chart), --set pairs
-    and API versions (None: those the values files name)."""
+    and API versions (None: those the values files name); the same files with the same contents
+    render once (a test's values file may lie at a path an earlier test's used: tmp_path is
+    reused once a passed test's is removed)."""
+    return _render(tuple((name, (CHART / name).read_text()) for name in values_files), sets, apis)
+
+
+@lru_cache(maxsize=None)
+def _render(values: tuple[tuple[str, str], ...], sets: tuple[str, ...], apis: tuple[str, ...] | None) -> tuple[dict, ...]:
+    values_files = tuple(name for name, _ in values)
     args = ["template", RELEASE, str(CHART), "--namespace", RELEASE, "--kube-version", KUBE_VERSION]
     for version in api_versions(values_files) if apis is None else apis:
         args += ["--api-versions", version]
