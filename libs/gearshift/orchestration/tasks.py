@@ -10,7 +10,12 @@ A copy of a task whose key a live worker holds (Redis hands out a task again aft
 visibility timeout, however long it runs) raises Busy and is retried after a pause: it starts
 nothing and returns nothing to its chain, and it stays on the broker, so when the holder dies it
 finds the lease stale and takes the work over (a training run: re-attaching to it). The holder
-keeps its lease fresh while it works (JobJournal.kept).
+keeps its lease fresh while it works (Lease.kept).
+
+A holder taken for dead while it lived (it stalled past its lease) finds the run no longer its own
+at its next write or confirm() (LeaseLost): it stops there, before promoting or publishing, and
+its copy of the task ends without a trace (Journaled). A task started orchestration.max_attempts
+times is parked: the next delivery fails it with its last error, and Celery delivers it no more.
 """
 
 from __future__ import annotations
@@ -23,13 +28,14 @@ from collections.abc import Callable
 from functools import lru_cache
 
 import redis
-from celery import chain
+from celery import Task, chain
+from celery.exceptions import Ignore
 
 from gearshift.api.common.v1.common_pb2 import CheckpointStatus
 from gearshift.orchestration import checkpoint_registry, run_metrics, task_bodies
 from gearshift.orchestration.app import app
 from gearshift.orchestration.evaluators import GateEvaluator
-from gearshift.orchestration.journal import Claim, JobJournal, this_worker
+from gearshift.orchestration.journal import Claim, JobJournal, Lease, LeaseLost, this_worker
 from gearshift.orchestration.promotion import Evaluator
 from gearshift.orchestration.runners import Runner, make_runner
 from gearshift.orchestration.training_run import RunSpec
@@ -56,7 +62,7 @@ def journal() -> JobJournal:
     except Exception:
         engine.dispose()
         raise
-    return JobJournal(engine, settings.orchestration.lease_seconds)
+    return JobJournal(engine, settings.orchestration.lease_seconds, settings.orchestration.max_attempts)
 
 
 class TaskFailed(Exception):
@@ -81,13 +87,30 @@ def busy_retry_seconds(orchestration: OrchestrationSettings) -> float:
     return min(orchestration.lease_seconds, orchestration.visibility_timeout_seconds / 2)
 
 
+class Journaled(Task):
+    """A task whose work holds a journal lease. A copy that lost its lease (taken for dead while
+    it stalled) ends without a trace: acknowledged, no result stored over the holder's, its chain
+    not continued (Ignore). The new holder finishes the work, and its own message stays on the
+    broker until it does, so nothing is lost if it dies too."""
+
+    def __call__(self, *args, **kwargs):
+        try:
+            return super().__call__(*args, **kwargs)
+        except LeaseLost as lost:
+            log.warning("%s stops: %s", self.name, lost)
+            raise Ignore() from lost
+
+
 # Every task that claims a journal key: a Busy copy is retried for as long as the holder lives.
-JOURNALED = {"autoretry_for": (Busy,), "max_retries": None, "default_retry_delay": busy_retry_seconds(get_settings().orchestration)}
+JOURNALED = {"base": Journaled, "autoretry_for": (Busy,), "max_retries": None,
+             "default_retry_delay": busy_retry_seconds(get_settings().orchestration)}
 
 
-def once(key: str, kind: str, params: dict, work: Callable[[JobJournal, str], dict]) -> dict:
-    """Runs work(journal, key) unless the journal says it is done (its stored result) or being
-    done by a live worker (Busy); keeps the lease while it works; records its result or error."""
+def once(key: str, kind: str, params: dict, work: Callable[[Lease], dict]) -> dict:
+    """Runs work(lease) unless the journal says it is done (its stored result), being done by a
+    live worker (Busy) or out of attempts (TaskFailed, with its last error); keeps the lease while
+    it works; records its result or error. LeaseLost (this key's) passes through unrecorded:
+    the run is another worker's now."""
     book = journal()
     claim, run = book.claim(key, kind, params)
     if claim is Claim.DONE:
@@ -95,17 +118,23 @@ def once(key: str, kind: str, params: dict, work: Callable[[JobJournal, str], di
         return run.result | {"deduplicated": True}
     if claim is Claim.BUSY:
         raise Busy(key, run.owner)
-    started = time.monotonic()
+    if claim is Claim.PARKED:
+        run_metrics.RUNS.labels(kind, "parked").inc()
+        raise TaskFailed(run.error)  # a failure is acknowledged: Celery stops delivering it
+    lease, started = Lease(book, run), time.monotonic()
     try:
-        with book.kept(key), run_metrics.RUNS_RUNNING.labels(kind).track_inprogress():
-            result = work(book, run.external_id)
+        with lease.kept(), run_metrics.RUNS_RUNNING.labels(kind).track_inprogress():
+            result = work(lease)
+        lease.succeed(result | {"key": key})
     except Exception as exc:
+        lost = isinstance(exc, LeaseLost) and exc.key == key
+        run_metrics.ended(kind, "lost" if lost else "failed", time.monotonic() - started)
+        if lost:
+            raise
         message = f"{type(exc).__name__}: {exc}"
-        book.fail(key, message)
-        run_metrics.ended(kind, "failed", time.monotonic() - started)
+        lease.fail(message)
         # gRPC and other errors do not survive the JSON result backend: send their text.
         raise TaskFailed(message) from None
-    book.succeed(key, result | {"key": key})
     run_metrics.ended(kind, "succeeded", time.monotonic() - started)
     return result | {"key": key}
 
@@ -143,22 +172,23 @@ def train(previous: dict | None = None, job: str = "sft", config: dict | None = 
     spec = task_bodies.run_spec(settings, job, config or {}, key, data, parent)
     runner = make_runner(settings)
 
-    def work(book: JobJournal, _recorded: str) -> dict:
-        result = run_training(book, key, runner, spec, settings.orchestration.job_timeout_seconds)
+    def work(lease: Lease) -> dict:
+        result = run_training(lease, runner, spec, settings.orchestration.job_timeout_seconds)
         return result | {"snapshot": previous.get("snapshot", "")}
 
     return once(key, "train", {"job": job, "config": spec.config}, work)
 
 
-def run_training(book: JobJournal, key: str, runner: Runner, spec: RunSpec, timeout: float) -> dict:
+def run_training(lease: Lease, runner: Runner, spec: RunSpec, timeout: float) -> dict:
     """One training run of a claimed key, to its end. The runner's start() decides between
     re-attaching (a redelivered task whose run is still going, or done) and a new attempt (a
     retried run whose attempt failed): so the journal's recorded external id is only a record,
-    updated to the attempt being watched."""
+    updated to the attempt being watched. A lost lease ends the watch at its next look (the
+    heartbeat raises LeaseLost) and leaves the run to the new holder, which watches it on."""
     external_id = runner.start(spec)
-    book.heartbeat(key, external_id=external_id)
-    result = task_bodies.train(runner, spec, external_id, lambda tail: book.heartbeat(key, log=tail), timeout)
-    book.heartbeat(key, log=result.pop("log_tail"))
+    lease.heartbeat(external_id=external_id)
+    result = task_bodies.train(runner, spec, external_id, lambda tail: lease.heartbeat(log=tail), timeout)
+    lease.heartbeat(log=result.pop("log_tail"))
     return result
 
 
@@ -169,7 +199,7 @@ def promote(previous: dict | None = None, checkpoint_id: str = "") -> dict:
     settings = get_settings()
     checkpoint_id = checkpoint_id or (previous or {}).get("checkpoint_id", "")
 
-    def work(*_) -> dict:
+    def work(lease: Lease) -> dict:
         outcome = asyncio.run(task_bodies.gate(settings, checkpoint_id, evaluator_factory(settings)))
         decision = outcome.decision
         result = {
@@ -180,6 +210,9 @@ def promote(previous: dict | None = None, checkpoint_id: str = "") -> dict:
             "baseline": task_bodies.eval_summary(decision.baseline) if decision.baseline else None,
             "baseline_id": outcome.baseline.id if outcome.baseline else "",
         }
+        # An evaluation takes minutes: a copy taken for dead meanwhile stops here, and the
+        # holder alone rejects or publishes.
+        lease.confirm()
         if not decision.promote:
             asyncio.run(checkpoint_registry.update_checkpoint(settings, checkpoint_id, CheckpointStatus.CHECKPOINT_STATUS_REJECTED, {}))
             return result
@@ -187,6 +220,8 @@ def promote(previous: dict | None = None, checkpoint_id: str = "") -> dict:
             return result | publish.run(checkpoint_id=checkpoint_id)
         except Busy as busy:  # an operator's publish of this checkpoint is under way: it finishes it
             return result | {"busy": True, "owner": busy.owner}
+        except LeaseLost as lost:  # the publish was taken over by another of its copies: that one finishes it
+            return result | {"busy": True, "owner": lost.holder}
 
     return once(f"promote:{checkpoint_id}", "promote", {"checkpoint_id": checkpoint_id}, work)
 
@@ -249,9 +284,9 @@ def check_trigger() -> dict:
     if count < needed:
         return {"window": window, "new_scored": count, "needed": needed, "started": False}
     key = f"round:{newest}"
-    claim, _ = journal().claim(key, "round", {"watermark_us": newest, "job": settings.orchestration.round_job})
+    claim, run = journal().claim(key, "round", {"watermark_us": newest, "job": settings.orchestration.round_job})
     if claim is not Claim.NEW:
         return {"window": window, "new_scored": count, "started": False, "key": key}
     chain_id = round_chain(settings, settings.orchestration.round_job, settings.orchestration.round_config).apply_async().id
-    journal().succeed(key, {"chain": chain_id, "watermark_us": newest})
+    journal().succeed(key, run.owner, {"chain": chain_id, "watermark_us": newest})
     return {"window": window, "new_scored": count, "started": True, "key": key, "chain": chain_id}

@@ -79,9 +79,14 @@ class Cluster:
         path = self.root / "starts"
         return path.read_text().split() if path.exists() else []
 
+    def notes(self) -> list[str]:
+        """What the stand-in tasks' work did (standin_worker.note), a line each."""
+        path = self.root / "notes"
+        return path.read_text().splitlines() if path.exists() else []
+
     def holder(self, run: JobRun) -> str:
-        """The name of the worker whose pool process owns a journal row (owner = host:pid)."""
-        pid = int(run.owner.rsplit(":", 1)[1])
+        """The name of the worker whose pool process owns a journal row (owner = host:pid:token)."""
+        pid = owner_pid(run)
         parent = int((Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1]).split()[1])
         return next(name for name, process in self.processes.items() if process.pid in (pid, parent))
 
@@ -110,6 +115,11 @@ class Cluster:
                 os.killpg(int(pid_file.read_text()), signal.SIGKILL)  # a stand-in run leads its own session
 
 
+def owner_pid(run: JobRun) -> int:
+    """The process holding a journal row's lease (its owner token is host:pid:random)."""
+    return int(run.owner.rsplit(":", 2)[1])
+
+
 async def until(check: Callable[[], object], timeout: float, what: str, interval: float = 0.2):
     """Polls check() without blocking the event loop (the embedded store serves on it) until it
     returns something true; returns that."""
@@ -134,6 +144,7 @@ async def cluster(tmp_path: Path, engine=None, run_seconds: float = 1.0, **orche
         "GEARSHIFT_LOG_LEVEL": "WARNING",
         "GEARSHIFT_ORCHESTRATION__METRICS_PORT": "0",
         "STANDIN_STARTS": str(tmp_path / "starts"),
+        "STANDIN_NOTES": str(tmp_path / "notes"),
         "STANDIN_SECONDS": str(run_seconds),
     } | {f"GEARSHIFT_ORCHESTRATION__{name.upper()}": str(value) for name, value in orchestration.items()}
     async with contextlib.AsyncExitStack() as stack:
