@@ -10,11 +10,18 @@ a Service's EndpointSlices, make the next request fail.
         kube.set_status("jobs", "train-1", conditions=[condition("Failed", "DeadlineExceeded")])
 
 Served: create (409 AlreadyExists when the name is taken), get (also /status), list (labelSelector
-with =, ==, !=, key and !key), put, patch (json-patch, merge-patch and strategic-merge-patch
-enough for containers/env/volumes keyed by name; a spec change bumps metadata.generation),
-delete (the propagationPolicy is recorded; dependents, by ownerReference uid, go with it) and pod
-logs (tailLines, limitBytes) for ConfigMaps, Pods, Jobs, Deployments, EndpointSlices and Kubeflow
-Trainer TrainJobs. Anything else is a Kubernetes Status 404. Every request is recorded in order.
+with =, ==, !=, key and !key; fieldSelector on metadata.name and metadata.namespace; the items of
+a built-in kind without apiVersion and kind, as a real API server answers them, a CRD's with
+them), watch (ADDED, MODIFIED and DELETED events after a resourceVersion, or the objects there
+now first when none is given; a resourceVersion older than the last compact() is answered, as the
+API server's watch cache answers it, with one ERROR event holding a 410 Expired Status), put,
+patch (json-patch, merge-patch and strategic-merge-patch enough for containers/env/volumes keyed
+by name; a spec change bumps metadata.generation; a metadata.resourceVersion other than the
+stored one is a 409 Conflict), delete (the propagationPolicy is recorded; preconditions on uid or
+resourceVersion are a 409 Conflict when they do not hold; dependents, by ownerReference uid, go
+with it) and pod logs (tailLines, limitBytes) for ConfigMaps, Pods, Jobs, Deployments,
+EndpointSlices and Kubeflow Trainer TrainJobs. Anything else is a Kubernetes Status 404. Every
+request is recorded in order.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -45,6 +52,8 @@ KINDS = {
     ("trainer.kubeflow.org/v1alpha1", "trainjobs"): "TrainJob",
 }
 API_VERSIONS = {plural: api_version for api_version, plural in KINDS}
+CUSTOM_RESOURCES = {"trainjobs"}  # served from a CRD: their lists keep each item's apiVersion and kind
+FIELDS = ("metadata.name", "metadata.namespace")  # the field selectors every kind supports
 STATUS_SUBRESOURCE = {"jobs", "deployments", "trainjobs"}  # create ignores their .status, as the API does
 ROUTE = re.compile(
     r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
@@ -76,6 +85,17 @@ class Request:
     time: float
     query: dict[str, str] = field(default_factory=dict)
     body: object = None
+
+
+@dataclass
+class _Event:
+    """One change as a watch reports it: the object before (None when created) and after (for a
+    deletion, its last state, under the deletion's resourceVersion)."""
+
+    version: int
+    type: str  # ADDED, MODIFIED or DELETED
+    old: dict | None
+    new: dict
 
 
 @dataclass
@@ -136,6 +156,27 @@ def _merge(target: dict, patch: dict, strategic: bool) -> dict:
     return target
 
 
+def _fields(obj: dict) -> dict[str, str]:
+    return {"metadata.name": obj["metadata"]["name"], "metadata.namespace": obj["metadata"]["namespace"]}
+
+
+def _check_fields(selector: str) -> None:
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        field_name = re.split("!=|==|=", term)[0].strip()
+        if field_name not in FIELDS:
+            raise ApiError(400, "BadRequest", f'field label not supported: {field_name}')
+
+
+def _resource(plural: str) -> str:
+    """A resource as the API's messages name it: jobs.batch, configmaps."""
+    group = API_VERSIONS[plural].rpartition("/")[0]
+    return f"{plural}.{group}" if group else plural
+
+
+def _conflict(plural: str, name: str, why: str) -> ApiError:
+    return ApiError(409, "Conflict", f'Operation cannot be fulfilled on {_resource(plural)} "{name}": {why}')
+
+
 def _named(items: list) -> bool:
     return all(isinstance(item, dict) and "name" in item for item in items)
 
@@ -172,8 +213,12 @@ class FakeKubernetes:
         self.logs: dict[tuple[str, str], str | None] = {}  # (namespace, pod) -> text; None: not started
         self.on_create: dict[str, list[Callable[[dict], None]]] = {}  # kind -> hooks run after each create
         self._failures: list[_Failure] = []
-        self._versions = itertools.count(1)
+        self._version = 0  # the newest resourceVersion given out
+        self._events: list[_Event] = []
+        self._compacted = 0  # a watch from before this resourceVersion has expired
+        self._stopped = False
         self.lock = threading.RLock()
+        self._changes = threading.Condition(self.lock)  # watches wait on it
         self.server: ThreadingHTTPServer | None = None
         self.api_client: client.ApiClient | None = None
 
@@ -197,10 +242,11 @@ class FakeKubernetes:
                 raise ApiError(409, "AlreadyExists", f'{plural} "{name}" already exists')
             obj["apiVersion"], obj["kind"] = key[0], KINDS[key[:2]]
             meta |= {"namespace": namespace, "uid": str(uuid.uuid4()), "creationTimestamp": _now(),
-                     "resourceVersion": str(next(self._versions)), "generation": 1}
+                     "resourceVersion": str(self._next_version()), "generation": 1}
             if plural in STATUS_SUBRESOURCE:
                 obj["status"] = {}
             self.objects[key] = obj
+            self._record("ADDED", None, obj)
             for hook in self.on_create.get(obj["kind"], []):
                 hook(obj)
             return copy.deepcopy(obj)
@@ -209,15 +255,17 @@ class FakeKubernetes:
         with self.lock:
             return copy.deepcopy(self._stored(plural, namespace, name))
 
-    def list(self, plural: str, namespace: str | None = None, label_selector: str = "") -> list[dict]:
+    def list(self, plural: str, namespace: str | None = None, label_selector: str = "", field_selector: str = "") -> list[dict]:
+        """The objects as stored (apiVersion and kind included, whatever their kind)."""
+        _check_fields(field_selector)
         with self.lock:
             return [copy.deepcopy(obj) for (_, kind_plural, ns, _), obj in sorted(self.objects.items())
-                    if kind_plural == plural and namespace in (None, ns)
-                    and _matches(obj["metadata"].get("labels") or {}, label_selector)]
+                    if kind_plural == plural and namespace in (None, ns) and self._selected(obj, label_selector, field_selector)]
 
     def replace(self, plural: str, namespace: str, name: str, body: dict, subresource: str = "") -> dict:
         with self.lock:
             stored = self._stored(plural, namespace, name)
+            self._check_version(stored, (body.get("metadata") or {}).get("resourceVersion"))
             if subresource == "status":
                 return self._changed(stored, stored | {"status": body.get("status", {})})
             kept = {k: stored["metadata"][k] for k in ("uid", "creationTimestamp", "namespace", "generation")}
@@ -233,13 +281,19 @@ class FakeKubernetes:
                 patched = _merge(copy.deepcopy(stored), patch, strategic="strategic" in content_type)
             else:
                 raise ApiError(415, "UnsupportedMediaType", f"the fake does not apply {content_type}")
+            self._check_version(stored, patched["metadata"].get("resourceVersion"))
             if subresource == "status":
                 patched = stored | {"status": patched.get("status", {})}
             return self._changed(stored, patched)
 
-    def delete(self, plural: str, namespace: str, name: str, propagation_policy: str | None = None) -> dict:
+    def delete(self, plural: str, namespace: str, name: str, propagation_policy: str | None = None,
+               preconditions: dict | None = None) -> dict:
         with self.lock:
             obj = self._stored(plural, namespace, name)
+            for field_name, label in (("uid", "UID"), ("resourceVersion", "ResourceVersion")):
+                wanted, actual = (preconditions or {}).get(field_name), obj["metadata"][field_name]
+                if wanted and wanted != actual:
+                    raise _conflict(plural, name, f"Precondition failed: {label} in precondition: {wanted}, {label} in object meta: {actual}")
             self.deletions.append((obj["kind"], name, propagation_policy))
             self._remove(obj)
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
@@ -251,19 +305,39 @@ class FakeKubernetes:
         except KeyError:
             raise ApiError(404, "NotFound", f'{plural} "{name}" not found') from None
 
+    def _check_version(self, stored: dict, version: str | None) -> None:
+        """A write that names a resourceVersion is refused unless it is the stored one (optimistic
+        concurrency: the writer read the object before someone else changed it)."""
+        meta = stored["metadata"]
+        if version and version != meta["resourceVersion"]:
+            raise _conflict(self._plural(stored["kind"]), meta["name"],
+                            "the object has been modified; please apply your changes to the latest version and try again")
+
     def _changed(self, stored: dict, new: dict) -> dict:
+        old = copy.deepcopy(stored)
         meta = new["metadata"]
         if new.get("spec") != stored.get("spec"):
             meta["generation"] = stored["metadata"].get("generation", 1) + 1
-        meta["resourceVersion"] = str(next(self._versions))
+        meta["resourceVersion"] = str(self._next_version())
         stored.clear()
         stored.update(copy.deepcopy(new))
+        self._record("MODIFIED", old, stored)
         return copy.deepcopy(stored)
+
+    def _next_version(self) -> int:
+        self._version += 1
+        return self._version
+
+    def _record(self, type_: str, old: dict | None, new: dict) -> None:
+        self._events.append(_Event(self._version, type_, old, copy.deepcopy(new)))
+        self._changes.notify_all()
 
     def _remove(self, obj: dict) -> None:
         """Deletes the object and, as the garbage collector would, everything it owns."""
         meta = obj["metadata"]
         self.objects.pop((obj["apiVersion"], self._plural(obj["kind"]), meta["namespace"], meta["name"]), None)
+        meta["resourceVersion"] = str(self._next_version())
+        self._record("DELETED", copy.deepcopy(obj), obj)
         if obj["kind"] == "Pod":
             self.logs.pop((meta["namespace"], meta["name"]), None)
         for dependent in [o for o in self.objects.values()
@@ -273,6 +347,69 @@ class FakeKubernetes:
     @staticmethod
     def _plural(kind: str) -> str:
         return next(plural for (_, plural), name in KINDS.items() if name == kind)
+
+    @staticmethod
+    def _selected(obj: dict, label_selector: str, field_selector: str) -> bool:
+        return _matches(obj["metadata"].get("labels") or {}, label_selector) and _matches(_fields(obj), field_selector)
+
+    # ------------------------------------------------------------ watches
+
+    def watch(self, plural: str, namespace: str | None, query: dict[str, str]) -> Iterator[dict]:
+        """The events of a watch request, until its timeoutSeconds pass or the fake stops: from
+        a resourceVersion, the changes after it; without one (or "0"), the objects there now as
+        ADDED, then the changes. A resourceVersion from before the last compact() gets one ERROR
+        event, a 410 Expired Status, and the stream ends (the client then lists anew)."""
+        labels, fields = query.get("labelSelector", ""), query.get("fieldSelector", "")
+        _check_fields(fields)
+        deadline = time.monotonic() + float(query.get("timeoutSeconds") or "inf")
+        since = query.get("resourceVersion", "")
+        with self.lock:
+            if since in ("", "0"):
+                now = [{"type": "ADDED", "object": obj} for obj in self.list(plural, namespace, labels, fields)]
+                return itertools.chain(now, self._follow(self._version, plural, namespace, labels, fields, deadline))
+            if not since.isdigit():
+                raise ApiError(400, "BadRequest", f'resourceVersion: Invalid value: "{since}"')
+            if int(since) < self._compacted:
+                expired = ApiError(410, "Expired", f"too old resource version: {since} ({self._compacted})")
+                return iter([{"type": "ERROR", "object": expired.status()}])
+            return self._follow(int(since), plural, namespace, labels, fields, deadline)
+
+    def _follow(self, cursor: int, plural: str, namespace: str | None, labels: str, fields: str, deadline: float) -> Iterator[dict]:
+        while True:
+            with self.lock:
+                while not (pending := [e for e in self._events if e.version > cursor]) and not self._stopped:
+                    if not self._changes.wait(max(0.0, min(deadline - time.monotonic(), 3600))) and time.monotonic() >= deadline:
+                        return
+                if not pending:
+                    return
+                cursor = pending[-1].version
+                seen = [self._as_seen(e, plural, namespace, labels, fields) for e in pending]
+            yield from filter(None, seen)  # written outside the lock: a slow reader holds up no one
+
+    def _as_seen(self, event: _Event, plural: str, namespace: str | None, labels: str, fields: str) -> dict | None:
+        """The event as a watch with these selectors sees it: an object that comes to match them
+        is ADDED, one that stops matching DELETED."""
+        meta = event.new["metadata"]
+        if self._plural(event.new["kind"]) != plural or namespace not in (None, meta["namespace"]):
+            return None
+        now = self._selected(event.new, labels, fields)
+        before = event.old is not None and self._selected(event.old, labels, fields)
+        if event.type == "MODIFIED" and now != before:
+            return {"type": "ADDED" if now else "DELETED", "object": copy.deepcopy(event.new)}
+        return {"type": event.type, "object": copy.deepcopy(event.new)} if now else None
+
+    def compact(self) -> None:
+        """Forgets the changes so far, as etcd's compaction and the watch cache's window do: a
+        watch from a resourceVersion before now has expired (410)."""
+        with self.lock:
+            self._events.clear()
+            self._compacted = self._version
+
+    def stop(self) -> None:
+        """Ends every watch."""
+        with self.lock:
+            self._stopped = True
+            self._changes.notify_all()
 
     # ------------------------------------------------------------ test hooks
 
@@ -337,7 +474,8 @@ class FakeKubernetes:
     # ------------------------------------------------------------ HTTP
 
     def handle(self, method: str, path: str, query: dict[str, str], body, content_type: str):
-        """(code, body) of one request; body a dict (JSON) or str (text/plain)."""
+        """(code, body) of one request; body a dict (JSON), a str (text/plain) or, for a watch,
+        an iterator of events (streamed, one JSON line each)."""
         route = ROUTE.match(path)
         if not route:
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({path})")
@@ -349,10 +487,15 @@ class FakeKubernetes:
             raise ApiError(405, "MethodNotAllowed", f"{method} needs a namespace")
         if method == "POST":
             return 201, self.create(plural, namespace, body)
+        if method == "GET" and name is None and query.get("watch", "").lower() in ("1", "t", "true"):  # Go's ParseBool
+            return 200, self.watch(plural, namespace, query)
         if method == "GET" and name is None:
-            items = self.list(plural, namespace, query.get("labelSelector", ""))
+            with self.lock:
+                items, version = self.list(plural, namespace, query.get("labelSelector", ""), query.get("fieldSelector", "")), self._version
+            if plural not in CUSTOM_RESOURCES:  # a built-in kind's list names its kind once, not on each item
+                items = [{k: v for k, v in item.items() if k not in ("apiVersion", "kind")} for item in items]
             return 200, {"apiVersion": api_version, "kind": KINDS[(api_version, plural)] + "List",
-                         "metadata": {"resourceVersion": str(next(self._versions))}, "items": items}
+                         "metadata": {"resourceVersion": str(version)}, "items": items}
         if method == "GET" and sub == "log":
             return 200, self._log(namespace, name, query)
         if method == "GET":
@@ -363,7 +506,7 @@ class FakeKubernetes:
             return 200, self.patch(plural, namespace, name, body, content_type, sub or "")
         if method == "DELETE":
             policy = query.get("propagationPolicy") or (body or {}).get("propagationPolicy")
-            return 200, self.delete(plural, namespace, name, policy)
+            return 200, self.delete(plural, namespace, name, policy, (body or {}).get("preconditions"))
         raise ApiError(405, "MethodNotAllowed", f"{method} is not served")
 
     def _log(self, namespace: str, pod: str, query: dict[str, str]) -> str:
@@ -409,6 +552,9 @@ def _handler(fake: FakeKubernetes) -> type[BaseHTTPRequestHandler]:
                 code, answer = error.code, error.status()
             except Exception as error:  # a bug in the fake or a malformed request: still a Status
                 code, answer = 500, ApiError(500, "InternalError", f"{type(error).__name__}: {error}").status()
+            if isinstance(answer, Iterator):
+                self.stream(answer)
+                return
             text = answer if isinstance(answer, str) else json.dumps(answer)
             payload = text.encode()
             self.send_response(code)
@@ -418,6 +564,20 @@ def _handler(fake: FakeKubernetes) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(payload)
 
         do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do
+
+        def stream(self, events: Iterable[dict]) -> None:
+            """A watch's answer: chunked, one event a line, each sent as it happens."""
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                for event in events:
+                    line = (json.dumps(event) + "\n").encode()
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                self.wfile.write(b"0\r\n\r\n")
+            except OSError:  # the client went away (it stopped watching)
+                self.close_connection = True
 
         def log_message(self, *args) -> None:  # quiet: the requests are recorded instead
             pass
@@ -439,6 +599,7 @@ def fake_kubernetes() -> Iterator[FakeKubernetes]:
     try:
         yield fake
     finally:
+        fake.stop()
         fake.api_client.close()
         fake.server.shutdown()
         fake.server.server_close()

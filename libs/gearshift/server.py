@@ -71,30 +71,45 @@ def grpc_options(settings: Settings) -> list[tuple[str, int]]:
 
 
 class DrainingHealth(health.aio.HealthServicer):
-    """The standard health service, whose watches end once the server drains (after telling the
-    client NOT_SERVING): a client's health watch would otherwise hold the drain open to its end."""
+    """The standard health service, whose watches end once the server drains, right after telling
+    the client NOT_SERVING: a client's health watch would otherwise hold the drain open to its end.
+
+    Watch is its own loop rather than the standard one ended from outside: cancelling that one
+    could land while its write was still in gRPC core, and the writes after it then failed with
+    GRPC_CALL_ERROR_TOO_MANY_OPERATIONS (a traceback per watching connection at every shutdown,
+    and the call held the drain open to its grace). Here a write is never cut short."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._draining = asyncio.Event()
+        self._draining = False
+        self._changed = asyncio.Event()
+
+    async def set(self, service: str, status: health_pb2.HealthCheckResponse.ServingStatus) -> None:
+        await super().set(service, status)
+        self._notify()
 
     async def enter_graceful_shutdown(self) -> None:
         await super().enter_graceful_shutdown()
-        self._draining.set()
+        self._draining = True
+        self._notify()
+
+    def _notify(self) -> None:
+        # Each change sets the event the watchers hold and leaves a fresh one for the next change.
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     async def Watch(self, request, context) -> None:
-        watching = asyncio.ensure_future(super().Watch(request, context))
-        draining = asyncio.ensure_future(self._draining.wait())
-        try:
-            await asyncio.wait({watching, draining}, return_when=asyncio.FIRST_COMPLETED)
-        finally:  # also when the watch itself is cancelled (the client went away, the server stopped)
-            for task in (watching, draining):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):  # the client may have gone
-                    await task
-        if self._draining.is_set():
-            with contextlib.suppress(Exception):
-                await context.write(health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.NOT_SERVING))
+        sent = None
+        while True:
+            changed = self._changed  # taken before reading: a change during the write below is not missed
+            # The standard servicer's table, which its set() and enter_graceful_shutdown() write.
+            status = self._server_status.get(request.service, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
+            if status != sent:
+                await context.write(health_pb2.HealthCheckResponse(status=status))
+                sent = status
+            if self._draining:  # NOT_SERVING is written: the stream ends with OK
+                return
+            await changed.wait()
 
 
 class RunningServer:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 
 import grpc
 import pytest
 from gearshift.api.common.v1.common_pb2 import Mode, RoutingStrategy
 from gearshift.api.router.v1 import router_pb2, router_pb2_grpc
 from gearshift.clients import channel
-from gearshift.server import running
+from gearshift.server import running, start
 from gearshift.services.router.service import FULL_NAME, build
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from pydantic import SecretStr
@@ -110,3 +112,36 @@ async def test_reflection_lists_the_services_only_when_enabled(settings):
                 else:
                     with pytest.raises(grpc.RpcError):
                         await asyncio.to_thread(database.get_services)
+
+
+async def test_a_drain_ends_every_health_watch_with_not_serving_and_logs_no_traceback(settings, caplog):
+    """A watch open when the drain begins, and one a client's health check opens during the drain
+    (as a channel's health checking does once its watch ends): each sees NOT_SERVING, its stream
+    ends with OK, nothing is logged as an error, and no call holds the drain to its grace."""
+    caplog.set_level(logging.WARNING)
+    server = await start(await build(settings), settings, port=0)
+    seen: dict[str, list] = {"before": [], "during": []}
+
+    async def watch(ch: grpc.aio.Channel, when: str) -> None:
+        try:
+            async for reply in health_pb2_grpc.HealthStub(ch).Watch(health_pb2.HealthCheckRequest()):
+                seen[when].append(reply.status)
+        except grpc.aio.AioRpcError as error:
+            seen[when].append(error.code())
+
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        before = asyncio.ensure_future(watch(ch, "before"))
+        while not seen["before"]:
+            await asyncio.sleep(0.01)
+        started = time.monotonic()
+        stopping = asyncio.ensure_future(server.stop(grace=5, notice=0.5))
+        await asyncio.sleep(0.2)  # NOT_SERVING now, still listening
+        during = asyncio.ensure_future(watch(ch, "during"))
+        await stopping
+        stopped_in = time.monotonic() - started
+        await asyncio.wait_for(asyncio.gather(before, during), timeout=5)
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+    assert seen == {"before": [serving, not_serving], "during": [not_serving]}
+    assert stopped_in < 2, stopped_in  # the notice, not the grace
+    problems = [record for record in caplog.records if record.levelno >= logging.ERROR or record.exc_info]
+    assert not problems, "\n".join(f"{r.name}: {r.getMessage()}" for r in problems)

@@ -232,6 +232,7 @@ class KubernetesRunner:
         self.objects = client.CustomObjectsApi(api_client)
         self.kind = run_kind(settings)
         group, version, plural = RESOURCES[self.kind]
+        self.api_version = f"{group}/{version}"
         self.resource = (group, version, settings.namespace, plural)  # every CustomObjectsApi call's first arguments
 
     def start(self, spec: RunSpec) -> str:
@@ -307,7 +308,10 @@ class KubernetesRunner:
 
     def _latest_attempt(self, spec: RunSpec) -> dict | None:
         listed = self.objects.list_namespaced_custom_object(*self.resource, label_selector=f"{RUN_LABEL}={spec.name}")
-        return max(listed.get("items") or [], key=attempt_of, default=None)
+        latest = max(listed.get("items") or [], key=attempt_of, default=None)
+        # An API server names a built-in kind once on the list, not on its items (a JobList's
+        # Jobs come without apiVersion and kind; a CRD's items keep them): the object gets them back.
+        return {"apiVersion": self.api_version, "kind": self.kind} | latest if latest else None
 
     def _create(self, run: dict) -> dict:
         from kubernetes.client.rest import ApiException

@@ -1,11 +1,15 @@
 """The fake Kubernetes API (tests/fake_kubernetes.py) as the real kubernetes client sees it: objects
-round-trip, a taken name is a 409 Status, labels select, logs are bounded, deletes cascade."""
+round-trip, a taken name is a 409 Status, labels select, logs are bounded, deletes cascade, lists
+and watches answer as a real API server's do, a stale resourceVersion is a 409 Conflict."""
 
 from __future__ import annotations
 
+import json
+import threading
+
 import pytest
 import urllib3
-from kubernetes import client
+from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from tests.fake_kubernetes import condition
@@ -153,3 +157,92 @@ def test_an_injected_failure_fails_once_and_unknown_routes_are_404(fake_kube):
     with pytest.raises(ApiException) as unknown:
         core.list_namespaced_secret("default")
     assert unknown.value.status == 404 and '"kind": "Status"' in unknown.value.body
+
+
+def test_a_built_in_kinds_list_leaves_apiversion_and_kind_off_its_items_a_crds_keeps_them(fake_kube):
+    """As a real API server lists: a JobList names its kind once; custom resources stay whole."""
+    custom = client.CustomObjectsApi(fake_kube.api_client)
+    created = client.BatchV1Api(fake_kube.api_client).create_namespaced_job("default", job("j"))
+    custom.create_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", "default", "trainjobs",
+                                           {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": {"name": "t"}})
+    jobs = custom.list_namespaced_custom_object("batch", "v1", "default", "jobs")
+    (item,) = jobs["items"]
+    assert (jobs["apiVersion"], jobs["kind"]) == ("batch/v1", "JobList") and "apiVersion" not in item and "kind" not in item
+    assert item["metadata"]["uid"] == created.metadata.uid
+    (trainjob,) = custom.list_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", "default", "trainjobs")["items"]
+    assert (trainjob["apiVersion"], trainjob["kind"]) == ("trainer.kubeflow.org/v1alpha1", "TrainJob")
+    assert jobs["metadata"]["resourceVersion"] == custom.list_namespaced_custom_object(
+        "batch", "v1", "default", "jobs")["metadata"]["resourceVersion"]  # a list changes nothing
+    assert custom.get_namespaced_custom_object("batch", "v1", "default", "jobs", "j")["kind"] == "Job"  # one object names it
+    (by_name,) = client.BatchV1Api(fake_kube.api_client).list_namespaced_job("default", field_selector="metadata.name=j").items
+    assert by_name.metadata.name == "j"
+
+
+def test_a_write_from_a_stale_resource_version_is_a_409_conflict(fake_kube):
+    core = client.CoreV1Api(fake_kube.api_client)
+    core.create_namespaced_config_map("default", client.V1ConfigMap(metadata=client.V1ObjectMeta(name="c"), data={"a": "1"}))
+    read = core.read_namespaced_config_map("c", "default")
+    core.patch_namespaced_config_map("c", "default", {"data": {"a": "2"}})  # someone else, meanwhile
+    stale = read.metadata.resource_version
+    writes = {
+        "put": lambda: core.replace_namespaced_config_map("c", "default", read),
+        "patch": lambda: core.patch_namespaced_config_map("c", "default", {"metadata": {"resourceVersion": stale}, "data": {"a": "3"}}),
+        "delete": lambda: core.delete_namespaced_config_map(
+            "c", "default", body=client.V1DeleteOptions(preconditions=client.V1Preconditions(resource_version=stale))),
+    }
+    for write in writes.values():
+        with pytest.raises(ApiException) as caught:
+            write()
+        assert caught.value.status == 409 and '"reason": "Conflict"' in caught.value.body
+    assert core.read_namespaced_config_map("c", "default").data == {"a": "2"}
+    fresh = core.read_namespaced_config_map("c", "default")
+    fresh.data = {"a": "4"}
+    assert core.replace_namespaced_config_map("c", "default", fresh).data == {"a": "4"}  # re-read, retried: it holds
+
+
+def test_a_watch_streams_the_changes_after_a_resource_version_through_its_selectors(fake_kube):
+    batch = client.BatchV1Api(fake_kube.api_client)
+    batch.create_namespaced_job("default", job("before", {"run": "x"}))
+    since = batch.list_namespaced_job("default", label_selector="run=x").metadata.resource_version
+
+    def controller() -> None:
+        batch.create_namespaced_job("default", job("j", {"run": "x"}))
+        batch.create_namespaced_job("default", job("other", {"run": "y"}))
+        fake_kube.set_status("jobs", "j", conditions=[condition("Complete", "Completed")])
+        batch.patch_namespaced_job("before", "default", {"metadata": {"labels": {"run": "y"}}})  # leaves the selection
+        batch.delete_namespaced_job("j", "default")
+
+    thread = threading.Thread(target=controller)
+    thread.start()
+    events = []
+    for event in watch.Watch().stream(batch.list_namespaced_job, "default", label_selector="run=x", resource_version=since, timeout_seconds=5):
+        events.append((event["type"], event["object"].metadata.name, event["raw_object"]["kind"]))
+        if len(events) == 4:
+            break
+    thread.join()
+    assert events == [("ADDED", "j", "Job"), ("MODIFIED", "j", "Job"), ("DELETED", "before", "Job"), ("DELETED", "j", "Job")]
+    started = [(e["type"], e["object"].metadata.name) for e in watch.Watch().stream(batch.list_namespaced_job, "default", timeout_seconds=1)]
+    assert started == [("ADDED", "before"), ("ADDED", "other")]  # no resourceVersion: what is there now, then changes
+
+
+def test_a_watch_from_a_compacted_resource_version_gets_a_410_expired_event(fake_kube):
+    """As the API server's watch cache answers: 200, then one ERROR event with a 410 Status, and the
+    stream ends; the client raises it, and a new list gives a resourceVersion to watch from."""
+    batch = client.BatchV1Api(fake_kube.api_client)
+    batch.create_namespaced_job("default", job("j"))
+    since = batch.list_namespaced_job("default").metadata.resource_version
+    fake_kube.set_status("jobs", "j", active=1)
+    fake_kube.compact()
+    raw = batch.list_namespaced_job("default", watch=True, resource_version=since, _preload_content=False)
+    assert raw.status == 200
+    (line,) = raw.data.decode().splitlines()
+    error = json.loads(line)
+    assert error["type"] == "ERROR" and (error["object"]["code"], error["object"]["reason"]) == (410, "Expired")
+    with pytest.raises(ApiException) as caught:
+        list(watch.Watch().stream(batch.list_namespaced_job, "default", resource_version=since))  # its one retry expires too
+    assert caught.value.status == 410
+    relisted = batch.list_namespaced_job("default").metadata.resource_version
+    later_ = threading.Timer(0.2, lambda: fake_kube.set_status("jobs", "j", succeeded=1))
+    later_.start()
+    event = next(watch.Watch().stream(batch.list_namespaced_job, "default", resource_version=relisted, timeout_seconds=5))
+    assert (event["type"], event["object"].status.succeeded) == ("MODIFIED", 1)

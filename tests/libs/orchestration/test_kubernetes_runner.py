@@ -193,6 +193,28 @@ def test_a_start_that_died_before_owning_its_config_map_owns_it_on_reattaching(f
     assert fake_kube.get("configmaps", NAMESPACE, f"{spec.name}-config")["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
 
 
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_run_listed_as_a_real_api_server_lists_it_is_reattached_and_owns_its_config_map(fake_kube, tmp_path, launcher):
+    """A real API server leaves apiVersion and kind off the items of a built-in kind's list (a
+    JobList's Jobs; a CRD's list, of TrainJobs, keeps them). Re-attaching after a start that died
+    before owning its ConfigMap reads the run from such a list and still names it whole as owner."""
+    from kubernetes import client
+
+    spec = make_spec(tmp_path)
+    runner = make_runner(fake_kube, launcher)
+    fake_kube.fail_next("PATCH", "ConfigMap", code=None)
+    with pytest.raises(Exception):  # noqa: B017 - the dropped connection, as a worker dying there
+        runner.start(spec)
+    listed = client.CustomObjectsApi(fake_kube.api_client).list_namespaced_custom_object(*runner.resource)
+    (item,) = listed["items"]
+    assert ("apiVersion" in item, "kind" in item) == ((False, False) if launcher == "job" else (True, True))
+    assert make_runner(fake_kube, launcher).start(spec) == spec.name
+    run = fake_kube.get(PLURAL[launcher], NAMESPACE, spec.name)
+    (owner,) = fake_kube.get("configmaps", NAMESPACE, f"{spec.name}-config")["metadata"]["ownerReferences"]
+    assert owner == {"apiVersion": run["apiVersion"], "kind": KIND[launcher], "name": spec.name, "uid": run["metadata"]["uid"]}
+    assert [r.kind for r in fake_kube.created()] == ["ConfigMap", KIND[launcher]]  # re-attached: nothing created twice
+
+
 def test_a_config_map_left_owned_by_a_vanished_run_is_replaced(fake_kube, tmp_path):
     """A deleted run's ConfigMap the garbage collector has not removed yet would take the new run's
     config with it: it is replaced, not reused."""
@@ -254,7 +276,7 @@ def test_through_the_journal_a_failure_is_recorded_with_its_reason_and_the_retry
             "jobs", job["metadata"]["name"], NAMESPACE, conditions=[verdict]))]
 
     def train() -> dict:
-        return tasks.once(key, "train", {}, lambda journal, _: tasks.run_training(journal, key, runner, spec, timeout=30))
+        return tasks.once(key, "train", {}, lambda lease: tasks.run_training(lease, runner, spec, timeout=30))
 
     controller(condition("Failed", "DeadlineExceeded", "Job was active longer than specified deadline"))
     with pytest.raises(tasks.TaskFailed):
