@@ -272,6 +272,19 @@ class ExecutorSettings(BaseModel):
         0.5, ge=-2, le=2,
         description="OpenAI's frequency penalty on the tokens a turn generated (breaks the greedy loops of the 135M default policy)")
     tool_timeout_seconds: float = Field(10.0, gt=0, description="Limit of one tool call")
+    store_retry_seconds: float = Field(
+        10.0, gt=0,
+        description="How long an episode's Put retries, with backoff, while the store or its database is unavailable; then the "
+        "trajectory goes to the spool and the episode is acknowledged (within the drain's 15 s store margin). While the spool "
+        "holds any, new trajectories go straight to it",
+    )
+    spool_dir: Path | None = Field(
+        None,
+        description="Write-ahead spool of finished trajectories the store did not take, replayed into it oldest first once it "
+        "answers (default: data_dir/executor-spool); on a volume that outlives the process (docs/operations.md)",
+    )
+    spool_replay_max_backoff_seconds: float = Field(
+        5.0, gt=0, description="Longest wait between the spool's replay attempts while the store is unavailable (the wait doubles from 0.1 s)")
 
 
 class GatewaySettings(BaseModel):
@@ -315,6 +328,11 @@ class OrchestrationSettings(BaseModel):
     checkpoints_dir: Path | None = Field(None, description="Where runs write checkpoints (default: data_dir/checkpoints)")
     job_timeout_seconds: float = Field(86_400.0, gt=0, description="A training run still going after this long is stopped and failed")
     lease_seconds: float = Field(60.0, gt=0, description="A running task whose heartbeat is older than this counts as crashed and is taken over")
+    max_attempts: int = Field(
+        3, ge=1,
+        description="Most times a journaled task's work is started (leases taken on its key); a delivery after that parks it as failed with its "
+        "last error instead of running it, and Celery delivers it no more",
+    )
     visibility_timeout_seconds: float = Field(
         300.0, gt=0,
         description="Redis hands a task its worker has not acknowledged to another worker after this long, so a task lost with its "

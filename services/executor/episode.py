@@ -52,6 +52,7 @@ from gearshift.protocol.sampled import sampled_span, shifted
 from gearshift.protocol.sr2am import plan_block, plan_block_separator
 from gearshift.sampling import SEEDS, sampling_options, with_seed
 from gearshift.services.executor import metrics
+from gearshift.services.executor.durable_store import DurableStore
 from gearshift.settings import ExecutorSettings, Limits
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -147,9 +148,10 @@ class EpisodeRunner:
     protocol = PolicyProtocol.POLICY_PROTOCOL_TEXT
 
     def __init__(self, policy: PolicyClient, downstream: Downstream, config: ExecutorSettings, limits: Limits,
-                 costs: CostTable, model_version: str):
+                 costs: CostTable, model_version: str, stored: DurableStore):
         self.policy = policy
         self.down = downstream
+        self.stored = stored  # the store's Put with the spool behind it: how a finished trajectory is kept
         self.config = config
         self.limits = limits
         self.costs = costs
@@ -470,6 +472,9 @@ class EpisodeRunner:
     async def _already_stored(self, trajectory_id: str) -> Trajectory | None:
         if not trajectory_id:
             return None
+        spooled = await self.stored.spooled(trajectory_id)
+        if spooled is not None:  # ran and was acknowledged; the store does not have it yet
+            return spooled
         try:
             reply = await self.down.store.Get(store_pb2.GetRequest(id=trajectory_id))
         except grpc.aio.AioRpcError as exc:
@@ -479,7 +484,8 @@ class EpisodeRunner:
         return reply.trajectory
 
     async def _finish(self, state: EpisodeState, request, started: float, score: bool) -> None:
-        """Stats, cost, reward, then the store: the trajectory is stored before the reply ends."""
+        """Stats, cost, reward, then the store: the trajectory is stored, or spooled while the store
+        is unavailable, before the reply ends (durable_store.py)."""
         trajectory = state.trajectory
         trajectory.wall_seconds = time.monotonic() - started
         trajectory.planning.CopyFrom(planning_stats(trajectory))
@@ -494,8 +500,7 @@ class EpisodeRunner:
         log.debug("episode %s: %s, %s, %d input and %d output tokens, $%.6f, %.2f s", trajectory.id, Mode.Name(trajectory.mode),
                   TrajectoryStatus.Name(trajectory.status), trajectory.usage.input_tokens, trajectory.usage.output_tokens,
                   trajectory.cost.total_usd, trajectory.wall_seconds)
-        metrics.record_episode(trajectory)
-        await self.down.store.Put(store_pb2.PutRequest(trajectories=[trajectory]))
+        await self.stored.put(trajectory)
 
 
 def _discard(task: asyncio.Future) -> None:

@@ -1,6 +1,7 @@
 """The executor's Prometheus metrics: what its episodes did, read from each finished trajectory
-(one place records them all, so a count and the stored trajectory never disagree), and what it
-is waiting on now (episodes in flight, policy generations)."""
+once the store has it (one place records them all, so a count and the stored trajectory never
+disagree), what it is waiting on now (episodes in flight, policy generations), and its spool of
+trajectories waiting for the store (spool.py)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,12 @@ EPISODE_SECONDS = Histogram("gearshift_executor_episode_seconds", "Wall-clock se
                             buckets=EPISODE_BUCKETS)
 TOKENS = Counter("gearshift_executor_tokens", "Policy tokens of finished episodes (a judge's included), by kind", ["mode", "kind"])
 COST = Counter("gearshift_executor_cost_usd", "Priced cost of finished episodes in US dollars", ["mode"])
+SPOOL_DEPTH = Gauge("gearshift_executor_spool_depth", "Finished trajectories in the executor's spool, waiting for the store to take them")
+SPOOL_TRAJECTORIES = Counter(
+    "gearshift_executor_spool_trajectories",
+    "Trajectories through the spool, by event: spooled (the store did not take it), replayed (the store took it from the spool), "
+    "refused (the store refused it as invalid: set aside in the spool's refused/)", ["event"],
+)
 TOOL_CALLS = Counter("gearshift_executor_tool_calls", "Tool calls of finished episodes, by tool and outcome (ok, error, refused)",
                      ["tool", "outcome"])
 
@@ -35,7 +42,7 @@ def label(enum, value: int, prefix: str) -> str:
 
 
 def record_episode(trajectory: Trajectory) -> None:
-    """Counts one finished episode (whatever its status) from what will be stored."""
+    """Counts one finished episode (whatever its status) once the store has its trajectory."""
     mode = label(Mode, trajectory.mode, "MODE_")
     strategy = label(RoutingStrategy, trajectory.routing_strategy, "ROUTING_STRATEGY_")
     EPISODES.labels(mode, strategy, label(TrajectoryStatus, trajectory.status, "TRAJECTORY_STATUS_")).inc()

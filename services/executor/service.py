@@ -1,4 +1,5 @@
-"""Executor wiring: channels to the other services and the policy client."""
+"""Executor wiring: channels to the other services, the policy client, and the spool with its
+replay task (durable_store.py)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ from gearshift.clients import service_channel
 from gearshift.policy_client import PolicyClient
 from gearshift.pricing import CostTable
 from gearshift.server import Handler, Service
+from gearshift.services.executor.durable_store import DurableStore
 from gearshift.services.executor.episode import Downstream
 from gearshift.services.executor.native import runner_class
 from gearshift.services.executor.servicer import ExecutorServicer
+from gearshift.services.executor.spool import Spool
 from gearshift.settings import Settings
 
 FULL_NAME = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_name
+SPOOL_DIR = "executor-spool"  # under data_dir, unless executor.spool_dir names another place
 
 
 async def build(settings: Settings) -> Service:
@@ -29,12 +33,15 @@ async def build(settings: Settings) -> Service:
         reward=reward_pb2_grpc.RewardStub(channels["reward"]),
         store=store_pb2_grpc.TrajectoryStoreStub(channels["store"]),
     )
+    stored = DurableStore(downstream.store, Spool(settings.executor.spool_dir or settings.data_dir / SPOOL_DIR), settings.executor)
     policy = PolicyClient.from_settings(settings)
     runner = runner_class(settings.policy_client.protocol)(
-        policy, downstream, settings.executor, settings.limits, CostTable.from_prices(settings.prices), settings.policy_client.model
+        policy, downstream, settings.executor, settings.limits, CostTable.from_prices(settings.prices), settings.policy_client.model, stored
     )
+    stored.start()  # what a previous run left in the spool goes to the store as soon as it answers
 
     async def close() -> None:
+        await stored.close()
         await policy.aclose()
         for channel in channels.values():
             await channel.close()

@@ -353,7 +353,8 @@ A gRPC platform service (router, planner, executor, sandbox, reward, store): `ge
 health port the probes use), a headless Service for the gRPC port, and a drain on stop, on the
 one component helper.
 Args: root, name, database (bool: the service gets the database URL), env (extra variables,
-before the component's own), metric (the Prometheus series KEDA scales it on; none: none).
+before the component's own), metric (the Prometheus series KEDA scales it on; none: none),
+volumes and volumeMounts (the service's own, beside the data emptyDir; none: none).
 */}}
 {{- define "gearshift.grpcService" -}}
 {{- $root := .root -}}
@@ -372,11 +373,11 @@ before the component's own), metric (the Prometheus series KEDA scales it on; no
   "startupProbe" $probes.startupProbe
   "livenessProbe" $probes.livenessProbe
   "readinessProbe" $probes.readinessProbe
-  "volumeMounts" (list (dict "name" "data" "mountPath" "/var/lib/gearshift"))
+  "volumeMounts" (concat (list (dict "name" "data" "mountPath" "/var/lib/gearshift")) (.volumeMounts | default list))
 -}}
 {{- $grpcPort := dict "name" "grpc" "port" $root.Values.ports.grpc "targetPort" "grpc" "protocol" "TCP" "appProtocol" "grpc" -}}
 {{- $servicePorts := list $grpcPort (dict "name" "metrics" "port" $root.Values.ports.metrics "targetPort" "metrics" "protocol" "TCP") -}}
-{{- $volumes := list (dict "name" "data" "emptyDir" (dict "sizeLimit" "1Gi")) -}}
+{{- $volumes := concat (list (dict "name" "data" "emptyDir" (dict "sizeLimit" "1Gi"))) (.volumes | default list) -}}
 {{- $scaleOn := dict -}}
 {{- with .metric }}{{ $scaleOn = dict "metric" . }}{{ end }}
 {{- include "gearshift.component" (dict "root" $root "name" .name "values" $v "container" $container "volumes" $volumes "servicePorts" $servicePorts "headlessPorts" (list $grpcPort) "metricsPort" "metrics" "drain" true "scaleOn" $scaleOn) }}
