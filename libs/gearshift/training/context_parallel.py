@@ -119,18 +119,3 @@ def context_of(ranks, runtime) -> Context | None:
     group = _groups[key]
     return Context(group, size, dist.get_rank(group))
 
-
-def check(model: torch.nn.Module, runtime) -> None:
-    """runtime.context_parallel, refused in one line where the model or the layout cannot take it."""
-    from gearshift.training.forward import BLOCKS
-
-    size, config = runtime.context_parallel, model.config
-    if size == 1:
-        return
-    heads = config.num_attention_heads // runtime.tensor_parallel  # a rank's, under tensor parallelism
-    if heads % size:
-        raise ValueError(f"runtime.context_parallel {size} does not divide the {heads} attention heads a rank holds")
-    if not runtime.packing:
-        raise ValueError("runtime.context_parallel splits packed micro-batches: set runtime.packing true")
-    if config._attn_implementation != BLOCKS:
-        raise ValueError(f"runtime.context_parallel runs on the sdpa attention (forward.block_attention), not {config._attn_implementation}")

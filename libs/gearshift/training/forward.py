@@ -331,6 +331,20 @@ def use_block_attention(model: torch.nn.Module) -> None:
         model.set_attn_implementation(BLOCKS)
 
 
+def check_context_parallel(model: torch.nn.Module, runtime) -> None:
+    """runtime.context_parallel, refused in one line where the model or the layout cannot take it."""
+    size, config = runtime.context_parallel, model.config
+    if size == 1:
+        return
+    heads = config.num_attention_heads // runtime.tensor_parallel  # a rank's, under tensor parallelism
+    if heads % size:
+        raise ValueError(f"runtime.context_parallel {size} does not divide the {heads} attention heads a rank holds")
+    if not runtime.packing:
+        raise ValueError("runtime.context_parallel splits packed micro-batches: set runtime.packing true")
+    if config._attn_implementation != BLOCKS:
+        raise ValueError(f"runtime.context_parallel runs on the sdpa attention (forward.block_attention), not {config._attn_implementation}")
+
+
 class TargetForward(torch.nn.Module):
     """A causal LM whose forward runs the decoder on the whole batch and the head (a Head) on the
     target positions only: the module DDP and FSDP wrap (their hooks run only around a module's

@@ -93,7 +93,7 @@ def track_step(config_dir: Path, model: ModelConfig, runtime: RuntimeConfig, ran
     built, _ = loading.build(config_dir, compute if model.lora else torch.float32, model)
     context = context_parallel.context_of(ranks, runtime)
     probe = StepProbe(built, runtime.loss_chunk_tokens, context)
-    context_parallel.check(probe.model, runtime)
+    forward.check_context_parallel(probe.model, runtime)
     module = distributed.parallelize(probe, ranks, runtime, compute)
     if fake:
         _balanced(module)

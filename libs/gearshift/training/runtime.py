@@ -111,7 +111,7 @@ class Run:
         dtype = distributed.compute_dtype(config.runtime, ranks.device)
         context = context_parallel.context_of(ranks, runtime)
         policy = checkpoints.load_policy(config.model, Settings().models_dir, dtype, ranks, runtime, target_forward(config, context))
-        context_parallel.check(policy.model, runtime)
+        forward.check_context_parallel(policy.model, runtime)
         policy.model.train()
         module = policy.module  # the TargetForward, sharded (FSDP) or replicated (DDP) before or after its weights came
         optimizer, scheduler = build_optimizer(policy.model, config.optim)  # after sharding: it holds the shards

@@ -107,8 +107,7 @@ def test_ulysses_gives_one_process_loss_and_gradients(tmp_path, arch, world):
 
 def test_context_parallel_is_refused_where_it_cannot_split():
     from gearshift.training.config import RuntimeConfig
-    from gearshift.training.context_parallel import check
-    from gearshift.training.forward import TargetForward
+    from gearshift.training.forward import TargetForward, check_context_parallel as check
 
     model = TargetForward(tiny_model("llama")).model
     with pytest.raises(ValueError, match="does not divide the 4 attention heads a rank holds"):
