@@ -12,6 +12,9 @@
   between two engine steps: a generation in flight continues on the new adapter.
 - deployment: a rolling restart of the policy Deployment with the new weights (vLLM's --model
   argument, or the built-in server's GEARSHIFT_POLICY_SERVER__MODEL), through the Kubernetes API.
+  The write is fenced: it names the resourceVersion it read (a change in between is a 409, and the
+  publish reads again) and the lease it is made under, so a copy of the publish task that lost
+  its lease cannot roll serving back after the copy holding it published.
 """
 
 from __future__ import annotations
@@ -26,11 +29,32 @@ from urllib.parse import urlsplit
 from gearshift.api.common.v1.common_pb2 import Checkpoint
 from gearshift.errors import FailedPrecondition
 from gearshift.orchestration.checkpoint_registry import published
+from gearshift.orchestration.journal import LeaseLost
 from gearshift.policy_client import PolicyClient
 from gearshift.settings import Settings
 from gearshift.training.results import ADAPTER_DIR
 
 CHECKPOINT_ANNOTATION = "gearshift.io/checkpoint"
+FENCE_ANNOTATION = "gearshift.io/publish-fence"  # on the Deployment: the lease of its last publish
+CONFLICT_RETRIES = 5  # reads of a Deployment that others keep changing (a 409 each) before giving up
+
+
+@dataclass(frozen=True)
+class Fence:
+    """The journal lease a publish is made under: its key and the attempt that holds it (each
+    lease taken over counts one more)."""
+
+    key: str
+    attempt: int
+
+    def __str__(self) -> str:
+        return f"{self.key} {self.attempt}"
+
+    def check(self, annotations: dict, owner: str = "") -> None:
+        """LeaseLost when the target was last published under a later attempt of this key."""
+        key, _, attempt = (annotations.get(FENCE_ANNOTATION) or "").rpartition(" ")
+        if key == self.key and attempt.isdigit() and int(attempt) > self.attempt:
+            raise LeaseLost(self.key, owner or f"attempt {self.attempt}", f"attempt {attempt}, which published")
 
 
 @dataclass
@@ -152,10 +176,12 @@ async def startup_lora_arguments(settings: Settings) -> list[str]:
     return ["--lora-modules", f"{settings.policy_client.model}={adapter_path(newest)}"]
 
 
-def deployment_patch(deployment: dict, container_name: str, checkpoint: Checkpoint) -> dict:
+def deployment_patch(deployment: dict, container_name: str, checkpoint: Checkpoint, fence: Fence | None = None) -> dict:
     """A strategic-merge patch that points the policy container at the checkpoint: vLLM's
     `--model` argument when it has one, else the built-in server's GEARSHIFT_POLICY_SERVER__MODEL, and
-    an annotation with the checkpoint id so the pod template changes (a rolling restart)."""
+    an annotation with the checkpoint id so the pod template changes (a rolling restart). It
+    holds the resourceVersion read (the API server refuses it with 409 if the Deployment changed
+    since) and the fence it is made under."""
     pod = deployment["spec"]["template"]
     container = next(c for c in pod["spec"]["containers"] if c["name"] == container_name)
     change: dict = {"name": container_name}
@@ -165,7 +191,11 @@ def deployment_patch(deployment: dict, container_name: str, checkpoint: Checkpoi
         change["args"] = args
     else:
         change["env"] = [{"name": "GEARSHIFT_POLICY_SERVER__MODEL", "value": checkpoint.uri}]
+    metadata = {"resourceVersion": deployment["metadata"]["resourceVersion"]}
+    if fence is not None:
+        metadata["annotations"] = {FENCE_ANNOTATION: str(fence)}
     return {
+        "metadata": metadata,
         "spec": {
             "template": {
                 "metadata": {"annotations": {CHECKPOINT_ANNOTATION: checkpoint.id}},
@@ -175,11 +205,12 @@ def deployment_patch(deployment: dict, container_name: str, checkpoint: Checkpoi
     }
 
 
-def publish_deployment(checkpoint: Checkpoint, settings: Settings, api_client=None) -> PublishReport:
-    """Patches the policy Deployment and waits for the rollout to finish as `kubectl rollout
-    status` does: every replica updated and available, no old one left. Old pods drain first
-    (the chart's preStop and terminationGracePeriodSeconds)."""
+def publish_deployment(checkpoint: Checkpoint, settings: Settings, api_client=None, fence: Fence | None = None) -> PublishReport:
+    """Patches the policy Deployment (fenced: deployment_patch) and waits for the rollout to
+    finish as `kubectl rollout status` does: every replica updated and available, no old one
+    left. Old pods drain first (the chart's preStop and terminationGracePeriodSeconds)."""
     from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
 
     from gearshift.orchestration.runners import kube_api_client
 
@@ -187,8 +218,19 @@ def publish_deployment(checkpoint: Checkpoint, settings: Settings, api_client=No
     apps = client.AppsV1Api(api_client)
     k8s = settings.kubernetes
     started = time.perf_counter()
-    current = api_client.sanitize_for_serialization(apps.read_namespaced_deployment(k8s.policy_deployment, k8s.namespace))
-    patched = apps.patch_namespaced_deployment(k8s.policy_deployment, k8s.namespace, deployment_patch(current, k8s.policy_container, checkpoint))
+    for _ in range(CONFLICT_RETRIES):
+        current = api_client.sanitize_for_serialization(apps.read_namespaced_deployment(k8s.policy_deployment, k8s.namespace))
+        if fence is not None:
+            fence.check(current["metadata"].get("annotations") or {})
+        try:
+            patched = apps.patch_namespaced_deployment(k8s.policy_deployment, k8s.namespace,
+                                                       deployment_patch(current, k8s.policy_container, checkpoint, fence))
+            break
+        except ApiException as error:
+            if error.status != 409:
+                raise
+    else:
+        raise FailedPrecondition(f"{k8s.policy_deployment} changed under each of {CONFLICT_RETRIES} publishes of {checkpoint.id}")
     generation, replicas = patched.metadata.generation, patched.spec.replicas or 1
     deadline = time.monotonic() + settings.orchestration.publish_timeout_seconds
     while time.monotonic() < deadline:
@@ -200,11 +242,12 @@ def publish_deployment(checkpoint: Checkpoint, settings: Settings, api_client=No
     raise FailedPrecondition(f"rollout of {k8s.policy_deployment} did not finish in {settings.orchestration.publish_timeout_seconds:.0f} s")
 
 
-def publish(checkpoint: Checkpoint, settings: Settings) -> PublishReport:
-    """Makes serving use the checkpoint, the way settings.orchestration.publish_target says."""
+def publish(checkpoint: Checkpoint, settings: Settings, fence: Fence | None = None) -> PublishReport:
+    """Makes serving use the checkpoint, the way settings.orchestration.publish_target says (the
+    deployment target fenced by the lease it is made under)."""
     target = settings.orchestration.publish_target
     if target == "builtin":
         return asyncio.run(publish_builtin(checkpoint, settings))
     if target == "vllm_lora":
         return asyncio.run(publish_vllm_lora(checkpoint, settings))
-    return publish_deployment(checkpoint, settings)
+    return publish_deployment(checkpoint, settings, fence=fence)

@@ -227,14 +227,14 @@ async def gate(settings: Settings, checkpoint_id: str, evaluator: Evaluator) -> 
     return GateOutcome(decision, candidate, baseline if baseline_result else None)
 
 
-async def publish(settings: Settings, checkpoint_id: str) -> dict:
+async def publish(settings: Settings, checkpoint_id: str, fence: publishing.Fence | None = None) -> dict:
     """Switches serving to a checkpoint and marks it PUBLISHED (the newest published one is the
     one served): a policy through the configured publish target, a router by the mark alone
     (router services poll the registry)."""
     checkpoint = await get_checkpoint(settings, checkpoint_id)
     report = {}
     if checkpoint.kind != ROUTER_KIND:
-        published_report = await asyncio.to_thread(publishing.publish, checkpoint, settings)
+        published_report = await asyncio.to_thread(publishing.publish, checkpoint, settings, fence)
         report = {"target": published_report.target, "switch_seconds": published_report.switch_seconds}
     await update_checkpoint(settings, checkpoint_id, CheckpointStatus.CHECKPOINT_STATUS_PUBLISHED, report)
     return {"published": checkpoint_id, "kind": checkpoint.kind} | report

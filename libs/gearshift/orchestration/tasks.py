@@ -37,6 +37,7 @@ from gearshift.orchestration.app import app
 from gearshift.orchestration.evaluators import GateEvaluator
 from gearshift.orchestration.journal import Claim, JobJournal, Lease, LeaseLost, this_worker
 from gearshift.orchestration.promotion import Evaluator
+from gearshift.orchestration.publishing import Fence
 from gearshift.orchestration.runners import Runner, make_runner
 from gearshift.orchestration.training_run import RunSpec
 from gearshift.settings import OrchestrationSettings, Settings, get_settings
@@ -232,8 +233,8 @@ def publish(checkpoint_id: str) -> dict:
     PUBLISHED in history; the newest published is the one served)."""
     settings = get_settings()
 
-    def work(*_) -> dict:
-        return asyncio.run(task_bodies.publish(settings, checkpoint_id))
+    def work(lease: Lease) -> dict:
+        return asyncio.run(task_bodies.publish(settings, checkpoint_id, Fence(lease.key, lease.run.attempts)))
 
     return once(f"publish:{checkpoint_id}", "publish", {"checkpoint_id": checkpoint_id}, work)
 

@@ -9,7 +9,12 @@ import asyncio
 import pytest
 from gearshift.api.common.v1.common_pb2 import Checkpoint
 from gearshift.errors import FailedPrecondition
-from gearshift.orchestration.publishing import CHECKPOINT_ANNOTATION, policy_replicas, publish_deployment
+from gearshift.orchestration.journal import LeaseLost
+from gearshift.orchestration.publishing import (CHECKPOINT_ANNOTATION, FENCE_ANNOTATION, Fence, deployment_patch, policy_replicas,
+                                                publish_deployment)
+from gearshift.orchestration.runners import kube_api_client
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 from gearshift.settings import KubernetesSettings, OrchestrationSettings, PolicyClientSettings, Settings
 
 CHECKPOINT = Checkpoint(id="apo-7", uri="/checkpoints/apo-7")
@@ -65,6 +70,35 @@ async def test_a_rollout_that_never_finishes_fails_the_publish_naming_the_deploy
     policy_deployment(fake_kube)
     with pytest.raises(FailedPrecondition, match="rollout of gearshift-policy did not finish in 0 s"):
         await asyncio.to_thread(publish_deployment, CHECKPOINT, settings(timeout=0.2))
+
+
+async def test_a_copy_that_lost_its_lease_cannot_roll_serving_back_after_the_holder_published(fake_kube, kubeconfig):
+    """The holder (attempt 2 of the publish) publishes apo-7; the copy taken for dead (attempt 1)
+    wakes up to publish an older checkpoint: the Deployment's fence refuses it, nothing changes."""
+    policy_deployment(fake_kube)
+    await asyncio.gather(asyncio.to_thread(publish_deployment, CHECKPOINT, settings(), fence=Fence("publish:apo-7", 2)),
+                         roll_out(fake_kube, old_pods_linger=False))
+    published = fake_kube.get("deployments", "serving", "gearshift-policy")
+    assert published["metadata"]["annotations"][FENCE_ANNOTATION] == "publish:apo-7 2"
+    older = Checkpoint(id="apo-6", uri="/checkpoints/apo-6")
+    with pytest.raises(LeaseLost, match="lease on publish:apo-7 lost: attempt 1 no longer holds it; now attempt 2"):
+        await asyncio.to_thread(publish_deployment, older, settings(timeout=0.2), fence=Fence("publish:apo-7", 1))
+    assert fake_kube.get("deployments", "serving", "gearshift-policy") == published
+    Fence("publish:apo-6", 1).check(published["metadata"]["annotations"])  # another key's publish (a rollback) is not fenced by it
+
+
+def test_a_patch_made_from_a_stale_read_is_refused_by_the_api_server(fake_kube, kubeconfig):
+    """What keeps two publishes from interleaving: the patch names the resourceVersion it read."""
+    policy_deployment(fake_kube)
+    api_client = kube_api_client()
+    apps = client.AppsV1Api(api_client)
+    stale = api_client.sanitize_for_serialization(apps.read_namespaced_deployment("gearshift-policy", "serving"))
+    apps.patch_namespaced_deployment("gearshift-policy", "serving", {"metadata": {"labels": {"touched": "yes"}}})
+    with pytest.raises(ApiException) as refused:
+        apps.patch_namespaced_deployment("gearshift-policy", "serving", deployment_patch(stale, "policy", CHECKPOINT))
+    assert refused.value.status == 409
+    assert CHECKPOINT_ANNOTATION not in (fake_kube.get("deployments", "serving", "gearshift-policy")["spec"]["template"]["metadata"]
+                                         .get("annotations") or {})
 
 
 def test_the_ready_policy_pods_come_from_the_services_endpoint_slices(fake_kube, kubeconfig):
