@@ -1,7 +1,13 @@
 """The embedded stack: every service as its own process on localhost, one command to start
-and stop them all (`gearshift up`). Services start in the table's order and stop in reverse,
-each drained by SIGTERM; if `gearshift up` itself dies, even by SIGKILL, the kernel sends its
-children SIGTERM (a parent-death signal), so nothing is left running.
+and stop them all (`gearshift up`). Services start in the table's order; they stop callers
+first (the loop, the gateway, the executor, ..., the store and the policy server last), each
+drained by SIGTERM, so that no call in flight loses what it calls. If `gearshift up` itself dies,
+even by SIGKILL, the kernel sends its children SIGTERM (a parent-death signal), so nothing is left
+running.
+
+While it serves, `gearshift up` writes where (STACK_FILE in its data directory, removed when it
+stops); the other commands read it when no address is set (gearshift.cli.common), so that they
+find a stack on any ports.
 
 With the loop (`gearshift up --loop`, when Redis answers), a Celery worker and one beat start
 after the services: the beat checks the training trigger, the worker runs the rounds it queues."""
@@ -10,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -25,7 +32,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gearshift import tls
 from gearshift.clients import channel
 from gearshift.settings import Settings
-from gearshift.topology import METRICS_PORT_OFFSET, SERVICE_NAMES, SERVICES
+from gearshift.topology import BY_NAME, METRICS_PORT_OFFSET, POLICY, SERVICE_NAMES, SERVICES, ports
+
+STACK_FILE = "stack.json"  # in the data directory: where a running `gearshift up` serves
 
 PR_SET_PDEATHSIG = 1  # prctl(2)
 STOP_GRACE_SECONDS = 10.0
@@ -99,10 +108,10 @@ class Stack:
                  elsewhere: dict[str, str] | None = None, with_loop: bool = False):
         self.settings = settings
         self.data_dir = Path(data_dir).expanduser() if data_dir else settings.data_dir
-        self.ports = {spec.name: (base_port + i if base_port else spec.port) for i, spec in enumerate(SERVICES)}
+        self.ports = ports(base_port, settings.policy_server.port)
         # Services run elsewhere (name -> address, e.g. replicas behind one gRPC target): not started here.
         self.elsewhere = elsewhere or {}
-        self.policy_port = base_port + len(SERVICES) if base_port else settings.policy_server.port
+        self.policy_port = self.ports[POLICY]
         self.with_policy = with_policy
         self.with_loop = with_loop  # the Celery worker and beat, when Redis answers
         self.loop = ""  # what start() decided about them, in words
@@ -191,19 +200,43 @@ class Stack:
             time.sleep(0.3)
 
     def stop(self, grace: float = STOP_GRACE_SECONDS) -> None:
-        """SIGTERM to every child in reverse start order (each drains); SIGKILL after the grace
-        (and the worker's soft shutdown, when it runs)."""
-        for name in reversed(self.processes):
-            process = self.processes[name]
-            if process and process.poll() is None:
+        """Stops the children callers first (stop_tiers): SIGTERM to a tier (each drains), SIGKILL
+        to what is left of it after the grace (and the worker's soft shutdown, when it runs),
+        then the next tier."""
+        for tier in stop_tiers(list(self.processes)):
+            running = [self.processes[name] for name in tier if self.processes[name].poll() is None]
+            for process in running:
                 process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace + (LOOP_SOFT_SHUTDOWN_SECONDS if "worker" in self.processes else 0)
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            deadline = time.monotonic() + grace + (LOOP_SOFT_SHUTDOWN_SECONDS if "worker" in tier else 0)
+            for process in running:
+                try:
+                    process.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+    @property
+    def stack_file(self) -> Path:
+        return self.data_dir / STACK_FILE
+
+    def write_stack_file(self) -> None:
+        """Says where this stack serves, for the commands that look for it (read_stack_file);
+        refuses when a live `gearshift up` already serves from this data directory."""
+        running = read_stack_file(self.data_dir)
+        if running and running["pid"] != os.getpid():
+            raise RuntimeError(f"another gearshift up (pid {running['pid']}) serves from {self.data_dir}; "
+                               "stop it, or give this one another --data-dir")
+        record = {"pid": os.getpid(), "addresses": {spec.name: self.address(spec.name) for spec in SERVICES},
+                  "policy_url": self.policy_url}
+        partial = self.stack_file.with_name(STACK_FILE + ".partial")
+        partial.write_text(json.dumps(record, indent=2) + "\n")
+        os.replace(partial, self.stack_file)  # a reader never sees half a file
+
+    def remove_stack_file(self) -> None:
+        """Removes the stack file if it is this process's."""
+        running = read_stack_file(self.data_dir)
+        if running and running["pid"] == os.getpid():
+            self.stack_file.unlink(missing_ok=True)
 
     def run_foreground(self) -> int:
         """Starts the stack, prints where each service listens, waits for Ctrl-C."""
@@ -216,6 +249,8 @@ class Stack:
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
         try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self.write_stack_file()  # before start-up, so that `gearshift status` shows it coming up
             self.start()
             results = self.wait_ready()
             for name, (address, state) in results.items():
@@ -225,6 +260,7 @@ class Stack:
                 return 1
             print(f"{'loop':<9} {self.loop}", flush=True)
             print(f"store: {self.settings.store_database_url() if self.settings.database_url else self.data_dir / 'store.db'}")
+            print(f"addresses: {self.stack_file} (commands run with GEARSHIFT_DATA_DIR={self.data_dir} find the stack by it)")
             print("gearshift is up; Ctrl-C stops it", flush=True)
             while not stopping:
                 dead = [n for n, p in self.processes.items() if p.poll() is not None]
@@ -238,4 +274,36 @@ class Stack:
             return 1
         finally:
             self.stop()
+            self.remove_stack_file()
             print("gearshift stopped", flush=True)
+
+
+def stop_tiers(names: list[str]) -> list[list[str]]:
+    """The processes in stopping order, tier by tier: each tier holds what no process of a later
+    tier calls (the topology's `calls`; the loop's worker and beat call everything), so every
+    caller stops before what it calls and the members of a tier stop together."""
+    def calls(name: str) -> set[str]:
+        if name in BY_NAME:
+            return set(BY_NAME[name].calls)
+        return set() if name == POLICY else {*BY_NAME, POLICY}  # the worker and beat: every service
+
+    tiers, left = [], list(names)
+    while left:
+        tier = [name for name in left if not any(name in calls(caller) for caller in left if caller != name)]
+        if not tier:  # a cycle in the table: stop what is left together rather than never
+            tier = left
+        tiers.append(tier)
+        left = [name for name in left if name not in tier]
+    return tiers
+
+
+def read_stack_file(data_dir: Path) -> dict | None:
+    """What a live `gearshift up` serving from data_dir wrote ({"pid", "addresses": name ->
+    address, "policy_url"}); None when there is none, or when its process is gone (a SIGKILLed up
+    leaves the file behind)."""
+    try:
+        record = json.loads((Path(data_dir) / STACK_FILE).read_text())
+        os.kill(int(record["pid"]), 0)  # signal 0: only whether the process exists
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return record

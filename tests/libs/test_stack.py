@@ -15,7 +15,7 @@ import grpc
 import httpx
 import pytest
 from gearshift.testing.certs import issue
-from gearshift.topology import SERVICE_NAMES, SERVICES
+from gearshift.topology import SERVICE_NAMES, SERVICES, ports
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.workers import FIXED_PORTS
@@ -57,8 +57,9 @@ def alive(pid: int) -> bool:
 
 
 ENV = dict(os.environ, GEARSHIFT_LOG_LEVEL="WARNING")
-ADDRESSES = {f"GEARSHIFT_{spec.address_setting.upper()}": f"127.0.0.1:{BASE_PORT + i}" for i, spec in enumerate(SERVICES)}
-GRPC_ADDRESSES = {spec.name: f"127.0.0.1:{BASE_PORT + i}" for i, spec in enumerate(SERVICES) if spec.protocol == "grpc"}
+PORTS = ports(BASE_PORT)  # the default layout's order from BASE_PORT
+ADDRESSES = {f"GEARSHIFT_{spec.address_setting.upper()}": f"127.0.0.1:{PORTS[spec.name]}" for spec in SERVICES}
+GRPC_ADDRESSES = {spec.name: f"127.0.0.1:{PORTS[spec.name]}" for spec in SERVICES if spec.protocol == "grpc"}
 
 
 def watch_through_the_drain(address: str, seen: list[list]) -> None:
@@ -80,15 +81,15 @@ def watch_through_the_drain(address: str, seen: list[list]) -> None:
 def test_up_status_metrics_and_ctrl_c(tmp_path):
     up, listing = start_up(tmp_path, ENV)
     try:
-        for i, name in enumerate(SERVICE_NAMES):
-            assert f"127.0.0.1:{BASE_PORT + i}" in listing and name in listing
+        for name in SERVICE_NAMES:
+            assert f"{name:<9} 127.0.0.1:{PORTS[name]} " in listing
         assert (tmp_path / "store.db").exists()
 
         status = gearshift("status", env=ENV | ADDRESSES)
         assert len(serving(status)) == len(SERVICES)  # the policy server was not started: reported down
         assert status.returncode == 1 and "policy" in status.stdout
 
-        metrics = httpx.get(f"http://127.0.0.1:{BASE_PORT + 1000 + SERVICE_NAMES.index('store')}/metrics", timeout=5).text
+        metrics = httpx.get(f"http://127.0.0.1:{PORTS['store'] + 1000}/metrics", timeout=5).text
         assert 'grpc_server_handled_total{code="OK",method="Check",service="grpc.health.v1.Health"}' in metrics
 
         seen = {name: [] for name in GRPC_ADDRESSES}

@@ -21,9 +21,9 @@ from gearshift.tables import full_output, print_table
 @click.option("--n", "n", type=int, default=20, show_default=True, help="Items of the split to run")
 @click.option("--samples", type=int, default=1, show_default=True, help="Samples per item and mode (k of pass@k)")
 @click.option("--split", type=click.Choice(["train", "dev", "test"]), default="test", show_default=True)
-@click.option("--run-id", default=None, help="Resume or name a run (default: SUITE-TIMESTAMP)")
+@click.option("--run-id", default=None, show_default="SUITE-TIMESTAMP", help="Resume or name a run")
 @click.option("--concurrency", type=int, default=4, show_default=True, help="Episodes in flight at once")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Report folder (default: DATA_DIR/eval/RUN_ID)")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, show_default="DATA_DIR/eval/RUN_ID", help="Report folder")
 @click.option("--inprocess", is_flag=True, help="Start the services and the built-in policy server in this process")
 @click.option("--wide", "-w", is_flag=True, help="Every column of the table, however narrow the terminal")
 @click.pass_context
@@ -87,7 +87,7 @@ def eval_compare(run_a: str, run_b: str, wide: bool) -> None:
 
 @eval_.command("report")
 @click.argument("run_id")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Report folder (default: DATA_DIR/eval/RUN_ID)")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, show_default="DATA_DIR/eval/RUN_ID", help="Report folder")
 @click.option("--wide", "-w", is_flag=True, help="Every column of the table, however narrow the terminal")
 def eval_report(run_id: str, out_dir: str | None, wide: bool) -> None:
     """Recompute and rewrite a stored run's report."""
@@ -109,11 +109,11 @@ def eval_report(run_id: str, out_dir: str | None, wide: bool) -> None:
 @click.option("--train-n", type=int, default=15, show_default=True, help="Train items per family the learned router learns from")
 @click.option("--modes", default="instant,reasoning,agentic,auto,learned", show_default=True,
               help="Comma-separated; without learned no router is trained (e.g. instant,auto for a candidate checkpoint)")
-@click.option("--run-id", default=None, help="Resume or name the run (default: headline-TIMESTAMP); the train run is RUN_ID-train")
+@click.option("--run-id", default=None, show_default="headline-TIMESTAMP", help="Resume or name the run; the train run is RUN_ID-train")
 @click.option("--concurrency", type=int, default=4, show_default=True, help="Episodes in flight at once")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Report folder (default: DATA_DIR/headline/RUN_ID)")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, show_default="DATA_DIR/headline/RUN_ID", help="Report folder")
 @click.option("--inprocess", is_flag=True, help="Start the services and the built-in policy server in this process")
-@click.option("--model", default=None, help="With --inprocess: the policy to serve (smollm2, default, tiny, a directory or a checkpoint id)")
+@click.option("--model", default=None, show_default="GEARSHIFT_POLICY_SERVER__MODEL, else default", help="With --inprocess: the policy to serve (smollm2, default, tiny, a directory or a checkpoint id)")
 @click.option("--router-embedding", type=click.Choice(["static", "minilm", "none"]), default="static", show_default=True,
               help="The learned router's query embedding")
 @click.option("--bootstrap", "bootstrap_samples", type=int, default=2000, show_default=True, help="Bootstrap resamples per interval")
@@ -161,7 +161,7 @@ def eval_headline(suite, n_per_family, train_n, modes, run_id, concurrency, out_
 @click.argument("before_run")
 @click.argument("after_run")
 @click.option("--mode", type=click.Choice(["auto", "learned", "instant", "reasoning", "agentic"]), default="auto", show_default=True)
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, help="Folder (default: DATA_DIR/headline/AFTER_RUN)")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, show_default="DATA_DIR/headline/AFTER_RUN", help="Folder")
 @click.option("--bootstrap", "bootstrap_samples", type=int, default=2000, show_default=True, help="Bootstrap resamples per interval")
 def eval_before_after(before_run: str, after_run: str, mode: str, out_dir: str | None, bootstrap_samples: int) -> None:
     """Compare two runs on the same items with paired intervals (e.g. the base and its APO checkpoint)."""

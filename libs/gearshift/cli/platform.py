@@ -12,12 +12,19 @@ import click
 from gearshift.cli.common import run_or_fail
 from gearshift.cli.group import main
 from gearshift.settings import Settings, get_settings
-from gearshift.topology import BY_NAME, SERVICE_NAMES
+from gearshift.topology import BY_NAME, PORT_ORDER, SERVICE_NAMES, describe_base_port
+
+DATA_DIR_OPTION = click.option("--data-dir", type=click.Path(file_okay=False), default=None, show_default="GEARSHIFT_DATA_DIR, ~/.gearshift",
+                               help="Where the SQLite store (and, for up, stack.json) lives")
+BASE_PORT_OPTION = click.option(
+    "--base-port", type=int, default=None, show_default="the default layout: router 50051 ... store 50056, gateway 8100, policy 8400",
+    help=f"First of {len(PORT_ORDER)} consecutive ports, in the default layout's order: {describe_base_port()} "
+    "(a gRPC service's metrics on its port + 1000)")
 
 
 @main.command()
 @click.argument("service", type=click.Choice(SERVICE_NAMES))
-@click.option("--port", type=int, default=None, help="Port (default: GEARSHIFT_PORT or the service's own)")
+@click.option("--port", type=int, default=None, show_default="GEARSHIFT_PORT, else the service's own", help="Port")
 def serve(service: str, port: int | None) -> None:
     """Run one service in the foreground until SIGTERM/SIGINT."""
     settings = get_settings()
@@ -28,8 +35,10 @@ def serve(service: str, port: int | None) -> None:
 
 
 @main.command("serve-policy")
-@click.option("--model", default=None, help='"smollm2", "tiny" or a local checkpoint directory (default: GEARSHIFT_POLICY_SERVER__MODEL)')
-@click.option("--port", type=int, default=None, help="HTTP port (default: GEARSHIFT_POLICY_SERVER__PORT, 8400)")
+@click.option("--model", default=None, show_default="GEARSHIFT_POLICY_SERVER__MODEL, else default",
+              help='"default" (the default policy: SmolLM2 with the shipped adapter), "smollm2" (its base), "tiny" '
+              "(random weights, for tests) or a local checkpoint or adapter directory")
+@click.option("--port", type=int, default=None, show_default="GEARSHIFT_POLICY_SERVER__PORT, else 8400", help="HTTP port")
 def serve_policy(model: str | None, port: int | None) -> None:
     """Run the built-in OpenAI-compatible policy server in the foreground."""
     from gearshift.services.policy_server.server import main as serve_policy_main
@@ -38,12 +47,17 @@ def serve_policy(model: str | None, port: int | None) -> None:
 
 
 @main.command()
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Where the SQLite store lives")
-@click.option("--base-port", type=int, default=None, help=f"First of {len(SERVICE_NAMES) + 1} consecutive ports (services, then the policy server)")
-@click.option("--no-policy", is_flag=True, help="Do not start the built-in policy server")
+@DATA_DIR_OPTION
+@BASE_PORT_OPTION
+@click.option("--no-policy", is_flag=True, help="Do not start the built-in policy server (the services call GEARSHIFT_POLICY_CLIENT__URL)")
 @click.option("--loop", is_flag=True, help="Also start a Celery worker and beat for the training loop, if Redis (GEARSHIFT_REDIS_URL) answers")
 def up(data_dir: str | None, base_port: int | None, no_policy: bool, loop: bool) -> None:
-    """Start every service on localhost (and the loop's worker and beat); Ctrl-C stops them all."""
+    """Start every service on localhost (and the loop's worker and beat); Ctrl-C stops them all,
+    callers first.
+
+    While it serves, DATA_DIR/stack.json says where, and the other commands (status, solve,
+    trajectories, ...) run with the same data directory (GEARSHIFT_DATA_DIR) find it there:
+    no address to set, whatever --base-port. A GEARSHIFT_*_ADDR variable, where set, wins."""
     from gearshift.stack import Stack
 
     stack = Stack(get_settings(), data_dir=data_dir, base_port=base_port, with_policy=not no_policy, with_loop=loop)
@@ -53,15 +67,23 @@ def up(data_dir: str | None, base_port: int | None, no_policy: bool, loop: bool)
 @main.command()
 @click.option("--timeout", type=float, default=2.0, help="Seconds to wait for each service")
 def status(timeout: float) -> None:
-    """Check each service's health (gRPC health, the gateway's /ready) and the policy server's."""
-    from gearshift.stack import check_health, policy_health
+    """Check each service's health (gRPC health, the gateway's /ready) and the policy server's,
+    at the running `gearshift up`'s addresses (its stack.json) or the GEARSHIFT_*_ADDR ones."""
+    from gearshift.stack import STACK_FILE, check_health, policy_health, read_stack_file
 
     settings = get_settings()
+    running = read_stack_file(settings.data_dir)
+    if running:
+        click.echo(f"gearshift up (pid {running['pid']}) serves from {settings.data_dir / STACK_FILE}")
     results = asyncio.run(check_health(settings, timeout))
     results["policy"] = (settings.policy_client.url, policy_health(settings.policy_client.url, settings))
     width = max(map(len, results))
     for name, (address, state) in results.items():
         click.echo(f"{name:<{width}}  {address:<22} {state}")
+    if not any(state == "SERVING" for _, state in results.values()):
+        click.echo(f"nothing answers: {'its services are down' if running else 'no gearshift up serves from ' + str(settings.data_dir)}; "
+                   "start the platform with `gearshift up` (other commands then find it), or set GEARSHIFT_DATA_DIR to the "
+                   "one it runs from, or GEARSHIFT_*_ADDR to where each service serves", err=True)
     sys.exit(0 if all(state == "SERVING" for _, state in results.values()) else 1)
 
 
@@ -85,8 +107,8 @@ def corpus_add(path: str) -> None:
 @main.command()
 @click.argument("question")
 @click.option("--mode", type=click.Choice(["auto", "instant", "reasoning", "agentic"]), default="auto", show_default=True)
-@click.option("--reference", default="", help="Reference answer; the trajectory is then scored")
-@click.option("--max-steps", type=int, default=0, help="Turn budget (0 = the mode's default)")
+@click.option("--reference", default="", show_default="none: not scored", help="Reference answer; the trajectory is then scored")
+@click.option("--max-steps", type=int, default=0, help="Turn budget (0: the mode's default)")
 @click.option("--json", "as_json", is_flag=True, help="Print the stored trajectory as JSON instead of the live view")
 def solve(question: str, mode: str, reference: str, max_steps: int, as_json: bool) -> None:
     """Answer a question through the executor, showing mode, plan, tool calls and answer live."""
@@ -120,8 +142,8 @@ DEMO_QUESTIONS = (
 
 
 @main.command()
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None, help="Where the SQLite store lives")
-@click.option("--base-port", type=int, default=None, help=f"First of {len(SERVICE_NAMES) + 1} consecutive ports")
+@DATA_DIR_OPTION
+@BASE_PORT_OPTION
 def demo(data_dir: str | None, base_port: int | None) -> None:
     """Start the embedded stack, solve a few example questions live, ask one through the gateway, then stop it."""
     from rich.console import Console

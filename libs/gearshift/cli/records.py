@@ -20,8 +20,9 @@ def trajectories() -> None:
 
 @trajectories.command("list")
 @click.option("--limit", type=int, default=20, show_default=True)
-@click.option("--mode", type=click.Choice(["instant", "reasoning", "agentic"]), default=None)
-@click.option("--source", default="", help="Only this task source")
+@click.option("--mode", type=click.Choice(["instant", "reasoning", "agentic"]), default=None, show_default="every mode",
+              help="Only this mode")
+@click.option("--source", default="", show_default="every source", help="Only this task source")
 @click.option("--wide", "-w", is_flag=True, help="Every column, full ids and times (also when the output is not a terminal)")
 @click.option("--json", "as_json", is_flag=True, help="The trajectories as a JSON array (turns left out)")
 def trajectories_list(limit: int, mode: str | None, source: str, wide: bool, as_json: bool) -> None:
@@ -103,7 +104,7 @@ def checkpoints() -> None:
 
 
 @checkpoints.command("list")
-@click.option("--kind", type=click.Choice(["policy", "router"]), default=None, help="Only this kind")
+@click.option("--kind", type=click.Choice(["policy", "router"]), default=None, show_default="both", help="Only this kind")
 @click.option("--limit", type=int, default=20, show_default=True)
 def checkpoints_list(kind: str | None, limit: int) -> None:
     """Checkpoints, newest first, with status and key figures."""

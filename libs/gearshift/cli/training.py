@@ -26,8 +26,8 @@ def train(job: str, config_path: str) -> None:
 
 @main.command()
 @click.option("--quick", is_flag=True, help="The test-sized round (a few items, a couple of steps) instead of the default")
-@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False), default=None, help="JSON LoopConfig fields overriding the preset's")
-@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Summary JSON (default: DATA_DIR/loop/ROUND_ID/summary.json)")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False), default=None, show_default="the preset's", help="JSON LoopConfig fields overriding the preset's")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, show_default="DATA_DIR/loop/ROUND_ID/summary.json", help="Summary JSON")
 @click.option("--from-feedback", is_flag=True, help="Learn from gateway traffic: SFT and APO on the served trajectories clients judged correct (POST /v1/feedback) instead of a seed run")
 def loop(quick: bool, config_path: str | None, out: str | None, from_feedback: bool) -> None:
     """One closed-loop round in this process: seed, score, SFT, APO, evaluate, gate, publish (--from-feedback: SFT and APO on gateway traffic)."""
@@ -48,8 +48,8 @@ def loop(quick: bool, config_path: str | None, out: str | None, from_feedback: b
 @click.option("--split", type=click.Choice(["train", "dev"]), default="train", show_default=True, help="Never the held-out test split")
 @click.option("--teachers", "teachers_file", required=True, type=click.Path(exists=True, dir_okay=False), help="YAML: the teachers and what they teach")
 @click.option("--modes", default="instant,reasoning,agentic", show_default=True, help="Comma-separated forced modes")
-@click.option("--n", "n", type=int, default=None, help="Items of the split (default: all of a finite suite)")
-@click.option("--run-id", default=None, help="Resume or name the runs (default: teach-SUITE); each teacher and mode is RUN_ID-TEACHER-MODE")
+@click.option("--n", "n", type=int, default=None, show_default="all of a finite suite", help="Items of the split")
+@click.option("--run-id", default=None, show_default="teach-SUITE", help="Resume or name the runs; each teacher and mode is RUN_ID-TEACHER-MODE")
 @click.option("--concurrency", type=int, default=4, show_default=True, help="Episodes in flight at once per teacher")
 @click.option("--inprocess", is_flag=True, help="Start the store, sandbox and reward service in this process")
 def teach(suite: str, split: str, teachers_file: str, modes: str, n: int | None, run_id: str | None, concurrency: int, inprocess: bool) -> None:
@@ -90,8 +90,8 @@ def default_policy() -> None:
 
 
 @default_policy.command("build")
-@click.option("--work-dir", type=click.Path(file_okay=False), default=None, help="Where teaching data, runs and the store go (default: DATA_DIR/default-policy)")
-@click.option("--ship-to", type=click.Path(file_okay=False), default=None, help="Where the adapter goes (default: the package's gearshift/default_policy)")
+@click.option("--work-dir", type=click.Path(file_okay=False), default=None, show_default="DATA_DIR/default-policy", help="Where teaching data, runs and the store go")
+@click.option("--ship-to", type=click.Path(file_okay=False), default=None, show_default="the package's gearshift/default_policy", help="Where the adapter goes")
 def default_policy_build(work_dir: str | None, ship_to: str | None) -> None:
     """Teach, train (route-then-align SFT, LoRA), register and ship the default policy, from a fixed seed."""
     import json
@@ -112,7 +112,7 @@ def default_policy_build(work_dir: str | None, ship_to: str | None) -> None:
 @default_policy.command("figures")
 @click.option("--base", "base_runs", required=True, help="Evaluation runs of the base model, comma-separated (gearshift eval --run-id)")
 @click.option("--trained", "trained_runs", required=True, help="The same items evaluated with the default policy, comma-separated")
-@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Also write the Markdown table here")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, show_default="none: only printed", help="Also write the Markdown table here")
 def default_policy_figures(base_runs: str, trained_runs: str, out: str | None) -> None:
     """Base against trained per family and mode: protocol validity, tool calls, accuracy, modes picked; the goals."""
     from pathlib import Path
