@@ -67,6 +67,9 @@ pytest: tools
 test-fast: ## The inner loop: every test that needs no model, no vLLM and no trainer ranks
 	$(PY) -m pytest -q -n $(FAST_WORKERS) --dist loadgroup --durations=10 -m "not model and not vllm and not ranks"
 
+faults: ## The fault suite's long form: minutes of load through each fault, then its table (docs/results/faults.md)
+	GEARSHIFT_FAULTS_LONG=1 nice -n 5 $(PY) -m pytest -q -s -p no:cacheprovider -o timeout=1800 tests/faults
+
 images: ## Build every image the chart and skaffold use (BASE=auto|local|<image>; docs/images.md)
 	scripts/docker-engine.sh
 	BASE=$(BASE) scripts/build-images.sh
@@ -79,4 +82,4 @@ test-images: ## Build the images, run the stack as containers with the chart's p
 up: ## Start the embedded stack (all services + policy server) on localhost
 	$(VENV)/bin/gearshift up
 
-.PHONY: help install demo tools protos lint check-protos check-chart checks pytest test test-fast images test-images up
+.PHONY: help install demo tools protos lint check-protos check-chart checks pytest test test-fast faults images test-images up

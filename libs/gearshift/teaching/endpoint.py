@@ -177,10 +177,10 @@ async def _serve_connection(respond: Responder, model: str, stand_in_ids: bool, 
 
 
 @contextlib.asynccontextmanager
-async def serve_function(respond: Responder, model: str = "scripted", stand_in_ids: bool = False) -> AsyncIterator[str]:
-    """Serves `respond` as a model on a free loopback port; yields its base URL (…/v1)."""
+async def serve_function(respond: Responder, model: str = "scripted", stand_in_ids: bool = False, port: int = 0) -> AsyncIterator[str]:
+    """Serves `respond` as a model on a free loopback port (or the port given); yields its base URL (…/v1)."""
     server = await asyncio.start_server(
-        lambda reader, writer: _serve_connection(respond, model, stand_in_ids, reader, writer), "127.0.0.1", 0
+        lambda reader, writer: _serve_connection(respond, model, stand_in_ids, reader, writer), "127.0.0.1", port
     )
     port = server.sockets[0].getsockname()[1]
     try:

@@ -26,12 +26,14 @@ START_TIMEOUT_SECONDS = 60.0
 class Replicas:
     """Up to `slots` replicas of service `name` on `port`; start, kill and stop them by index."""
 
-    def __init__(self, name: str, port: int, slots: int, env: dict[str, str], log_dir: str | None = None):
+    def __init__(self, name: str, port: int, slots: int, env: dict[str, str], log_dir: str | None = None,
+                 data_root: str | None = None):
         self.name = name
         self.port = port
         self.hosts = [f"127.0.0.{FIRST_HOST + i}" for i in range(slots)]
         self.env = env
         self.log_dir = log_dir
+        self.data_root = data_root  # when given, each replica's data directory is its own under it, as each pod has its volume
         self.processes: dict[int, subprocess.Popen] = {}
 
     @property
@@ -45,6 +47,8 @@ class Replicas:
         host = self.hosts[index]
         env = dict(self.env, GEARSHIFT_HOST=host, GEARSHIFT_PORT=str(self.port),
                    GEARSHIFT_METRICS_PORT=str(self.port + METRICS_PORT_OFFSET))
+        if self.data_root:
+            env["GEARSHIFT_DATA_DIR"] = os.path.join(self.data_root, f"{self.name}-{index}")
         log = open(os.path.join(self.log_dir, f"{self.name}-{index}.log"), "ab") if self.log_dir else subprocess.DEVNULL
         self.processes[index] = subprocess.Popen([sys.executable, "-m", "gearshift.cli", "serve", self.name], env=env,
                                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
