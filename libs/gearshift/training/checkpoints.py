@@ -21,13 +21,14 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import safetensors.torch  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict, set_state_dict  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 from gearshift import weights  # noqa: E402
-from gearshift.training import distributed, layouts, loading  # noqa: E402
+from gearshift.training import distributed, expert_lora, layouts, loading  # noqa: E402
 from gearshift.training.config import ModelConfig, RuntimeConfig  # noqa: E402
 from gearshift.training.distributed import Ranks  # noqa: E402
 from gearshift.training.results import ADAPTER_DIR  # noqa: E402
@@ -172,7 +173,7 @@ def save_weights(policy: LoadedPolicy, directory: Path, ranks: Ranks, dtype: tor
     if policy.is_lora:
         adapter = full_state(policy.model, ranks, trainable_only=True)  # small: the adapters alone
         if ranks.main:
-            policy.model.save_pretrained(partial / ADAPTER_DIR, state_dict=adapter)
+            save_adapter(policy.model, adapter, partial / ADAPTER_DIR)
     if merged or not policy.is_lora:
         base = policy.model.get_base_model() if policy.is_lora else policy.model
         write_safetensors(partial, export_tensors(policy, dtype), ranks, max_file_bytes)
@@ -190,6 +191,19 @@ def save_weights(policy: LoadedPolicy, directory: Path, ranks: Ranks, dtype: tor
             shutil.rmtree(target)
         os.replace(item, target)
     partial.rmdir()
+
+
+def save_adapter(model, state: dict[str, torch.Tensor], directory: Path) -> None:
+    """A peft model's adapter (its trainable state, whole: full_state) as peft's files; the
+    tensors peft does not know (the experts' LoRA) in the family's layout beside peft's own
+    (layouts: one matrix per expert, as vLLM reads it)."""
+    layout = layouts.of(model.config)
+    ours = {name: pieces for name, value in state.items() if (pieces := layout.adapter_files(name, tuple(value.shape)))}
+    model.save_pretrained(directory, state_dict={name: value for name, value in state.items() if name not in ours})
+    if ours:
+        path = directory / weights.ADAPTER_WEIGHTS
+        tensors = safetensors.torch.load_file(path) | {piece.name: piece.of(state[name], 0).contiguous() for name, pieces in ours.items() for piece in pieces}
+        safetensors.torch.save_file(tensors, path, metadata={"format": "pt"})
 
 
 SAFETENSORS_NAMES = {dtype: name for name, dtype in loading.SAFETENSORS_DTYPES.items()}
@@ -233,12 +247,17 @@ def export_tensors(policy: LoadedPolicy, dtype: torch.dtype) -> list[ExportedTen
     model = policy.model
     layout = layouts.of(model.config)
     state = {name: value for name, value in model.state_dict().items() if name not in _tied_aliases(model)}
+    adapted_experts = expert_lora.adapted_weights(model)  # merged on the rank holding their rows, as A and B are sharded alike
     exported = []
     for name, value in state.items():
         if ".lora_" in name:
             continue
         out_dtype = dtype if value.is_floating_point() else value.dtype
-        if policy.is_lora and name.endswith(".base_layer.weight"):
+        if policy.is_lora and name in adapted_experts:
+            def local(name=name, w=value, experts=adapted_experts[name]) -> torch.Tensor:
+                factors = {projection: (_local(a, dtype), _local(b, dtype)) for projection, (a, b) in expert_lora.factors_of(experts, local=False).items()}
+                return expert_lora.merged(_local(w, dtype), name.rsplit(".", 1)[1], factors, experts.lora_scaling)
+        elif policy.is_lora and name.endswith(".base_layer.weight"):
             module = name.removesuffix(".base_layer.weight")
             a, b = state[f"{module}.lora_A.default.weight"], state[f"{module}.lora_B.default.weight"]
 

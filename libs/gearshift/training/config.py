@@ -98,7 +98,8 @@ class ModelConfig(Strict):
     lora_dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout")
     lora_target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        description="Module names LoRA adapts",
+        description="Module names LoRA adapts; on a mixture-of-experts model gate_proj, up_proj and down_proj adapt every routed expert "
+                    "(trained on the fused weights, saved one matrix per expert as vLLM's LoRA loader reads it)",
     )
     gradient_checkpointing: bool = Field(
         False, description="Recompute each decoder layer's activations in the backward pass (non-reentrant; less memory, slower)"

@@ -115,10 +115,10 @@ def parallelize_experts(module: torch.nn.Module, mesh, fsdp_options: dict) -> No
 
     ep_mesh = mesh["ep"]
     for experts in experts_of(module):
-        for name in FUSED:
-            param = getattr(experts, name)
-            experts.register_parameter(name, torch.nn.Parameter(distribute_tensor(param.data, ep_mesh, [Shard(0)]),
-                                                                requires_grad=param.requires_grad))
+        for name, param in list(experts.named_parameters()):  # the fused weights, and a LoRA's factors (expert_lora): expert first
+            owner, _, leaf = name.rpartition(".")
+            experts.get_submodule(owner).register_parameter(leaf, torch.nn.Parameter(distribute_tensor(param.data, ep_mesh, [Shard(0)]),
+                                                                                     requires_grad=param.requires_grad))
         take_forward(experts, ParallelExperts)
         experts.ep_group = ep_mesh.get_group()
         fully_shard(experts, **{**fsdp_options, "mesh": mesh["shard_mod_ep"]})

@@ -8,7 +8,8 @@ The dense families (Llama, Qwen2/2.5, Qwen3) keep the checkpoint's names and sha
 builds a mixture-of-experts layer's experts fused, one row per expert (mlp.experts.gate_up_proj
 [experts, 2 x intermediate, hidden], mlp.experts.down_proj [experts, hidden, intermediate]), while
 checkpoints hold one matrix per expert (mlp.experts.<e>.gate_proj.weight, up_proj, down_proj): what
-from_pretrained, save_pretrained and vLLM read and write."""
+from_pretrained, save_pretrained and vLLM read and write. A LoRA adapter of the experts is saved
+one matrix per expert likewise (adapter_files)."""
 
 from __future__ import annotations
 
@@ -55,6 +56,11 @@ class Layout:
         """The checkpoint tensors of a parameter (its name without peft's wrapping: file_key)."""
         return [FileTensor(name, shape, 0, shape[0] if shape else 1)]
 
+    def adapter_files(self, name: str, shape: tuple[int, ...]) -> list[FileTensor] | None:
+        """The adapter file's tensors of a trainable LoRA parameter that peft does not save itself
+        (the experts' LoRA: expert_lora); None for peft's own, which peft names."""
+        return None
+
     def read(self, files, name: str, shape: tuple[int, ...], start: int, stop: int) -> torch.Tensor:
         """Rows start:stop of a parameter, from the file tensors that make them (and no others)."""
         if not shape:
@@ -89,6 +95,21 @@ class FusedExperts(Layout):
         half = shape[1] // 2
         return [FileTensor(f"{prefix}.{e}.{kind}.weight", (half, shape[2]), e, e + 1, columns, per_row=True)
                 for e in range(experts) for kind, columns in (("gate_proj", slice(0, half)), ("up_proj", slice(half, None)))]
+
+
+    EXPERT_LORA = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<factor>lora_A|lora_B)\.(?P<projection>gate_proj|up_proj|down_proj)$")
+
+    def adapter_files(self, name: str, shape: tuple[int, ...]) -> list[FileTensor] | None:
+        """The experts' LoRA (expert_lora: experts.lora_A.<projection> [experts, r, in]) one matrix
+        per expert, as peft names a checkpoint's per-expert Linear layers in its file:
+        mlp.experts.<e>.gate_proj.lora_A.weight [r, in], lora_B [out, r]. vLLM's LoRA loader reads
+        these for Qwen3-MoE (its packed "experts" module lists experts.<e>.gate_proj/up_proj/
+        down_proj; is_3d_moe_weight is off), and peft's from_pretrained fuses them back."""
+        match = self.EXPERT_LORA.match(name)
+        if not match:
+            return None
+        prefix, factor, projection = match["prefix"], match["factor"], match["projection"]
+        return [FileTensor(f"{prefix}.{e}.{projection}.{factor}.weight", shape[1:], e, e + 1, per_row=True) for e in range(shape[0])]
 
 
 def of(config) -> Layout:

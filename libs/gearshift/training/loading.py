@@ -36,7 +36,7 @@ import torch  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig  # noqa: E402
 
 from gearshift import weights  # noqa: E402
-from gearshift.training import layouts  # noqa: E402
+from gearshift.training import expert_lora, layouts  # noqa: E402
 from gearshift.training.config import ModelConfig  # noqa: E402
 
 PEFT_PREFIX = "base_model.model."
@@ -134,11 +134,19 @@ def build(path: Path, dtype: torch.dtype, config: ModelConfig | None = None) -> 
         return model, {}
     from peft import LoraConfig, get_peft_model
 
+    # The routed experts' LoRA is this trainer's own (expert_lora), peft adapts the linear layers.
+    expert_projections = expert_lora.targets(model, config.lora_target_modules)
+    linear = expert_lora.linear_targets(model, config.lora_target_modules) if expert_projections else config.lora_target_modules
+    if expert_projections and config.lora_dropout:
+        raise ValueError("LoRA on the experts adds B A to their weights, which has no dropout: set model.lora_dropout: 0")
+    if not linear:
+        raise ValueError(f"LoRA on the experts of a {hf_config.model_type} model alone: name a linear layer too in model.lora_target_modules "
+                         "(q_proj, k_proj, v_proj, o_proj)")
     lora = LoraConfig(
         r=config.lora_rank,
         lora_alpha=config.lora_alpha,
         lora_dropout=config.lora_dropout,
-        target_modules=config.lora_target_modules,
+        target_modules=linear,
         task_type="CAUSAL_LM",
     )
     before = torch.get_rng_state()
@@ -146,12 +154,14 @@ def build(path: Path, dtype: torch.dtype, config: ModelConfig | None = None) -> 
         model = get_peft_model(model, lora)  # draws A and B on the CPU, then moves them to the base's meta device
     after = torch.get_rng_state()
     torch.set_rng_state(before)
-    if any(".experts." in name and ".lora_" in name for name, _ in model.named_parameters()):
-        raise ValueError(f"LoRA on the experts of a {hf_config.model_type} model: peft trains them fused, which vLLM's LoRA loader does not read; "
-                         "target the attention projections (model.lora_target_modules: [q_proj, k_proj, v_proj, o_proj])")
     init = lora_initialisation(model)
     if not torch.equal(torch.get_rng_state(), after):
         raise RuntimeError("peft drew its LoRA initialisation differently from lora_initialisation: update it to this peft release")
+    if expert_projections:
+        init |= expert_lora.attach(model, expert_projections, config.lora_rank)
+        # What the saved adapter holds, by peft's module names: its per-expert layout is what
+        # peft's from_pretrained (which re-fuses it) and vLLM's LoRA loader read.
+        model.peft_config["default"].target_modules = set(config.lora_target_modules)
     return model, init
 
 

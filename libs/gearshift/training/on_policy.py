@@ -84,7 +84,7 @@ def save_adapter(run: Run, directory: Path) -> None:
         return
     partial = directory.with_name(directory.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    run.model.save_pretrained(partial, state_dict=state)
+    checkpoints.save_adapter(run.model, state, partial)  # an MoE's experts' LoRA in vLLM's per-expert layout
     shutil.rmtree(directory, ignore_errors=True)
     os.replace(partial, directory)
 

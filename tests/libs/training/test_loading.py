@@ -119,9 +119,10 @@ def test_an_unknown_model_family_is_refused_in_one_line(tmp_path, tiny_dir):
         loading.build(tmp_path / "mistral", torch.float32)
 
 
-def test_lora_on_the_experts_is_refused_and_on_attention_loads(moe_dir, tmp_path):
-    with pytest.raises(ValueError, match="LoRA on the experts of a qwen3_moe model"):
-        checkpoints.load_policy(ModelConfig(base=str(moe_dir), lora=True), tmp_path)  # the default targets reach gate/up/down
+def test_lora_on_the_experts_alone_is_refused_and_on_attention_loads(moe_dir, tmp_path):
+    experts = ModelConfig(base=str(moe_dir), lora=True, lora_target_modules=["gate_proj", "up_proj", "down_proj"])
+    with pytest.raises(ValueError, match="LoRA on the experts of a qwen3_moe model alone"):  # with them: tests/libs/training/test_expert_lora.py
+        checkpoints.load_policy(experts, tmp_path)
     attention = ModelConfig(base=str(moe_dir), lora=True, lora_rank=4, lora_target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
     model = checkpoints.load_policy(attention, tmp_path).model
     adapted = {name.split(".layers.1.")[-1] for name, param in model.named_parameters() if param.requires_grad and ".layers.1." in name}
