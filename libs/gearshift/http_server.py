@@ -14,7 +14,7 @@ import contextlib
 import logging
 import signal
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -62,6 +62,9 @@ class HttpService:
     port: int | None = None  # None: settings.service_port(name)
     metrics_registry: CollectorRegistry = REGISTRY  # what its /metrics port serves
     metrics_port: int | None = None  # None: settings.service_metrics_port(name); 0: off
+    limit_concurrency: int | None = None  # uvicorn's: connections and requests at once, beyond them a 503 (None: no bound)
+    trusts_trace: Callable[[Mapping[str, str]], bool] | None = None  # whose traceparent forces sampling (None: every caller's)
+    auth: str | None = None  # what the start log line says of auth (None: whether GEARSHIFT_AUTH_TOKEN is set)
 
 
 class RunningHttpServer:
@@ -113,7 +116,8 @@ async def start(service: HttpService, settings: Settings, port: int | None = Non
         port = service.port if service.port is not None else settings.service_port(service.name)
     sock = _bind(host, port, service.name)
     config = uvicorn.Config(
-        tracing.TracedHttp(service.app, tracing.setup(settings, service.name)), log_level=settings.log_level.lower(), lifespan="off",
+        tracing.TracedHttp(service.app, tracing.setup(settings, service.name), service.trusts_trace), log_level=settings.log_level.lower(),
+        lifespan="off", limit_concurrency=service.limit_concurrency,
         access_log=False,  # uvicorn's is process-wide; the gateway writes its own (GatewaySettings.access_log)
         timeout_graceful_shutdown=max(settings.drain_seconds(service.name), 0.1),
         **uvicorn_logging(settings), **tls.uvicorn_options(settings.tls, ask_clients=False),  # the gateway's clients send API keys
@@ -153,8 +157,9 @@ async def serve(build: Callable[[Settings], Awaitable[HttpService]], settings: S
     service = await build(settings)
     server = await start(service, settings)
     metrics_port = serve_metrics(service, settings)
-    log.info("%s listening on %s://%s:%d (metrics on :%s, auth %s)", service.name, tls.scheme(settings.tls), service.host or settings.host, server.port,
-             metrics_port or "off", "on" if settings.auth_token else "off")
+    auth = service.auth or f"auth {'on' if settings.auth_token else 'off'}"
+    log.info("%s listening on %s://%s:%d (metrics on :%s, %s)", service.name, tls.scheme(settings.tls), service.host or settings.host, server.port,
+             metrics_port or "off", auth)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -128,7 +128,10 @@ class RunningServer:
         the clients watching it stop picking this replica; then the listener closes, connections
         are told to go away (new calls go to other replicas; one that arrived but had not started
         would be cancelled) and the calls in flight finish within grace; those still running then
-        are cancelled."""
+        are cancelled. gRPC returns from its stop as it cancels them, before their handlers have
+        seen it: the service's on_close, run next, is where a service waits for what its handlers
+        must still do for a cancelled call (the executor stores the episodes it cut as CANCELLED),
+        before it closes the channels that work needs and the process exits."""
         await self.health.enter_graceful_shutdown()
         await asyncio.sleep(notice)
         await self.server.stop(grace)
@@ -141,7 +144,9 @@ class RunningServer:
 async def start(service: Service, settings: Settings, port: int | None = None) -> RunningServer:
     """Starts the service on settings.host; port 0 picks a free one (tests)."""
     interceptor = RequestInterceptor(settings.token(), tracing.setup(settings, service.name))
-    server = grpc.aio.server(interceptors=[interceptor], options=grpc_options(settings))
+    # Beyond the bound gRPC refuses a call RESOURCE_EXHAUSTED at once: a flood is refused, not queued until its deadline.
+    most_calls = settings.limits.max_concurrent_rpcs or None
+    server = grpc.aio.server(interceptors=[interceptor], options=grpc_options(settings), maximum_concurrent_rpcs=most_calls)
     for handler in service.handlers:
         handler.register(handler.servicer, server)
 

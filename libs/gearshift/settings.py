@@ -6,6 +6,7 @@ Example: GEARSHIFT_PRICES__OUTPUT_PER_MTOK=2.0, GEARSHIFT_SANDBOX__TIMEOUT_SECON
 
 from __future__ import annotations
 
+import ipaddress
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
@@ -44,6 +45,9 @@ class Limits(BaseModel):
     max_batch: int = Field(1_000, description="Most trajectories in one Put")
     max_page_size: int = Field(500, description="Largest Query page")
     max_message_bytes: int = Field(64 * 1024 * 1024, description="Largest gRPC message")
+    max_concurrent_rpcs: int = Field(
+        1_000, ge=0, description="Calls one gRPC server runs at once, its clients' health watches included; more are refused "
+        "RESOURCE_EXHAUSTED at once instead of queueing (0 = no bound)")
 
 
 class SandboxSettings(BaseModel):
@@ -94,6 +98,21 @@ class SandboxSettings(BaseModel):
     page_token_budget: int = Field(2_000, description="Page text kept per visit, in whitespace tokens")
     max_page_bytes: int = Field(2_000_000, description="Largest page body fetched")
     summarize_pages: bool = Field(False, description="Summarise visited pages toward the goal with the policy model")
+
+    @field_validator("advertise_address")
+    @classmethod
+    def _bracket_ipv6(cls, address: str | None) -> str | None:
+        # The chart advertises $(POD_IP):port, which on an IPv6 cluster is no gRPC address until bracketed.
+        return bracketed(address) if address else address
+
+
+def bracketed(address: str) -> str:
+    """host:port with a bare IPv6 host put in brackets ("fd00::1:50051" -> "[fd00::1]:50051")."""
+    host, _, port = address.rpartition(":")
+    try:
+        return f"[{host}]:{port}" if ipaddress.ip_address(host).version == 6 else address
+    except ValueError:  # a name, an IPv4 address, one already in brackets
+        return address
 
 
 class PolicyClientSettings(BaseModel):
@@ -281,10 +300,21 @@ class ExecutorSettings(BaseModel):
     spool_dir: Path | None = Field(
         None,
         description="Write-ahead spool of finished trajectories the store did not take, replayed into it oldest first once it "
-        "answers (default: data_dir/executor-spool); on a volume that outlives the process (docs/operations.md)",
+        "answers (default: data_dir/executor-spool); on a volume that outlives the process (docs/operations.md). Each executor "
+        "spools in a directory of its own under it (its hostname, locked while it lives) and takes over those of executors "
+        "that are gone, so executors may share one volume",
     )
     spool_replay_max_backoff_seconds: float = Field(
         5.0, gt=0, description="Longest wait between the spool's replay attempts while the store is unavailable (the wait doubles from 0.1 s)")
+
+
+class ClientKeyPolicy(BaseModel):
+    """One client key's own limits and trust, over the gateway's defaults (unset: the default)."""
+
+    rate_per_second: float | None = Field(None, ge=0, description="Requests a second, on average (0 = no rate limit)")
+    burst: int | None = Field(None, ge=1, description="Requests at once above the rate")
+    max_concurrent: int | None = Field(None, ge=0, description="Requests in flight at once (0 = no bound)")
+    trust_trace: bool | None = Field(None, description="Whether the sampled flag of its traceparent forces the trace to be kept")
 
 
 class GatewaySettings(BaseModel):
@@ -315,6 +345,30 @@ class GatewaySettings(BaseModel):
     accept_platform_token: bool = Field(
         False, description="With api_keys_file set, also accept GEARSHIFT_AUTH_TOKEN as a client key (named `platform`) while clients move to keys"
     )
+    # Admission control (docs/gateway.md): per client key (its name; the client's address where the gateway requires none).
+    rate_per_second: float = Field(
+        20.0, ge=0, description="Requests a second each client key may send to /v1, on average (a token bucket); beyond it and its burst, "
+        "429 rate_limit_exceeded with Retry-After (0 = no rate limit)")
+    burst: int = Field(40, ge=1, description="Requests a client key may send at once above its rate (the token bucket's size)")
+    max_concurrent_per_key: int = Field(
+        64, ge=0, description="Requests of one client key in flight at once, a stream until its last event; beyond it 429 "
+        "concurrency_limit_exceeded (0 = no bound)")
+    max_concurrency: int = Field(
+        2_048, ge=0, description="uvicorn's limit_concurrency: connections and requests the gateway holds at once, every client together; "
+        "beyond it a plain 503 (0 = no bound)")
+    trust_client_traces: bool = Field(
+        False, description="Whether a client's traceparent forces its trace to be sampled; otherwise the trace is continued and "
+        "tracing.sample_ratio decides (a key's trust_trace in key_policies overrides it)")
+    key_policies: dict[str, ClientKeyPolicy] = Field(
+        default_factory=dict, description="Per client key name: rate_per_second, burst, max_concurrent and trust_trace over the "
+        'defaults above, e.g. {"batch-eval": {"rate_per_second": 100, "burst": 200}}')
+
+    def key_policy(self, name: str) -> ClientKeyPolicy:
+        """The limits and trust of the key named name, its own settings over the defaults."""
+        defaults = ClientKeyPolicy(rate_per_second=self.rate_per_second, burst=self.burst, max_concurrent=self.max_concurrent_per_key,
+                                   trust_trace=self.trust_client_traces)
+        own = self.key_policies.get(name)
+        return defaults.model_copy(update=own.model_dump(exclude_none=True)) if own else defaults
 
 
 class OrchestrationSettings(BaseModel):
@@ -434,6 +488,17 @@ class RpcSettings(BaseModel):
         "answers UNAVAILABLE, each on the next replica (gRPC allows at most 5; 1: no retries)",
     )
     retry_backoff_seconds: float = Field(0.05, gt=0, description="Backoff before the first retry (randomised, doubled per retry, at most 1 s)")
+    retry_max_tokens: int = Field(
+        10, ge=1, le=1000,
+        description="Retry budget (gRPC's retryThrottling maxTokens; the policy client keeps one alike): each failed attempt "
+        "takes a token, each success gives back retry_token_ratio, and retries stop while half or fewer are left, so a "
+        "dependency that is down gets about one attempt per call, not retry_attempts",
+    )
+    retry_token_ratio: float = Field(
+        0.1, ge=0.001, le=1.0,
+        description="Tokens a successful call gives back to the retry budget (gRPC's retryThrottling tokenRatio): retries "
+        "go on while fewer than about ratio / (1 + ratio) of the calls fail",
+    )
     keepalive_seconds: float = Field(
         20.0, gt=0, description="Clients ping each connection this often, so a replica that vanished without closing its sockets (a lost node) is dropped")
     keepalive_timeout_seconds: float = Field(10.0, gt=0, description="A ping unanswered this long closes the connection")

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from gearshift import logs
@@ -42,8 +42,11 @@ def setup(settings: Settings, service: str) -> Tracer | None:
 
     key = (service, config.otlp_endpoint, config.sample_ratio)
     if key not in _providers:
+        ratio = TraceIdRatioBased(config.sample_ratio)
         provider = TracerProvider(
-            sampler=ParentBased(TraceIdRatioBased(config.sample_ratio)),
+            # A parent that did not sample (an untrusted client's, see serving) is decided again by the
+            # ratio, which gives every service the same answer for the same trace id.
+            sampler=ParentBased(ratio, remote_parent_not_sampled=ratio),
             resource=Resource.create({"service.name": service, "service.namespace": "gearshift"}),
         )
         exporter = OTLPSpanExporter(endpoint=config.otlp_endpoint, insecure=not config.otlp_endpoint.startswith("https://"))
@@ -60,19 +63,33 @@ def flush(timeout_seconds: float = 10.0) -> None:
 
 @contextlib.contextmanager
 def serving(tracer: Tracer | None, name: str, carrier: Mapping[str, str], kind: SpanKind = SpanKind.SERVER,
-            attributes: Mapping[str, object] | None = None) -> Iterator[Span | None]:
+            attributes: Mapping[str, object] | None = None, follow_sampling: bool = True) -> Iterator[Span | None]:
     """The current span while a call is served: the child of the trace context carrier (gRPC
-    metadata, HTTP headers) brings, or a new trace's root. The service's clients record under
-    tracer meanwhile. None, and nothing done, when tracing is off."""
+    metadata, HTTP headers) brings, or a new trace's root. Unless follow_sampling, the caller's
+    sampled flag is dropped: the trace is continued, sampled as the ratio says. The service's
+    clients record under tracer meanwhile. None, and nothing done, when tracing is off."""
     if tracer is None:
         yield None
         return
+    context = _propagator.extract(carrier)
+    if not follow_sampling:
+        context = _unsampled(context)
     token = _tracer.set(tracer)
     try:
-        with tracer.start_as_current_span(name, context=_propagator.extract(carrier), kind=kind, attributes=attributes) as span:
+        with tracer.start_as_current_span(name, context=context, kind=kind, attributes=attributes) as span:
             yield span
     finally:
         _tracer.reset(token)
+
+
+def _unsampled(context):
+    """context with its remote parent's sampled flag cleared (the sampler then decides)."""
+    parent = trace.get_current_span(context).get_span_context()
+    if not parent.is_valid or not parent.trace_flags.sampled:
+        return context
+    cleared = SpanContext(parent.trace_id, parent.span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.DEFAULT),
+                          trace_state=parent.trace_state)
+    return trace.set_span_in_context(NonRecordingSpan(cleared), context)
 
 
 def start_client_span(name: str, attributes: Mapping[str, object] | None = None) -> Span | None:
@@ -179,11 +196,14 @@ def describe_episode(trajectory, target: Span | None = None) -> None:
 class TracedHttp:
     """ASGI middleware of an HTTP service (the gateway, the policy server): a server span per
     request that continues the client's traceparent, and the request's log ids (the request and
-    trajectory ids its caller sent). Probes and scrapes are left untraced."""
+    trajectory ids its caller sent). Probes and scrapes are left untraced. A traceparent forces
+    sampling only where trusts_trace says its caller may (None: every caller, as the policy
+    server's are the platform's own); anyone else's trace is sampled as the ratio says."""
 
-    def __init__(self, app, tracer: Tracer | None):
+    def __init__(self, app, tracer: Tracer | None, trusts_trace: Callable[[Mapping[str, str]], bool] | None = None):
         self.app = app
         self.tracer = tracer
+        self.trusts_trace = trusts_trace
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -194,7 +214,8 @@ class TracedHttp:
             logs.request_id.set(given)
         tracer = None if scope["path"] in UNTRACED_PATHS else self.tracer
         attributes = {"http.request.method": scope["method"], "url.path": scope["path"]}
-        with serving(tracer, f"{scope['method']} {scope['path']}", headers, attributes=attributes) as current:
+        follow = tracer is None or self.trusts_trace is None or self.trusts_trace(headers)
+        with serving(tracer, f"{scope['method']} {scope['path']}", headers, attributes=attributes, follow_sampling=follow) as current:
             if current is None:
                 return await self.app(scope, receive, send)
 

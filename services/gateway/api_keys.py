@@ -16,6 +16,10 @@ log = logging.getLogger("gearshift.gateway")
 
 LABEL = "api_key"  # the trajectory label naming the key that caused it (feedback checks it)
 PLATFORM_KEY_NAME = "platform"  # the name of the platform token where it is still a client key
+ANONYMOUS_KEY_NAME = "anonymous"  # the caller of a gateway that requires no key
+# Names a keys file may not give a key: each would be given what the platform token's (or an
+# open gateway's callers') trajectories are owed, feedback on them included.
+RESERVED_NAMES = (PLATFORM_KEY_NAME, ANONYMOUS_KEY_NAME)
 KEY_PREFIX = "gsk-"  # makes a leaked key easy to recognise (secret scanners, logs)
 
 
@@ -28,13 +32,21 @@ def new_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
+def check_key_name(name: str) -> None:
+    """ValueError when name may not be a client key's (`gearshift keys` should call it too)."""
+    if name in RESERVED_NAMES:
+        raise ValueError(f"the key name {name!r} is reserved ({', '.join(RESERVED_NAMES)} name the platform's own callers): choose another")
+
+
 def read_keys(path: Path) -> dict[str, str]:
-    """The file's keys as hash -> name; ValueError when it is not a JSON object of name -> sha256 hex."""
+    """The file's keys as hash -> name; ValueError when it is not a JSON object of name -> sha256
+    hex, or names a reserved name."""
     entries = json.loads(path.read_text())
     if not isinstance(entries, dict):
         raise ValueError("expected a JSON object of name -> sha256 hex")
     by_hash = {}
     for name, digest in entries.items():
+        check_key_name(name)
         if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest.lower())):
             raise ValueError(f"key {name!r}: expected the sha256 hex of the key (gearshift keys new {name})")
         by_hash[digest.lower()] = name
@@ -57,16 +69,26 @@ class ApiKeys:
         """Whether a request must carry a key (no file and no token: the gateway is open, as the services are)."""
         return self.path is not None or self._platform is not None
 
+    def describe(self) -> str:
+        """What the gateway's start log line says of its client keys."""
+        if self.path is not None:
+            also = " and the platform token" if self._platform is not None else ""
+            return f"client keys from {self.path}{also}"
+        return "client key: the platform token" if self._platform is not None else "client keys off: the gateway is open"
+
     def name_of(self, key: str) -> str | None:
         """The key's name, or None when it is no current key."""
         if self._platform is not None and hmac.compare_digest(key.encode(), self._platform.encode()):
             return PLATFORM_KEY_NAME
         if self.path is None:
             return None
-        self._reload_if_changed()
+        self.refresh()
         return self._by_hash.get(key_hash(key))
 
-    def _reload_if_changed(self) -> None:
+    def refresh(self) -> None:
+        """Re-reads the file if it changed (each request; and at start, so that a broken file is logged then)."""
+        if self.path is None:
+            return
         # One stat per request; a Secret volume swaps a symlink, which changes the inode.
         try:
             stat = os.stat(self.path)

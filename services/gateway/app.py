@@ -13,7 +13,8 @@ from fastapi.responses import JSONResponse
 from gearshift import openai_http, tracing
 from gearshift.api.executor.v1 import executor_pb2_grpc
 from gearshift.services.gateway import translate
-from gearshift.services.gateway.api_keys import ApiKeys
+from gearshift.services.gateway.admission import Admission
+from gearshift.services.gateway.api_keys import ANONYMOUS_KEY_NAME, ApiKeys
 from gearshift.services.gateway.completions import Completion
 from gearshift.services.gateway.feedback import FeedbackDesk
 from gearshift.services.gateway.middleware import AccessLog, BearerAuth, BodyLimit, GatewayMetrics, Metrics, RequestIds
@@ -37,7 +38,7 @@ class Gateway:
 
 
 def create_app(gateway: Gateway, metrics: GatewayMetrics | None = None):
-    """The gateway's ASGI application: the routes inside metrics, auth and the body limit. The
+    """The gateway's ASGI application: the routes inside metrics, auth, admission control and the body limit. The
     metrics' registry is served on a port of its own (HttpService.metrics_registry), not here."""
     settings, config = gateway.settings, gateway.settings.gateway
     metrics = metrics or GatewayMetrics()
@@ -92,13 +93,14 @@ def create_app(gateway: Gateway, metrics: GatewayMetrics | None = None):
     async def feedback(body: FeedbackRequest, request: Request) -> dict:
         return await gateway.feedback.submit(body, _caller(request))
 
-    inner = BearerAuth(BodyLimit(app, config.max_body_bytes), gateway.keys)
+    admitted = Admission(BodyLimit(app, config.max_body_bytes), config.key_policy, lambda reason: metrics.refused.labels(reason).inc())
+    inner = BearerAuth(admitted, gateway.keys)
     return Metrics(RequestIds(AccessLog(inner) if config.access_log else inner), metrics)
 
 
 def _caller(request: Request) -> str:
-    """The name of the caller's API key (BearerAuth set it); empty where the gateway needs none."""
-    return getattr(request.state, "api_key", "")
+    """The name of the caller's API key (BearerAuth set it); `anonymous` where the gateway needs none."""
+    return getattr(request.state, "api_key", "") or ANONYMOUS_KEY_NAME
 
 
 def _card(model: translate.ServedModel, created: int) -> dict:

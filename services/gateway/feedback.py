@@ -18,7 +18,7 @@ from gearshift.rewards.feedback import feedback_verifier
 from gearshift.rewards.formats import check_trajectory_format
 from gearshift.rewards.scoring import CORRECTNESS
 from gearshift.openai_http import ApiError
-from gearshift.services.gateway.api_keys import LABEL, PLATFORM_KEY_NAME
+from gearshift.services.gateway.api_keys import LABEL
 from gearshift.services.gateway.errors import from_rpc
 from gearshift.services.gateway.schemas import FeedbackRequest
 from google.protobuf.json_format import MessageToDict
@@ -96,9 +96,10 @@ class FeedbackDesk:
 
 
 def _served_to(trajectory: Trajectory, caller: str) -> bool:
+    # The gateway labels every trajectory it serves with its caller's key; an unlabelled one was put
+    # by the platform (evaluation, training rollouts), whose rewards no client may rewrite.
     owner = trajectory.labels.get(LABEL, "")
-    # Unlabelled: stored before keys existed or put by a platform service, so the platform token's.
-    return owner == caller or (not owner and caller == PLATFORM_KEY_NAME)
+    return bool(owner) and owner == caller
 
 
 def _canonical_id(text: str) -> str:

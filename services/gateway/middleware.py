@@ -1,18 +1,20 @@
 """The gateway's ASGI layers, outermost first: Prometheus metrics of every request, request ids,
-the access log (a setting), bearer-token auth on /v1 (before a body is read), and the body size
-limit (before it is parsed)."""
+the access log (a setting), bearer-token auth on /v1 (before a body is read), admission control
+(admission.py) and the body size limit (before it is parsed)."""
 
 from __future__ import annotations
 
 import logging
 import time
 import uuid
+from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gearshift.interceptors import REQUEST_ID_KEY, request_id
 from gearshift.openai_http import error_response
-from gearshift.services.gateway.api_keys import ApiKeys
+from gearshift.services.gateway.api_keys import ANONYMOUS_KEY_NAME, ApiKeys
+from gearshift.settings import GatewaySettings
 
 ROUTES = ("/v1/chat/completions", "/v1/feedback", "/v1/models", "/health", "/ready", "/metrics")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -31,6 +33,8 @@ class GatewayMetrics:
                                  ["model"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.cancelled = Counter("gearshift_gateway_cancelled", "Completions whose client went away before the end (Solve cancelled)",
                                  ["model"], registry=self.registry)
+        self.refused = Counter("gearshift_gateway_admission_refused", "Requests refused 429 by admission control, by reason "
+                               "(rate_limit_exceeded, concurrency_limit_exceeded)", ["reason"], registry=self.registry)
 
 
 def route_of(path: str) -> str:
@@ -120,13 +124,31 @@ class BearerAuth:
 
     async def __call__(self, scope, receive, send):
         if self.keys.required and scope["type"] == "http" and scope["path"].startswith("/v1"):
-            given = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-            name = self.keys.name_of(given.removeprefix("Bearer ")) if given.startswith("Bearer ") else None
+            name = key_name(self.keys, dict(scope["headers"]).get(b"authorization", b"").decode("latin-1"))
             if name is None:
                 return await error_response(401, "missing, wrong or revoked API key: send Authorization: Bearer <your API key>")(
                     scope, receive, send)
             scope.setdefault("state", {})["api_key"] = name
         return await self.app(scope, receive, send)
+
+
+def key_name(keys: ApiKeys, authorization: str) -> str | None:
+    """The name of the key an Authorization header carries: None for no current key, `anonymous`
+    where the gateway requires none."""
+    if not keys.required:
+        return ANONYMOUS_KEY_NAME
+    return keys.name_of(authorization.removeprefix("Bearer ")) if authorization.startswith("Bearer ") else None
+
+
+def trace_trust(keys: ApiKeys, config: GatewaySettings) -> Callable[[Mapping[str, str]], bool]:
+    """Whether a request's headers name a key trusted to force its trace's sampling
+    (tracing.TracedHttp asks before authentication: the key is looked up once more)."""
+
+    def trusted(headers: Mapping[str, str]) -> bool:
+        name = key_name(keys, headers.get("authorization", ""))
+        return name is not None and bool(config.key_policy(name).trust_trace)
+
+    return trusted
 
 
 class BodyLimit:

@@ -10,7 +10,7 @@ from gearshift.http_server import HttpService
 from gearshift.services.gateway.api_keys import ApiKeys
 from gearshift.services.gateway.app import Gateway, create_app
 from gearshift.services.gateway.feedback import FeedbackDesk
-from gearshift.services.gateway.middleware import GatewayMetrics
+from gearshift.services.gateway.middleware import GatewayMetrics, trace_trust
 from gearshift.settings import Settings
 from grpc_health.v1 import health_pb2_grpc
 
@@ -33,6 +33,7 @@ async def build(settings: Settings) -> HttpService:
         feedback=feedback,
         keys=ApiKeys(settings.gateway.api_keys_file, settings.token(), settings.gateway.accept_platform_token),
     )
+    gateway.keys.refresh()  # a broken keys file is logged at start
 
     async def close() -> None:
         for channel in channels.values():
@@ -40,4 +41,6 @@ async def build(settings: Settings) -> HttpService:
 
     metrics = GatewayMetrics()
     return HttpService("gateway", create_app(gateway, metrics), on_close=[close], host=settings.gateway.host, port=settings.gateway.port,
-                       metrics_registry=metrics.registry, metrics_port=settings.gateway.metrics_port)
+                       metrics_registry=metrics.registry, metrics_port=settings.gateway.metrics_port,
+                       limit_concurrency=settings.gateway.max_concurrency or None, trusts_trace=trace_trust(gateway.keys, settings.gateway),
+                       auth=f"{gateway.keys.describe()}, platform token {'set' if settings.auth_token else 'unset'}")

@@ -147,10 +147,15 @@ def test_no_container_runs_as_root_and_pods_meet_the_restricted_profile(scenario
     for doc, spec in workloads(rendered(scenario)):
         pod = spec.get("securityContext", {})
         assert not (spec.get("hostNetwork") or spec.get("hostPID") or spec.get("hostIPC")), doc["metadata"]["name"]
-        assert not any("hostPath" in volume for volume in spec.get("volumes", [])), doc["metadata"]["name"]
+        # The one hostPath: the node's seccomp directory, read by the sandbox's init container that
+        # waits for its profile (read-only; tests/charts/test_sandbox_seccomp.py).
+        host_paths = {volume["name"] for volume in spec.get("volumes", []) if "hostPath" in volume}
+        assert host_paths <= ({"node-seccomp"} if doc["metadata"]["name"] == name("sandbox") else set()), doc["metadata"]["name"]
         for container in containers(spec):
             own = container.get("securityContext", {})
             where = f"{doc['kind']}/{doc['metadata']['name']}/{container['name']}"
+            mounts = [mount for mount in container.get("volumeMounts", []) if mount["name"] in host_paths]
+            assert all(container["name"] == "seccomp-wait" and mount.get("readOnly") for mount in mounts), where
             assert own.get("runAsNonRoot", pod.get("runAsNonRoot")) is True, where
             assert own.get("runAsUser", pod.get("runAsUser", 1)) != 0, where
             assert own.get("allowPrivilegeEscalation") is False, where
@@ -208,7 +213,10 @@ def test_sandbox_accepts_only_the_executor_and_has_no_egress_beyond_the_allowlis
     assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "sandbox"
     assert set(spec["policyTypes"]) == {"Ingress", "Egress"}
     allowlist = yaml.safe_load((CHART / SCENARIOS[scenario][-1]).read_text()).get("sandbox", {}).get("egressAllowlist", [])
-    assert spec["egress"] == allowlist
+    # The platform's own rules first (DNS, the policy, the collector with tracing on: test_network_policies.py), then the allowlist.
+    own = spec["egress"][:len(spec["egress"]) - len(allowlist)]
+    assert spec["egress"][len(own):] == allowlist and 2 <= len(own) <= 3
+    assert {"port": 53, "protocol": "UDP"} in own[0]["ports"] and own[-1]["ports"] == [{"port": "http", "protocol": "TCP"}]
     grpc_rule, metrics_rule = spec["ingress"]
     sources = {peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for peer in grpc_rule["from"]}
     assert sources == {"executor", "health-check"}
@@ -217,11 +225,12 @@ def test_sandbox_accepts_only_the_executor_and_has_no_egress_beyond_the_allowlis
     assert metrics_rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
 
 
-def test_sandbox_egress_is_empty_by_default_and_the_allowlist_is_rendered_verbatim():
-    default = named(render(), "NetworkPolicy", name("sandbox"))["spec"]
-    assert default["egress"] == []
-    allowed = named(render(("ci/production-values.yaml",)), "NetworkPolicy", name("sandbox"))["spec"]
-    assert allowed["egress"] == [{"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}], "ports": [{"port": 443, "protocol": "TCP"}]}]
+def test_sandbox_egress_is_only_the_platforms_own_by_default_and_the_allowlist_is_rendered_verbatim():
+    """DNS and the policy server by default (test_network_policies.py); the allowlist after them."""
+    default = named(render(), "NetworkPolicy", name("sandbox"))["spec"]["egress"]
+    assert all(peer.get("podSelector") for rule in default for peer in rule["to"])  # no address outside the cluster
+    allowed = named(render(("ci/production-values.yaml",)), "NetworkPolicy", name("sandbox"))["spec"]["egress"]
+    assert allowed == default + [{"to": [{"ipBlock": {"cidr": "10.20.0.0/16"}}], "ports": [{"port": 443, "protocol": "TCP"}]}]
 
 
 def test_sandbox_runs_under_the_charts_own_seccomp_profile_which_is_fresh():
@@ -908,7 +917,7 @@ def test_gateway_has_no_ingress_by_default_and_one_routing_only_the_api_when_ask
     backend = path["backend"]["service"]
     service = named(docs, "Service", backend["name"])
     assert service is not None and backend["port"]["name"] in {p["name"] for p in service["spec"]["ports"]}
-    plain = render((), ("gateway.ingress.enabled=true", "gateway.ingress.host=gw.example.com", "gateway.ingress.tls.secretName=mine"))
+    plain = render((), ("gateway.ingress.enabled=true", "gateway.apiKeys.existingSecret=keys", "gateway.ingress.host=gw.example.com", "gateway.ingress.tls.secretName=mine"))
     (ingress,) = of_kind(plain, "Ingress")
     assert "tls" not in ingress["spec"] and "ingressClassName" not in ingress["spec"] and "annotations" not in ingress["metadata"]
     with pytest.raises(HelmError, match="host"):

@@ -1,7 +1,8 @@
 """The chart's NetworkPolicies as rendered: every platform workload is fenced, each component's
 port admits exactly the callers the code has (and those callers' pods carry the labels the
-policy selects), metrics ports only Prometheus, and the gateway's client API keys mounted from
-a Secret that the kubelet can update in place."""
+policy selects), metrics ports only Prometheus, the sandbox's fenced egress reaches DNS, the
+policy and the trace collector, the gateway's client API keys mounted from a Secret that the
+kubelet can update in place, an exposed gateway refused without them, and the limits reach the pods."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ CALLERS = {
     "reward": {"executor", "gateway", "worker", "training", "health-check"},
     "sandbox": {"executor", "health-check"},
     "store": {"executor", "gateway", "router", "worker", "training", "policy", "health-check"},
-    "policy": {"executor", "router", "planner", "worker", "training"},
+    "policy": {"executor", "router", "planner", "reward", "sandbox", "worker", "training"},
     "postgresql": {"store", "store-migrate", "worker", "beat", "training"},
     "redis": {"worker", "beat"},
 }
@@ -86,6 +87,56 @@ def test_every_client_a_service_opens_is_admitted(docs, service):
     (called,) = re.findall(r"service_channel\(name, settings\) for name in \(([^)]*)\)", code)
     for callee in re.findall(r'"(\w+)"', called):
         assert service in component_peers(rule_for(named(docs, "NetworkPolicy", name(callee)), "grpc")), f"{service} -> {callee}"
+
+
+def test_every_service_that_calls_the_policy_is_admitted_by_it(docs):
+    callers = {path.parent.name for path in (ROOT / "services").glob("*/*.py") if "gearshift.policy_client import PolicyClient" in path.read_text()}
+    assert {"reward", "sandbox"} <= callers  # what the code says, not a list kept beside it
+    assert callers <= component_peers(rule_for(named(docs, "NetworkPolicy", name("policy")), "http"))
+
+
+def egress_to(policy: dict, port: int | str, protocol: str = "TCP") -> list[dict]:
+    """The peers of the policy's egress rules that admit port."""
+    return [peer for rule in policy["spec"]["egress"] if {"port": port, "protocol": protocol} in rule["ports"] for peer in rule["to"]]
+
+
+DNS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}
+
+
+def test_the_sandboxs_fenced_egress_reaches_dns_the_policy_and_with_tracing_the_collector(docs):
+    sandbox = named(docs, "NetworkPolicy", name("sandbox"))
+    assert "Egress" in sandbox["spec"]["policyTypes"]
+    assert egress_to(sandbox, 53, "UDP") == egress_to(sandbox, 53, "TCP") == [DNS]
+    (policy_peer,) = egress_to(sandbox, "http")
+    assert policy_peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "policy"
+    assert egress_to(sandbox, 4317) == []  # tracing off: no collector
+    traced = named(render((), ("tracing.enabled=true", "tracing.otlpEndpoint=http://otel.observability.svc:4318")), "NetworkPolicy", name("sandbox"))
+    assert egress_to(traced, 4318) == [MONITORING]
+    allowed = {"to": [{"ipBlock": {"cidr": "203.0.113.0/24"}}], "ports": [{"port": 443, "protocol": "TCP"}]}
+    listed = named(render((), ("sandbox.egressAllowlist[0].to[0].ipBlock.cidr=203.0.113.0/24", "sandbox.egressAllowlist[0].ports[0].port=443",
+                               "sandbox.egressAllowlist[0].ports[0].protocol=TCP")), "NetworkPolicy", name("sandbox"))
+    assert allowed in listed["spec"]["egress"] and egress_to(listed, 53, "UDP") == [DNS]
+
+
+@pytest.mark.parametrize("exposed", [("gateway.ingress.enabled=true",), ("gateway.service.type=LoadBalancer",), ("gateway.service.type=NodePort",)])
+def test_an_exposed_gateway_without_client_keys_is_refused_in_one_line(exposed):
+    with pytest.raises(HelmError) as refused:
+        render((), exposed)
+    (line,) = [line for line in str(refused.value).splitlines() if line.startswith("Error:")]
+    assert "without client keys" in line and "gateway.apiKeys" in line
+    keyed = render((), (*exposed, f"gateway.apiKeys.keys.alice={DIGEST}"))
+    expected = exposed[0].split("=")[1] if exposed[0].startswith("gateway.service.type") else "ClusterIP"
+    assert named(keyed, "Service", name("gateway"))["spec"]["type"] == expected
+
+
+def test_the_gateways_limits_reach_its_pod_and_every_service_is_bounded():
+    docs = render((), ("gateway.limits.requestsPerSecond=5", "gateway.limits.perKey.batch.burst=100", "limits.maxConcurrentRpcs=50"))
+    env = {item["name"]: item.get("value") for item in gateway_pod(docs)["containers"][0]["env"]}
+    assert (env["GEARSHIFT_GATEWAY__RATE_PER_SECOND"], env["GEARSHIFT_GATEWAY__BURST"]) == ("5", "40")
+    assert json.loads(env["GEARSHIFT_GATEWAY__KEY_POLICIES"]) == {"batch": {"burst": 100}}
+    for component in ("executor", "store", "router", "sandbox"):
+        (container,) = [c for c in named(docs, "Deployment", name(component))["spec"]["template"]["spec"]["containers"] if c["name"] == component]
+        assert {"name": "GEARSHIFT_LIMITS__MAX_CONCURRENT_RPCS", "value": "50"} in container["env"], component
 
 
 @pytest.mark.parametrize("component", ["executor", "router", "planner", "reward", "store", "sandbox", "worker"])

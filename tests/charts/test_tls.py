@@ -191,7 +191,7 @@ def test_the_gateway_serves_https_probed_by_the_kubelet_and_routed_to_by_ingress
     assert ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/backend-protocol"] == "HTTPS"
     own = render((TLS,), ('gateway.ingress.annotations.nginx\\.ingress\\.kubernetes\\.io/backend-protocol=GRPCS',))
     assert of_kind(own, "Ingress")[0]["metadata"]["annotations"]["nginx.ingress.kubernetes.io/backend-protocol"] == "GRPCS"
-    plain = render((), ("gateway.ingress.enabled=true",))
+    plain = render((), ("gateway.ingress.enabled=true", "gateway.apiKeys.existingSecret=keys"))
     assert "nginx.ingress.kubernetes.io/backend-protocol" not in (of_kind(plain, "Ingress")[0]["metadata"].get("annotations") or {})
 
 

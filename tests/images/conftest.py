@@ -23,8 +23,9 @@ from tests.images.stack import Stack, docker, docker_ready
 
 VALUES = Path(__file__).with_name("values.yaml")
 DEPS_IMAGE = "gearshift-test-deps"
-# Start order: what others call first. The policy server loads the model while nothing waits on it.
-ORDER = ("postgresql", "redis", "policy", "store", "sandbox", "reward", "planner", "router", "executor", "gateway", "worker", "beat")
+# Start order: what others call first; first of all the installer of the sandbox's seccomp profile (a
+# DaemonSet's pod on the one node). The policy server loads the model while nothing waits on it.
+ORDER = ("sandbox-seccomp", "postgresql", "redis", "policy", "store", "sandbox", "reward", "planner", "router", "executor", "gateway", "worker", "beat")
 PUBLISHED = {"gateway": "http"}  # component -> the port clients outside reach, published on loopback
 # Figures for docs/images.md: `docker run` to ready, per component, written at the end of a run.
 FIGURES = Path(tempfile.gettempdir()) / "gearshift-image-startup.json"
@@ -62,12 +63,18 @@ def given_secrets(certificate) -> dict[tuple[str, str], str]:
 
 
 @pytest.fixture(scope="session")
-def stack(docs, certificate, given_secrets):
+def node() -> Path:
+    """The one node's root: hostPath volumes are its folders (the kubelet's seccomp directory)."""
+    return Path(tempfile.mkdtemp(prefix="gearshift-images-node-"))
+
+
+@pytest.fixture(scope="session")
+def stack(docs, certificate, given_secrets, node):
     why = docker_ready()
     if why:
         pytest.fail(why)
     runs = container_runs(docs, Path(tempfile.mkdtemp(prefix="gearshift-images-")), domain=cluster_domain((str(VALUES),)),
-                          given_secrets=given_secrets)
+                          given_secrets=given_secrets, kinds=("Deployment", "StatefulSet", "DaemonSet"), node_dir=node)
     assert set(ORDER) == set(runs), f"the chart renders {sorted(runs)}; the tests start {sorted(ORDER)}"
     for component, port in PUBLISHED.items():
         runs[component].publish = [p["containerPort"] for p in runs[component].spec["ports"] if p["name"] == port]

@@ -3,6 +3,11 @@ environment with its Secret and field references, user, read-only root, capabili
 volumes, resource limits) turned into the engine's flags, so the image tests run what the chart
 renders rather than a copy of it.
 
+A node is a directory (node_dir): hostPath volumes are its folders bound into the container, and
+a Localhost seccomp profile is read from its kubelet directory, where the chart's installer
+DaemonSet, run as a container beforehand, wrote it. Init containers run to completion, in order,
+before the pod's container.
+
 What has no engine equivalent is left out on purpose: probes (tests/images runs them itself),
 Services (network aliases stand in: every Service selecting the pod gives it the names a pod of
 the namespace resolves, <name> through <name>.<namespace>.svc.<clusterDomain>; containers
@@ -24,8 +29,7 @@ import yaml
 
 from tests.charts.k8s import CHART, pod_spec
 
-# Where the kubelet would find a Localhost seccomp profile: the chart ships its own under files/.
-SECCOMP_PROFILES = {"gearshift/sandbox-seccomp.json": CHART / "files" / "sandbox-seccomp.json"}
+KUBELET_SECCOMP = "var/lib/kubelet/seccomp"  # where a node's kubelet finds Localhost profiles (under node_dir)
 _QUANTITY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 10**3, "M": 10**6, "G": 10**9}
 
 
@@ -44,6 +48,7 @@ class ContainerRun:
     volumes: dict[str, str] = field(default_factory=dict)  # named volume -> mount path (claims)
     files: dict[Path, str] = field(default_factory=dict)  # ConfigMap/Secret files to write before the run
     spec: dict = field(default_factory=dict)  # the rendered container, for its probes and ports
+    inits: list[ContainerRun] = field(default_factory=list)  # the pod's init containers, run to completion first
     # Container ports published on a free loopback port of the host: what clients outside the
     # cluster reach (the gateway, as through its Ingress); every other port stays on the network.
     publish: list[int] = field(default_factory=list)
@@ -62,11 +67,12 @@ class ContainerRun:
         """Whether its environment names the pod's IP (status.podIP), so the address is chosen before the run."""
         return any(POD_IP in value for value in self.env.values())
 
-    def command(self, network: str, prefix: str, image: str | None = None, ip: str | None = None) -> list[str]:
+    def command(self, network: str, prefix: str, image: str | None = None, ip: str | None = None, detach: bool = True) -> list[str]:
         """The `docker run` command line; names and volumes carry the prefix, so a test run owns
-        them. ip: the container's address on the network (the pod IP its environment names)."""
+        them. ip: the container's address on the network (the pod IP its environment names);
+        detach=False: runs to its end and is removed (an init container)."""
         assert ip or not self.needs_ip, f"{self.name}: its environment names the pod's IP; give the container one"
-        run = ["docker", "run", "-d", "--name", f"{prefix}{self.name}", "--network", network,
+        run = ["docker", "run", *(["-d"] if detach else ["--rm"]), "--name", f"{prefix}{self.name}", "--network", network,
                "--label", f"gearshift-test={prefix}", *self.flags, *self.mounts]
         if ip:
             run += ["--ip", ip]
@@ -172,8 +178,9 @@ def _env(container: dict, secrets: dict, namespace: str, pod_name: str) -> dict[
     return env
 
 
-def _security(pod: dict, container: dict) -> list[str]:
-    """The pod's and the container's securityContext (the container's wins) as engine flags."""
+def _security(pod: dict, container: dict, node_dir: Path | None) -> list[str]:
+    """The pod's and the container's securityContext (the container's wins) as engine flags; a
+    Localhost seccomp profile is the node's file (the engine reads it at `docker run`)."""
     context = {**pod.get("securityContext", {}), **container.get("securityContext", {})}
     flags = []
     if "runAsUser" in context:
@@ -189,9 +196,8 @@ def _security(pod: dict, container: dict) -> list[str]:
     flags += [f"--cap-add={cap}" for cap in capabilities.get("add", [])]
     seccomp = context.get("seccompProfile", {"type": "RuntimeDefault"})
     if seccomp["type"] == "Localhost":
-        profile = SECCOMP_PROFILES.get(seccomp["localhostProfile"])
-        assert profile and profile.is_file(), f"no seccomp profile for {seccomp['localhostProfile']}"
-        flags += ["--security-opt", f"seccomp={profile}"]
+        assert node_dir, f"{container['name']}: a Localhost seccomp profile needs a node (node_dir)"
+        flags += ["--security-opt", f"seccomp={node_dir / KUBELET_SECCOMP / seccomp['localhostProfile']}"]
     elif seccomp["type"] == "Unconfined":
         flags += ["--security-opt", "seccomp=unconfined"]
     # RuntimeDefault: the engine's default profile, as the kubelet gives containerd's.
@@ -199,10 +205,11 @@ def _security(pod: dict, container: dict) -> list[str]:
 
 
 def _volumes(pod: dict, container: dict, docs, files_dir: Path, workload: str,
-             secrets: dict[tuple[str, str], str]) -> tuple[list[str], dict[str, str], dict[Path, str]]:
+             secrets: dict[tuple[str, str], str], node_dir: Path | None) -> tuple[list[str], dict[str, str], dict[Path, str]]:
     """Mounts for the container's volumeMounts: emptyDir -> tmpfs (exec, like a node's disk),
     ConfigMap or Secret -> its files bound read-only (a whole volume: rewriting a file on the host
-    is what the kubelet does when the object changes), claim (or claim template) -> a named volume."""
+    is what the kubelet does when the object changes), claim (or claim template) -> a named volume,
+    hostPath -> that folder of node_dir."""
     sources = {volume["name"]: volume for volume in pod.get("volumes", [])}
     context = {**pod.get("securityContext", {}), **container.get("securityContext", {})}
     # A kubelet makes emptyDirs writable to the pod (0777, fsGroup). The engine gives a tmpfs over
@@ -225,6 +232,12 @@ def _volumes(pod: dict, container: dict, docs, files_dir: Path, workload: str,
             for key, text in config.get("data", {}).items():
                 files[folder / key] = text
             mounts += ["--mount", f"type=bind,source={folder},target={path},readonly"]
+        elif "hostPath" in volume:
+            assert node_dir, f"volume {mount['name']}: a hostPath needs a node (node_dir)"
+            folder = node_dir / volume["hostPath"]["path"].lstrip("/")
+            folder.mkdir(parents=True, exist_ok=True)
+            folder.chmod(0o777)  # the node's is root's; the test's user may not be the engine's root
+            mounts += ["--mount", f"type=bind,source={folder},target={path}" + (",readonly" if mount.get("readOnly") else "")]
         elif "secret" in volume:
             name = volume["secret"]["secretName"]
             keys = {key: value for (secret, key), value in secrets.items() if secret == name}
@@ -238,10 +251,12 @@ def _volumes(pod: dict, container: dict, docs, files_dir: Path, workload: str,
 
 
 def container_runs(docs, files_dir: Path, namespace: str = "gearshift", kinds=("Deployment", "StatefulSet"),
-                   domain: str | None = None, given_secrets: dict[tuple[str, str], str] | None = None) -> dict[str, ContainerRun]:
+                   domain: str | None = None, given_secrets: dict[tuple[str, str], str] | None = None,
+                   node_dir: Path | None = None) -> dict[str, ContainerRun]:
     """component -> ContainerRun for every workload of these kinds the chart renders; domain: the
     clusterDomain the chart was rendered with (default: the chart's own); given_secrets: (name,
-    key) -> value of Secrets made outside the chart (cert-manager's)."""
+    key) -> value of Secrets made outside the chart (cert-manager's); node_dir: the node's root
+    (hostPath volumes, Localhost seccomp profiles)."""
     secrets = secret_values(docs) | (given_secrets or {})
     domain = domain or cluster_domain()
     runs = {}
@@ -249,21 +264,25 @@ def container_runs(docs, files_dir: Path, namespace: str = "gearshift", kinds=("
         if doc["kind"] not in kinds:
             continue
         pod = pod_spec(doc)
-        assert len(pod["containers"]) == 1 and not pod.get("initContainers"), f"{doc['metadata']['name']}: one container expected"
-        container = pod["containers"][0]
+        assert len(pod["containers"]) == 1, f"{doc['metadata']['name']}: one container expected"
         name = doc["metadata"]["name"]
         component = doc["metadata"]["labels"]["app.kubernetes.io/component"]
-        mounts, named, files = _volumes(pod, container, docs, files_dir / component, name, secrets)
-        flags = _security(pod, container)
-        limits = container.get("resources", {}).get("limits", {})
-        if "memory" in limits:
-            flags += ["--memory", str(quantity(limits["memory"]))]
-        if "cpu" in limits:
-            flags += ["--cpus", cpus(limits["cpu"])]
-        runs[component] = ContainerRun(
-            name=name, component=component, image=container["image"], entrypoint=container.get("command"),
-            args=container.get("args", []), env=_env(container, secrets, namespace, f"{name}-0"),
-            flags=flags, mounts=mounts, volumes=named, files=files, spec=container,
-            aliases=service_aliases(docs, doc["spec"].get("template", {}).get("metadata", {}).get("labels", {}), namespace, domain),
-        )
+
+        def run_of(container: dict, run_name: str, folder: Path) -> ContainerRun:
+            mounts, named, files = _volumes(pod, container, docs, folder, name, secrets, node_dir)
+            flags = _security(pod, container, node_dir)
+            limits = container.get("resources", {}).get("limits", {})
+            if "memory" in limits:
+                flags += ["--memory", str(quantity(limits["memory"]))]
+            if "cpu" in limits:
+                flags += ["--cpus", cpus(limits["cpu"])]
+            return ContainerRun(
+                name=run_name, component=component, image=container["image"], entrypoint=container.get("command"),
+                args=container.get("args", []), env=_env(container, secrets, namespace, f"{name}-0"),
+                flags=flags, mounts=mounts, volumes=named, files=files, spec=container)
+
+        run = run_of(pod["containers"][0], name, files_dir / component)
+        run.inits = [run_of(init, f"{name}-{init['name']}", files_dir / f"{component}-{init['name']}") for init in pod.get("initContainers", [])]
+        run.aliases = service_aliases(docs, doc["spec"].get("template", {}).get("metadata", {}).get("labels", {}), namespace, domain)
+        runs[component] = run
     return runs

@@ -86,11 +86,14 @@ class Stack:
         return next(self._pod_ips)
 
     def start(self, component: str, image: str | None = None, timeout: float = READY_TIMEOUT) -> float:
-        """docker run the component's pod and wait for its startup (else readiness) probe; returns the seconds that took."""
+        """docker run the component's pod (its init containers first) and wait for its startup (else readiness) probe; returns the seconds that took."""
         run = self.runs[component]
         run.write_files()
         docker("rm", "-f", self.container(component), check=False)
         started = time.monotonic()
+        for init in run.inits:  # the pod's init containers, each to its end (the sandbox's waits for its seccomp profile)
+            init.write_files()
+            docker(*init.command(self.network, self.prefix, detach=False)[1:], timeout=timeout)
         docker(*run.command(self.network, self.prefix, image, ip=self.pod_ip() if run.needs_ip else None)[1:])
         if component not in self.started:
             self.started.append(component)

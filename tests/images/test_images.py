@@ -2,7 +2,7 @@
 through the chart's own test pod, metrics ports, a Solve through every container stored in the
 Postgres container, chat completions through the gateway container with the openai client (whole
 and streamed, stored likewise), the hostile battery against the sandbox container under the
-chart's seccomp profile, a store restart that keeps every trajectory, and SIGTERMs that drain."""
+seccomp profile the chart's installer put on the node, a store restart that keeps every trajectory, and SIGTERMs that drain."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from gearshift.settings import Settings
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tests.charts.k8s import named
-from tests.images.pods import container_runs
+from tests.images.pods import KUBELET_SECCOMP, container_runs
 from tests.images.stack import Stack, docker
 from tests.services.gateway.test_client_keys import every_method, status_of
 from tests.services.sandbox.conftest import run_python
@@ -37,6 +37,7 @@ pytestmark = pytest.mark.timeout(900)
 
 GRPC_SERVICES = ("store", "sandbox", "reward", "planner", "router", "executor")
 HTTP_SERVICES = ("gateway",)
+INSTALLER = "sandbox-seccomp"  # the component of the DaemonSet that puts the sandbox's seccomp profile on the node
 solved: list[str] = []  # trajectory ids the Solve test stored
 
 
@@ -84,7 +85,11 @@ def test_images_run_as_the_chart_runs_them(stack: Stack):
     """Numeric non-root users (runAsNonRoot needs them) and a read-only root in every container."""
     for component, run in stack.runs.items():
         user = docker("inspect", "-f", "{{.Config.User}}", stack.container(component)).stdout.strip()
-        assert user.split(":")[0].isdigit() and user.split(":")[0] != "0", f"{component} runs as {user!r}"
+        if component == INSTALLER:  # writes into the node's root-owned kubelet directory: uid 0, no capability
+            capabilities = json.loads(docker("inspect", "-f", "{{json .HostConfig.CapDrop}}", stack.container(component)).stdout)
+            assert user.split(":")[0] == "0" and capabilities == ["ALL"], f"{component} runs as {user!r} dropping {capabilities}"
+        else:
+            assert user.split(":")[0].isdigit() and user.split(":")[0] != "0", f"{component} runs as {user!r}"
         assert docker("inspect", "-f", "{{.HostConfig.ReadonlyRootfs}}", stack.container(component)).stdout.strip() == "true"
         probe = stack.exec(component, "sh", "-c", "touch /usr/gearshift-probe 2>&1; id -u")
         assert "Read-only file system" in probe.stdout, f"{component}: {probe.stdout}"
@@ -307,6 +312,20 @@ async def test_the_sandbox_container_isolates_python(sandbox_stub):
     """Namespaces work under the chart's seccomp profile: python runs (it is refused where they do not)."""
     result = await run_python(sandbox_stub, "import os\nprint(os.getuid(), os.getpid())")
     assert not result.is_error and result.output.split() == ["1000", "1"], (result.error, result.output)
+
+
+def test_the_sandbox_container_runs_under_the_profile_the_charts_installer_put_on_the_node(stack: Stack, docs, node):
+    """The chart's installer (its DaemonSet's pod, started first) wrote its ConfigMap's profile where
+    the kubelet reads the sandbox's Localhost profile; the sandbox's init container waited for it
+    and the container runs under exactly that filter (the engine keeps the profile it loaded)."""
+    profile = named(docs, "ConfigMap", f"gearshift-{INSTALLER}")["data"]["sandbox-seccomp.json"]
+    localhost = stack.runs["sandbox"].spec["securityContext"]["seccompProfile"]["localhostProfile"]
+    assert (node / KUBELET_SECCOMP / localhost).read_text() == profile
+    assert [init.spec["name"] for init in stack.runs["sandbox"].inits] == ["seccomp-wait"]
+    options = json.loads(docker("inspect", "-f", "{{json .HostConfig.SecurityOpt}}", stack.container("sandbox")).stdout)
+    (loaded,) = [option.partition("=")[2] for option in options if option.startswith("seccomp=")]
+    assert json.loads(loaded) == json.loads(profile)
+    assert stack.state(INSTALLER)["Status"] == "running"
 
 
 async def test_the_sandbox_names_its_pod_address_in_each_reply(stack: Stack, sandbox_stub):

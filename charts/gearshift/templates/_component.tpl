@@ -14,6 +14,7 @@ Args (a dict):
   initContainers  list of complete init containers, run before the component's (optional)
   volumes         list of extra pod volumes
   servicePorts    list of Service ports ({name, port, targetPort, appProtocol}); none: no Service
+  serviceType     that Service's type (optional; default ClusterIP)
   headlessPorts   list of ports of a headless Service <name>-headless beside it, whose DNS name
                   resolves to every ready pod (gRPC clients balance calls over them); none: none
   metricsPort     name of the Service port Prometheus scrapes ("" when there is none)
@@ -222,7 +223,7 @@ metadata:
   labels:
     {{- $labels | nindent 4 }}
 spec:
-  type: ClusterIP
+  type: {{ $.serviceType | default "ClusterIP" }}
   selector:
     {{- $selector | nindent 4 }}
   ports:
@@ -354,11 +355,13 @@ health port the probes use), a headless Service for the gRPC port, and a drain o
 one component helper.
 Args: root, name, database (bool: the service gets the database URL), env (extra variables,
 before the component's own), metric (the Prometheus series KEDA scales it on; none: none),
-volumes and volumeMounts (the service's own, beside the data emptyDir; none: none).
+volumes and volumeMounts (the service's own, beside the data emptyDir; none: none),
+initContainers (none: none), values (the component's values as the template completed them;
+none: .Values.<name>).
 */}}
 {{- define "gearshift.grpcService" -}}
 {{- $root := .root -}}
-{{- $v := index $root.Values .name -}}
+{{- $v := .values | default (index $root.Values .name) -}}
 {{- $env := concat (fromYamlArray (include "gearshift.platformEnv" (dict "root" $root "database" .database))) (.env | default list) (fromYamlArray (include "gearshift.componentEnv" (dict "values" $v) | default "[]")) -}}
 {{- $probes := fromYaml (include "gearshift.grpcProbes" $root) -}}
 {{- $ports := list (dict "name" "grpc" "containerPort" $root.Values.ports.grpc "protocol" "TCP") (dict "name" "metrics" "containerPort" $root.Values.ports.metrics "protocol" "TCP") -}}
@@ -380,7 +383,7 @@ volumes and volumeMounts (the service's own, beside the data emptyDir; none: non
 {{- $volumes := concat (list (dict "name" "data" "emptyDir" (dict "sizeLimit" "1Gi"))) (.volumes | default list) -}}
 {{- $scaleOn := dict -}}
 {{- with .metric }}{{ $scaleOn = dict "metric" . }}{{ end }}
-{{- include "gearshift.component" (dict "root" $root "name" .name "values" $v "container" $container "volumes" $volumes "servicePorts" $servicePorts "headlessPorts" (list $grpcPort) "metricsPort" "metrics" "drain" true "scaleOn" $scaleOn) }}
+{{- include "gearshift.component" (dict "root" $root "name" .name "values" $v "container" $container "volumes" $volumes "servicePorts" $servicePorts "headlessPorts" (list $grpcPort) "metricsPort" "metrics" "drain" true "scaleOn" $scaleOn "initContainers" .initContainers) }}
 {{- end }}
 
 {{/*

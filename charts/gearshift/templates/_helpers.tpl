@@ -266,6 +266,8 @@ dataDir (GEARSHIFT_DATA_DIR, default /var/lib/gearshift).
     secretKeyRef:
       name: {{ include "gearshift.authSecretName" $root }}
       key: {{ $root.Values.auth.secretKey }}
+- name: GEARSHIFT_LIMITS__MAX_CONCURRENT_RPCS
+  value: {{ $root.Values.limits.maxConcurrentRpcs | quote }}
 - name: GEARSHIFT_POLICY_CLIENT__URL
   value: {{ include "gearshift.policyURL" $root | quote }}
 - name: GEARSHIFT_POLICY_CLIENT__MODEL

@@ -10,7 +10,7 @@ router: [executor, worker, health-check]
 planner: [executor, health-check]
 reward: [executor, gateway, worker, training, health-check]
 store: [executor, gateway, router, worker, training, policy, health-check]
-policy: [executor, router, planner, worker, training]
+policy: [executor, router, planner, reward, sandbox, worker, training]
 postgresql: [store, store-migrate, worker, beat, training]
 redis: [worker, beat]
 {{- end }}
@@ -23,6 +23,32 @@ redis: [worker, beat]
     matchLabels:
       {{- include "gearshift.selectorLabels" (dict "root" $root "name" .) | nindent 6 }}
 {{- end }}
+{{- end }}
+
+{{/* Egress rules every pod whose egress is fenced needs: the cluster DNS (networkPolicy.dnsPeers)
+on UDP and TCP 53, and with tracing on the collector (networkPolicy.collectorPeers) on
+tracing.otlpEndpoint's port. Args: root. */}}
+{{- define "gearshift.platformEgress" -}}
+- to:
+    {{- toYaml .Values.networkPolicy.dnsPeers | nindent 4 }}
+  ports:
+    - port: 53
+      protocol: UDP
+    - port: 53
+      protocol: TCP
+{{- if .Values.tracing.enabled }}
+- to:
+    {{- toYaml .Values.networkPolicy.collectorPeers | nindent 4 }}
+  ports:
+    - port: {{ include "gearshift.collectorPort" . }}
+      protocol: TCP
+{{- end }}
+{{- end }}
+
+{{/* The port of tracing.otlpEndpoint (its scheme's when it names none). */}}
+{{- define "gearshift.collectorPort" -}}
+{{- $host := (urlParse .Values.tracing.otlpEndpoint).host -}}
+{{- if contains ":" $host }}{{ last (splitList ":" $host) }}{{ else }}{{ ternary 443 80 (hasPrefix "https:" .Values.tracing.otlpEndpoint) }}{{ end }}
 {{- end }}
 
 {{/* Prometheus as a NetworkPolicy peer: pods of networkPolicy.metricsNamespaceSelector's

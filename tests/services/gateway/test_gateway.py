@@ -252,18 +252,31 @@ async def test_unknown_models_auth_bad_json_and_big_bodies(served, client):
     assert anonymous.status_code == 401 and set(anonymous.json()["error"]) == {"message", "type", "param", "code"}
 
 
-async def test_an_executor_that_is_down_is_a_503_and_not_ready(served):
-    down = served.settings.model_copy(update={"executor_addr": f"127.0.0.1:{free_port()}"})
+async def test_an_executor_that_is_down_is_a_503_and_not_ready(served, caplog):
+    port = free_port()
+    down = served.settings.model_copy(update={"executor_addr": f"127.0.0.1:{port}", "store_addr": f"127.0.0.1:{port}"})
     async with running(await build(down), down) as gateway:
         base = f"http://127.0.0.1:{gateway.port}"
         async with openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=TOKEN, max_retries=0, timeout=600) as client:
             with pytest.raises(openai.InternalServerError) as unavailable:
                 await client.chat.completions.create(model="gearshift-instant", messages=ASK)
+            with pytest.raises(openai.APIStatusError) as store_down:
+                await feedback(client, trajectory_id=str(uuid.uuid4()), correct=True)
         async with httpx.AsyncClient(base_url=base, timeout=10) as http:
             ready, live = await http.get("/ready"), await http.get("/health")
+            streamed = await http.post("/v1/chat/completions", headers=AUTH | {"x-request-id": "rid-down"},
+                                       json={"model": "gearshift-instant", "messages": ASK, "stream": True})
     assert unavailable.value.status_code == 503 and unavailable.value.response.headers["retry-after"] == "1"
     assert unavailable.value.body["message"].startswith("executor")
     assert ready.status_code == 503 and ready.json()["executor"].startswith("DOWN") and live.status_code == 200
+    # No 5xx body names an address (gRPC's details do: ipv4:127.0.0.1:port); each names its request id, and the log the details.
+    assert store_down.value.status_code >= 500 and streamed.status_code >= 500
+    for reply in (unavailable.value.response, store_down.value.response, streamed):
+        body = reply.text
+        assert not any(inside in body for inside in ("ipv4", "127.0.0.1", str(port))), body
+        assert reply.headers["x-request-id"] in reply.json()["error"]["message"]
+    assert "rid-down" in streamed.json()["error"]["message"]
+    assert any(str(port) in record.getMessage() for record in caplog.records if record.name == "gearshift.gateway")
 
 
 async def wait_for_status(served, trajectory_id: str, status: int, timeout: float = 60.0):
@@ -346,6 +359,18 @@ async def test_feedback_refusals(client, body, error):
     with pytest.raises(error) as refused:
         await feedback(client, **body)
     assert refused.value.type == ("not_found_error" if error is openai.NotFoundError else "invalid_request_error")
+
+
+async def test_the_platform_token_gives_no_feedback_on_a_trajectory_it_was_not_served(served, client):
+    """The platform token is the gateway's one client key here (no keys file): a rollout the
+    platform stored itself (evaluation, training) is no client's to reward."""
+    rollouts = world("unserved-rollout", {"train": 1})
+    await put(served.store, rollouts)
+    rollout = rollouts[0]
+    with pytest.raises(openai.PermissionDeniedError) as refused:
+        await feedback(client, trajectory_id=rollout.id, correct=False)
+    assert refused.value.param == "trajectory_id" and "not served to this API key" in refused.value.message
+    assert (await stored(served, rollout.id)).reward == rollout.reward  # its verifier's, untouched
 
 
 async def test_metrics_on_their_own_port_health_and_readiness(served):
