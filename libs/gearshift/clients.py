@@ -1,7 +1,14 @@
 """Client channels between services: balanced over every replica an address resolves to, with a
-deadline on every call, retries past a dead replica for idempotent methods, keepalive, the
-bearer token, message limits, and a request id, trajectory id and trace context (a client span
-per call, when tracing is on) that follow a request from service to service."""
+deadline on every call (the service's, or sooner the deadline of the work in hand: the caller's
+own, an episode's budget; gearshift.deadlines), retries past a dead replica for idempotent
+methods within a retry budget (retryThrottling), keepalive, the bearer token, message limits,
+and a request id, trajectory id and trace context (a client span per call, when tracing is on)
+that follow a request from service to service.
+
+Retries do not multiply across layers: a service whose handler failed because a dependency was
+unavailable answers UNAVAILABLE with server pushback (interceptors.py), which tells the channel
+above it not to retry; UNAVAILABLE from gRPC itself (a replica gone, draining, refusing
+connections) carries none and is retried on another replica."""
 
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ import json
 
 import grpc
 
+from gearshift import deadlines
 from gearshift.api.executor.v1 import executor_pb2
 from gearshift.api.planner.v1 import planner_pb2
 from gearshift.api.reward.v1 import reward_pb2
@@ -55,7 +63,9 @@ class _Metadata:
         metadata.extend(self._auth)
         metadata.extend(logs.id_headers().items())
         metadata.extend(tracing.trace_headers(span).items())
-        return details._replace(metadata=metadata)
+        # The call ends when the work in hand must: gRPC sends the deadline on, so the callee
+        # bounds what it calls in turn (the service config's deadline still caps a longer one).
+        return details._replace(metadata=metadata, timeout=deadlines.bound(details.timeout))
 
     async def _traced(self, continuation, details: grpc.aio.ClientCallDetails, request):
         """Starts the call under a client span that ends with it (streams too: after their end)."""
@@ -109,7 +119,11 @@ def _seconds(value: float) -> str:
 def service_config(rpc: RpcSettings) -> str:
     """The gRPC service config of every channel: round_robin over the resolved addresses (unless
     settings say pick_first), skipping replicas whose health service says NOT_SERVING (a draining
-    pod), a deadline per service, and a bounded retry policy for the idempotent methods."""
+    pod), a deadline per service, a bounded retry policy for the idempotent methods, and a retry
+    budget (retryThrottling, gRFC A6): every failed attempt takes a token, every success gives
+    back token_ratio, and no call is retried while half the tokens or fewer are left. gRPC keeps
+    one budget per target and process, shared by every channel to it: a dependency that is down
+    costs about one attempt per call once the budget is spent, not retry_attempts."""
     retry = {
         "maxAttempts": rpc.retry_attempts,
         "initialBackoff": _seconds(rpc.retry_backoff_seconds),
@@ -131,6 +145,7 @@ def service_config(rpc: RpcSettings) -> str:
         "loadBalancingConfig": [{rpc.load_balancing: {}}],
         "healthCheckConfig": {"serviceName": ""},
         "methodConfig": methods,
+        "retryThrottling": {"maxTokens": rpc.retry_max_tokens, "tokenRatio": round(rpc.retry_token_ratio, 3)},  # gRPC reads 3 decimals
     })
 
 

@@ -1,6 +1,8 @@
 """The one server interceptor every service runs: request ids, bearer-token auth, domain
-error -> status mapping, undecodable requests -> INVALID_ARGUMENT, Prometheus metrics, and a
-server span per call that continues the caller's trace (when tracing is on)."""
+error -> status mapping, undecodable requests -> INVALID_ARGUMENT, Prometheus metrics, a
+server span per call that continues the caller's trace (when tracing is on), and the incoming
+call's deadline as the deadline of the work in hand (gearshift.deadlines), which bounds every
+call the handler makes in turn (gRPC calls and policy requests)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from prometheus_client import Counter, Gauge, Histogram
 
-from gearshift import logs, tracing
+from gearshift import deadlines, logs, tracing
 from gearshift.errors import GearshiftError
 from gearshift.logs import REQUEST_ID_KEY, TRAJECTORY_ID_KEY, request_id
 
@@ -45,6 +47,18 @@ LATENCY = Histogram(
     ["service", "method"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
+# gRFC A6 server pushback: a negative value tells the caller's channel not to retry the call.
+# A handler of ours that fails UNAVAILABLE does so because something it called was unavailable (a
+# downstream service after its own channel's retries, the policy server after the policy client's,
+# the store's database): retrying it from above would only repeat those retries, attempts
+# multiplying layer by layer (a Route 4 times, each with 4 policy requests). Pushback rather than
+# another status: the caller still sees UNAVAILABLE, which is what happened (the gateway answers
+# 503, the executor's durable store spools), and the failed attempt still counts against the
+# caller's retry budget. An UNAVAILABLE that gRPC itself produces (a replica gone, draining,
+# refusing connections) carries no pushback and is retried on another replica as before.
+RETRY_PUSHBACK_KEY = "grpc-retry-pushback-ms"
+NO_RETRY = ((RETRY_PUSHBACK_KEY, "-1"),)
+
 IN_FLIGHT = Gauge("grpc_server_in_flight", "RPCs being handled (health watches included)", ["service", "method"])
 
 
@@ -94,20 +108,25 @@ class RequestInterceptor(grpc.aio.ServerInterceptor):
         async def prologue(request, context) -> None:
             request_id.set(rid)
             logs.begin_request(metadata.get(TRAJECTORY_ID_KEY))
+            deadlines.limit(context.time_remaining())  # this call's task alone: the calls it makes end by then
             context.set_trailing_metadata(((REQUEST_ID_KEY, rid),))
             if not authorized:
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
             if isinstance(request, _Undecodable):
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request does not parse: {request.error}")
 
+        async def abort(context, code: grpc.StatusCode, details: str) -> None:
+            pushback = NO_RETRY if code == grpc.StatusCode.UNAVAILABLE else ()
+            await context.abort(code, details, trailing_metadata=((REQUEST_ID_KEY, rid), *pushback))
+
         async def fail(exc: BaseException, context) -> None:
             if isinstance(exc, GearshiftError):
-                await context.abort(exc.code, str(exc))
+                await abort(context, exc.code, str(exc))
             if isinstance(exc, grpc.aio.AioRpcError) and exc.code() in PASSED_ON:
                 # A downstream service refused what this request carried, or is down: say so.
-                await context.abort(PASSED_ON[exc.code()], f"downstream: {exc.details()}")
+                await abort(context, PASSED_ON[exc.code()], f"downstream: {exc.details()}")
             log.exception("%s failed (request %s)", method, rid)
-            await context.abort(grpc.StatusCode.INTERNAL, f"internal error (request id {rid})")
+            await abort(context, grpc.StatusCode.INTERNAL, f"internal error (request id {rid})")
 
         def begin() -> float:
             in_flight.inc()

@@ -1,9 +1,14 @@
 """PolicyClient: the one way router, planner and executor reach the policy model, over any
 OpenAI-compatible server (the built-in policy server, vLLM, SGLang).
 
-Timeouts on every request; retries with exponential backoff on connection errors, 5xx and 429
-(never on other 4xx: the same request would fail the same way); and domain errors when it gives
-up, so callers handle Unavailable / InvalidArgument / DeadlineExceeded like any other service's.
+Timeouts on every request, never past the deadline of the work in hand (the incoming call's, an
+episode's budget: gearshift.deadlines); retries with exponential backoff on connection errors,
+5xx and 429 (never on other 4xx: the same request would fail the same way), within a retry
+budget per client (RetryBudget, gRPC's retry throttling: a server that is down gets about one
+request per call, not 1 + retries); and domain errors when it gives up, so callers handle
+Unavailable / InvalidArgument / DeadlineExceeded like any other service's. The policy servers it
+speaks to (the built-in one, vLLM, SGLang) call no dependency of their own, so each of their 5xx
+is theirs, and one the budget allows is worth retrying.
 
 The model name a client asks for may be an alias of versioned names, `<alias>@<version>` (a
 training run serves each step's LoRA adapter under a new name): when the server no longer serves
@@ -42,7 +47,7 @@ from gearshift.errors import (
     Unauthenticated,
     Unavailable,
 )
-from gearshift import logs, tls, tracing, vllm_plugins
+from gearshift import deadlines, logs, tls, tracing, vllm_plugins
 from gearshift.api.common.v1.common_pb2 import TokenUsage
 from gearshift.settings import Settings, get_settings
 
@@ -174,6 +179,27 @@ def _retry_after(response: aiohttp.ClientResponse) -> float | None:
 READ_TIMEOUTS = (aiohttp.SocketTimeoutError, asyncio.TimeoutError)
 
 
+class RetryBudget:
+    """A token bucket bounding one client's retries, as gRPC's retryThrottling does a channel's
+    (gRFC A6): every failed attempt takes a token, every success gives back token_ratio, and a
+    retry is made only while more than half of max_tokens are left. While requests succeed a
+    failure is retried as before; once a run of failures has spent the budget, each request is
+    tried once, until successes earn it back."""
+
+    def __init__(self, max_tokens: float = 10, token_ratio: float = 0.1):
+        self.max_tokens = float(max_tokens)
+        self.token_ratio = token_ratio
+        self.tokens = float(max_tokens)
+
+    def succeeded(self) -> None:
+        self.tokens = min(self.max_tokens, self.tokens + self.token_ratio)
+
+    def failed(self) -> bool:
+        """Records a failed attempt; True when a retry is allowed."""
+        self.tokens = max(0.0, self.tokens - 1)
+        return self.tokens > self.max_tokens / 2
+
+
 class _ModelNotServed(InvalidArgument):
     """The server answered 404 to a request naming a model (vLLM: that name is not served)."""
 
@@ -210,6 +236,7 @@ class PolicyClient:
         chat_template: str | None = None,
         tls_context: ssl.SSLContext | None = None,
         server_name: str = "",
+        retry_budget: RetryBudget | None = None,
     ):
         self.base_url = base_url.rstrip("/")
         self.model = model  # what the settings name: a served model, or an alias of versioned names
@@ -217,6 +244,8 @@ class PolicyClient:
         self._engine: str | None = None
         self.retries = retries
         self.backoff = backoff
+        self.retry_budget = retry_budget or RetryBudget()
+        self._connect_timeout, self._read_timeout = connect_timeout, timeout
         self._token_ids = {"return_token_ids": True} if token_ids else {}
         self._logprobs = logprobs  # ask for each sampled token's log-probability (the behaviour policy's)
         self.chat_template = chat_template  # the native protocol's requests carry it (None: the server's)
@@ -243,6 +272,7 @@ class PolicyClient:
             chat_template=vllm_plugins.chat_template_text(client.chat_template),
             tls_context=tls.client_context(settings.tls),
             server_name=settings.tls.server_name if settings.tls.enabled else "",
+            retry_budget=RetryBudget(settings.rpc.retry_max_tokens, settings.rpc.retry_token_ratio),
         )
 
     async def __aenter__(self) -> PolicyClient:
@@ -309,6 +339,12 @@ class PolicyClient:
         # The ids and trace context go along (the built-in server and vLLM continue the trace); a
         # traced call's own headers (its span's traceparent) win over the current span's.
         kwargs["headers"] = logs.id_headers() | tracing.trace_headers() | (kwargs.get("headers") or {})
+        left = deadlines.remaining()
+        if left is not None:  # the whole request, its streamed body included, ends by the deadline in hand
+            if left <= 0:
+                raise DeadlineExceeded(f"no time left for a request to policy server {self._url(path, root)}: the caller's deadline has passed")
+            kwargs["timeout"] = aiohttp.ClientTimeout(total=left, sock_connect=min(self._connect_timeout, left),
+                                                      sock_read=min(self._read_timeout, left))
         try:
             return await session.request(method, self._url(path, root), **self._server_name, **kwargs)
         except READ_TIMEOUTS as exc:
@@ -347,15 +383,24 @@ class PolicyClient:
                 reason, status = f"{type(exc).__name__}: {exc}", None
             else:
                 if response.status < 400:
+                    self.retry_budget.succeeded()
                     return response
                 if response.status not in RETRYABLE_STATUS:
                     raise await self._client_error(response, names_model="model" in body)
                 text = await response.text(errors="replace")
                 response.release()
                 reason, status = f"{response.status}: {_error_message(text, response.reason or '')}", response.status
-            if attempt < self.retries:
-                await asyncio.sleep(self._delay(attempt, response))
-        raise self._give_up(path, self.retries + 1, reason, status)
+            allowed = self.retry_budget.failed()  # every failed attempt counts, the last one too
+            if attempt == self.retries:
+                break
+            if not allowed:
+                reason += " (no retry: the client's retry budget is spent)"
+                break
+            delay, left = self._delay(attempt, response), deadlines.remaining()
+            if left is not None and left <= delay:  # a retry could not finish in time
+                break
+            await asyncio.sleep(delay)
+        raise self._give_up(path, attempt + 1, reason, status)
 
     async def _json(self, response: aiohttp.ClientResponse, path: str) -> dict:
         try:

@@ -12,7 +12,11 @@ that finished during the last Put, and every trajectory would take the detour).
 
 An episode is counted in the metrics (metrics.record_episode) when the store has it, by the Put or
 by the replay: an outage shows as episodes missing from the counts and a growing spool, not as
-episodes counted and lost."""
+episodes counted and lost.
+
+A Put's retries also end with the deadline of the work in hand (the episode's wrap-up margin),
+and when the executor stops (hurry) every Put gives up on the store at a cutoff a few seconds
+away, so that the episodes its drain cut reach the spool before the process exits."""
 
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ import logging
 import time
 
 import grpc
+from gearshift import deadlines
 from gearshift.api.common.v1.common_pb2 import Trajectory
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
 from gearshift.services.executor import metrics
@@ -37,6 +42,7 @@ MAX_PUT_BACKOFF_SECONDS = 2.0
 LAST_ATTEMPT_SECONDS = 1.0  # the least time a Put attempt is given, the last one included
 REPLAY_BATCH = 64  # trajectories per replayed Put: a long outage's spool drains in batches
 REPLAY_MAX_BYTES = 8 * 1024 * 1024  # and no more bytes than this in one (far below the message limit)
+SPOOL_WRITE_SECONDS = 0.5  # kept after a stopping executor's cutoff for the spool's write
 
 
 class DurableStore:
@@ -50,6 +56,8 @@ class DurableStore:
         self._replay: asyncio.Task | None = None
         self._handover: asyncio.Future | None = None  # the replay's Put of the spool's last entries, while under way
         self._store_answers = False  # the replay's last Put reached the store: the next may hand over
+        self._cutoff: float | None = None  # the executor is stopping: no Put goes on past this time.monotonic()
+        self._attempts: set[asyncio.Task] = set()  # Puts under way
         if len(spool):
             self._waiting.set()
 
@@ -80,25 +88,64 @@ class DurableStore:
         (this one then follows it there), or the store failed otherwise (a fault of its own, a
         token it does not accept: the trajectory is kept until it takes it)."""
         request = store_pb2.PutRequest(trajectories=[trajectory])
-        deadline = time.monotonic() + self.config.store_retry_seconds
+        window, left = self.config.store_retry_seconds, deadlines.remaining()
+        deadline = time.monotonic() + (window if left is None else max(0.0, min(window, left)))
         backoff = FIRST_BACKOFF_SECONDS
         while True:
-            try:
-                await self.store.Put(request, timeout=max(deadline - time.monotonic(), LAST_ATTEMPT_SECONDS))
-                return None
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                    raise  # the store refused the trajectory itself: a spooled copy would be refused too
-                if exc.code() not in UNAVAILABLE:
-                    return exc.code()
-                failed = exc.code()
-            left = deadline - time.monotonic()
+            failed = await self._attempt(request, max(self._end(deadline) - time.monotonic(), LAST_ATTEMPT_SECONDS))
+            if failed not in UNAVAILABLE:
+                return failed  # None: taken
+            left = self._end(deadline) - time.monotonic()
             if left <= 0 or len(self.spool):
                 return failed
             await asyncio.sleep(min(backoff, left))
             backoff = min(backoff * 2, MAX_PUT_BACKOFF_SECONDS)
 
+    async def _attempt(self, request: store_pb2.PutRequest, timeout: float) -> grpc.StatusCode | None:
+        """One Put: None when the store took it, else the status it failed with (DEADLINE_EXCEEDED
+        for one still under way at a stopping executor's cutoff, given up then)."""
+        attempt = asyncio.ensure_future(self.store.Put(request, timeout=timeout))
+        self._attempts.add(attempt)
+        if self._cutoff is not None:
+            self._give_up_at_cutoff(attempt)
+        try:
+            await asyncio.wait({attempt})
+        except asyncio.CancelledError:
+            attempt.cancel()
+            raise
+        finally:
+            self._attempts.discard(attempt)
+        if attempt.cancelled():
+            return grpc.StatusCode.DEADLINE_EXCEEDED
+        exc = attempt.exception()
+        if exc is None:
+            return None
+        if not isinstance(exc, grpc.aio.AioRpcError) or exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+            raise exc  # INVALID_ARGUMENT: the store refused the trajectory itself, and would refuse a spooled copy too
+        return exc.code()
+
+    def _end(self, deadline: float) -> float:
+        return deadline if self._cutoff is None else min(deadline, self._cutoff)
+
+    def _give_up_at_cutoff(self, attempt: asyncio.Task) -> None:
+        asyncio.get_running_loop().call_later(max(0.0, self._cutoff - time.monotonic()), attempt.cancel)
+
+    def hurry(self, seconds: float) -> None:
+        """The executor is stopping: Puts under way and to come give up on the store in time for
+        their trajectories to reach the spool within seconds; the replay stops (what it has not
+        replayed waits in the spool for the next start)."""
+        self._cutoff = time.monotonic() + max(0.0, seconds - SPOOL_WRITE_SECONDS)
+        for attempt in self._attempts:
+            self._give_up_at_cutoff(attempt)
+        if self._replay is not None:
+            self._replay.cancel()
+
     # the replay
+
+    def wake(self) -> None:
+        """The spool may hold entries the replay has not seen (adopted from an executor that is gone)."""
+        if len(self.spool):
+            self._waiting.set()
 
     def start(self) -> None:
         self._replay = asyncio.create_task(self._replay_forever(), name="spool-replay")

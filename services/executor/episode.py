@@ -6,7 +6,13 @@ The whole episode is one assistant turn that grows: the routing prefix, then eac
 tool responses appended by the environment (A^2FM). The policy server keeps the chat template;
 the executor continues the assistant message (`continue_final_message`, as vLLM offers it).
 The native protocol (a chat conversation with structured tool calls) is NativeEpisodeRunner's,
-in native.py: the same episode, routing, planning, tools and wrap-up, other mode loops."""
+in native.py: the same episode, routing, planning, tools and wrap-up, other mode loops.
+
+The episode's budget is its deadline (gearshift.deadlines): every call it makes (router,
+planner, sandbox, reward, store, the policy) ends by the budget's end, and a step the budget
+runs out in ends the episode BUDGET_EXHAUSTED with the turns it finished. The wrap-up (score,
+store) runs in a task of its own, which neither the caller going away nor the executor stopping
+cuts short: an interrupted episode is stored CANCELLED with its turns so far."""
 
 from __future__ import annotations
 
@@ -41,8 +47,8 @@ from gearshift.api.reward.v1 import reward_pb2, reward_pb2_grpc
 from gearshift.api.router.v1 import router_pb2, router_pb2_grpc
 from gearshift.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
 from gearshift.api.store.v1 import store_pb2, store_pb2_grpc
-from gearshift import tracing
-from gearshift.errors import GearshiftError, InvalidArgument
+from gearshift import deadlines, tracing
+from gearshift.errors import DeadlineExceeded, GearshiftError, InvalidArgument
 from gearshift.policy_client import PolicyClient
 from gearshift.pricing import CostTable, add_usage
 from gearshift.protocol import a2fm, prompts
@@ -53,11 +59,14 @@ from gearshift.protocol.sr2am import plan_block, plan_block_separator
 from gearshift.sampling import SEEDS, sampling_options, with_seed
 from gearshift.services.executor import metrics
 from gearshift.services.executor.durable_store import DurableStore
-from gearshift.settings import ExecutorSettings, Limits
+from gearshift.settings import STORE_WRITE_MARGIN_SECONDS, ExecutorSettings, Limits
 from google.protobuf.timestamp_pb2 import Timestamp
 
 log = logging.getLogger("gearshift.executor")
 ROUTING_TURN = -1
+# A call that failed DEADLINE_EXCEEDED this close to the budget's end (or after it) failed because the budget ran out.
+BUDGET_SLACK_SECONDS = 0.25
+MIN_TOOL_SECONDS = 0.05
 # Sandbox statuses that end one tool call, not the episode: the model reads them as the call's error.
 TOOL_ERRORS = {
     grpc.StatusCode.INVALID_ARGUMENT: lambda exc: exc.details() or "invalid call",
@@ -89,6 +98,12 @@ class Budget:
     def exhausted(self, usage: TokenUsage) -> bool:
         return (usage.input_tokens + usage.output_tokens >= self.max_tokens or time.monotonic() >= self.deadline
                 or 0 < self.max_output_tokens <= usage.output_tokens)
+
+    def ran_out_in(self, exc: BaseException) -> bool:
+        """Whether exc is a call cut short by the budget's end (its deadline, which every call carries)."""
+        out_of_time = isinstance(exc, DeadlineExceeded) or (
+            isinstance(exc, grpc.aio.AioRpcError) and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED)
+        return out_of_time and time.monotonic() >= self.deadline - BUDGET_SLACK_SECONDS
 
     def turn_tokens(self, per_turn: int, usage: TokenUsage) -> int:
         """The most tokens the next generation may take: the per-turn cap, within the output budget."""
@@ -157,6 +172,7 @@ class EpisodeRunner:
         self.costs = costs
         self.model_version = model_version
         self._tools: list[sandbox_pb2.ToolSpec] | None = None
+        self._saving: set[asyncio.Task] = set()  # wrap-ups under way (saved() waits for them)
 
     # Entry point
 
@@ -164,33 +180,61 @@ class EpisodeRunner:
         self._validate(request)
         state = self._new_state(request)
         tracing.bind_trajectory(state.trajectory.id)  # every log line and span of the episode from here on
-        # Routing starts beside the idempotency check, a store round-trip on every request that
-        # names its trajectory id (evaluation, rollouts, teaching): the check costs no time then.
-        routed = asyncio.ensure_future(self._route(request, state))
-        try:
-            stored = await self._already_stored(request.trajectory_id)
-        except BaseException:
-            _discard(routed)
-            raise
-        if stored is not None:  # an idempotent retry: the episode already ran
-            _discard(routed)
-            yield event(ROUTING_TURN, final=executor_pb2.Final(trajectory=stored))
-            return
         started = time.monotonic()
         budget = state.budget = self._budget(request.budget, started)
-        try:
-            async for item in self._run(state, budget, routed):
-                yield item
-        except asyncio.CancelledError:
-            state.trajectory.status = TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED
-            await asyncio.shield(self._finish(state, request, started, score=False))
-            raise
-        except (GearshiftError, grpc.aio.AioRpcError):
-            state.trajectory.status = TrajectoryStatus.TRAJECTORY_STATUS_FAILED
-            await asyncio.shield(self._finish(state, request, started, score=False))
-            raise
-        await self._finish(state, request, started, score=bool(request.reference_answer))
+        # Every call of the episode, routing's and the idempotency check's included, ends by the
+        # budget's end (or the caller's deadline, when that is sooner).
+        with deadlines.within(budget.deadline):
+            # Routing starts beside the idempotency check, a store round-trip on every request that
+            # names its trajectory id (evaluation, rollouts, teaching): the check costs no time then.
+            routed = asyncio.ensure_future(self._route(request, state))
+            try:
+                stored = await self._already_stored(request.trajectory_id)
+            except BaseException:
+                _discard(routed)
+                raise
+            if stored is not None:  # an idempotent retry: the episode already ran
+                _discard(routed)
+                yield event(ROUTING_TURN, final=executor_pb2.Final(trajectory=stored))
+                return
+            try:
+                async for item in self._run(state, budget, routed):
+                    yield item
+            except asyncio.CancelledError:  # the caller went away, or the executor is stopping
+                state.trajectory.status = TrajectoryStatus.TRAJECTORY_STATUS_CANCELLED
+                await self._save(state, request, started, score=False)
+                raise
+            except (GearshiftError, grpc.aio.AioRpcError) as exc:
+                if not budget.ran_out_in(exc):
+                    state.trajectory.status = TrajectoryStatus.TRAJECTORY_STATUS_FAILED
+                    await self._save(state, request, started, score=False)
+                    raise
+                # The budget ran out during a step: the episode ends as one that ran out between steps.
+                log.info("episode %s: its budget ran out during a step (%s)", state.trajectory.id, exc)
+                state.trajectory.status = TrajectoryStatus.TRAJECTORY_STATUS_BUDGET_EXHAUSTED
+        await self._save(state, request, started, score=bool(request.reference_answer))
         yield event(ROUTING_TURN, final=executor_pb2.Final(trajectory=state.trajectory))
+
+    async def _save(self, state: EpisodeState, request, started: float, score: bool) -> None:
+        """The wrap-up (_finish) in a task of its own, which a cancellation of the episode does
+        not stop: the caller going away, or the executor stopping, cannot lose what the episode
+        did; a stopping executor waits for it (saved())."""
+        saving = asyncio.ensure_future(self._finish_in_time(state, request, started, score))
+        self._saving.add(saving)
+        saving.add_done_callback(_saved)
+        saving.add_done_callback(self._saving.discard)
+        await asyncio.shield(saving)
+
+    async def _finish_in_time(self, state: EpisodeState, request, started: float, score: bool) -> None:
+        # The wrap-up may outlast the budget, and the caller's deadline, by the margin the drain
+        # gives an episode at its limit to score and store itself (the durable store has its own bound).
+        with deadlines.within(state.budget.deadline + STORE_WRITE_MARGIN_SECONDS, replace=True):
+            await self._finish(state, request, started, score)
+
+    async def saved(self, timeout: float) -> None:
+        """Waits, at most timeout seconds, for the wrap-ups under way (a stopping executor's)."""
+        if self._saving:
+            await asyncio.wait(set(self._saving), timeout=timeout)
 
     def _route(self, request: executor_pb2.SolveRequest, state: EpisodeState):
         return self.down.router.Route(router_pb2.RouteRequest(
@@ -381,7 +425,9 @@ class EpisodeRunner:
         return results
 
     async def _execute(self, trajectory_id: str, call: ToolCall) -> ToolResult:
-        request = sandbox_pb2.ExecuteRequest(call=call, trajectory_id=trajectory_id, timeout_seconds=self.config.tool_timeout_seconds)
+        # The tool's own limit within what is left of the budget: the sandbox stops it and says so in time.
+        limit = max(deadlines.bound(self.config.tool_timeout_seconds), MIN_TOOL_SECONDS)
+        request = sandbox_pb2.ExecuteRequest(call=call, trajectory_id=trajectory_id, timeout_seconds=limit)
         try:
             with tracing.span(f"tool {call.name}", **{"gearshift.tool.name": call.name}) as span:
                 reply = await self.down.sandbox.Execute(request, timeout=self.config.tool_timeout_seconds + 5)
@@ -501,6 +547,12 @@ class EpisodeRunner:
                   TrajectoryStatus.Name(trajectory.status), trajectory.usage.input_tokens, trajectory.usage.output_tokens,
                   trajectory.cost.total_usd, trajectory.wall_seconds)
         await self.stored.put(trajectory)
+
+
+def _saved(task: asyncio.Task) -> None:
+    """Logs a wrap-up that failed, which no one may be waiting for (its episode was cancelled)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("an episode's trajectory could not be stored: %r", task.exception())
 
 
 def _discard(task: asyncio.Future) -> None:

@@ -52,11 +52,12 @@ class _Pending:
 
 class Spool:
     """The spool directory and, in memory, its entries oldest first. One executor process owns a
-    directory: its sequence numbers continue from the newest file found there at start-up."""
+    directory (spool_volume.py: held by a lock, which close() lets go): its sequence numbers
+    continue from the newest file found there at start-up."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, lock: int | None = None):
         directory.mkdir(parents=True, exist_ok=True)
-        self.directory = directory
+        self.directory, self._lock = directory, lock
         self._entries: OrderedDict[str, Entry] = OrderedDict((e.trajectory_id, e) for e in sorted(self._scan()))
         self._sequence = itertools.count(max((e.sequence for e in self._entries.values()), default=-1) + 1)
         self._pending: dict[str, _Pending] = {}  # to be written by the next commit
@@ -69,6 +70,9 @@ class Spool:
         """Waits for the writes under way (their episodes are acknowledged once they are done)."""
         await self.written()
         self._io.shutdown(wait=False)
+        if self._lock is not None:
+            os.close(self._lock)  # the directory is free for the next executor to take over
+            self._lock = None
 
     def __len__(self) -> int:
         """Trajectories in the spool, those being written included: the store gets them after
@@ -140,6 +144,25 @@ class Spool:
             self._entries.pop(entry.trajectory_id, None)
         SPOOL_DEPTH.set(len(self))
 
+    async def adopt(self, other: Path) -> int:
+        """Moves the entries of another spool directory (an executor's that is gone) behind this
+        one's, in their order; returns how many. A rename on one volume: each file is in one of
+        the two directories at every moment."""
+        await self.written()
+        moved = []
+        for sequence, trajectory_id, path in sorted(_listed(other)):
+            if trajectory_id in self._entries:  # both spooled it (a retried Solve): one copy is enough
+                path.unlink(missing_ok=True)
+                continue
+            entry = self._entry(next(self._sequence), trajectory_id)
+            path.replace(entry.path)
+            moved.append(entry)
+        if moved:
+            await asyncio.to_thread(_fsync_directories, [self.directory, other])
+            self._entries.update((entry.trajectory_id, entry) for entry in moved)
+            SPOOL_DEPTH.set(len(self))
+        return len(moved)
+
     def set_aside(self, entry: Entry) -> Path:
         """Moves an entry the store refused, or that does not parse, out of the queue (it would
         hold up every one behind it), into refused/ beside it; returns where it went."""
@@ -156,30 +179,40 @@ class Spool:
 
     def _scan(self) -> list[Entry]:
         """The entries on disk; stale temp files of a crashed write are removed."""
-        entries = []
-        for path in self.directory.iterdir():
-            if path.name.startswith(TEMP_PREFIX):
-                if time.time() - path.stat().st_mtime > STALE_TEMP_SECONDS:
-                    path.unlink(missing_ok=True)
-                continue
-            sequence, _, rest = path.name.partition("-")
-            if path.is_file() and path.name.endswith(SUFFIX) and sequence.isdigit():
-                entries.append(self._entry(int(sequence), rest.removesuffix(SUFFIX)))
+        for path in self.directory.glob(f"{TEMP_PREFIX}*.tmp"):
+            if time.time() - path.stat().st_mtime > STALE_TEMP_SECONDS:
+                path.unlink(missing_ok=True)
+        entries = [self._entry(sequence, trajectory_id) for sequence, trajectory_id, _ in _listed(self.directory)]
         if entries:
             log.warning("the spool at %s holds %d trajectories from before this start: replaying them into the store",
                         self.directory, len(entries))
         return entries
 
 
+def _listed(directory: Path) -> list[tuple[int, str, Path]]:
+    """The entry files in a spool directory: (sequence, trajectory id, path)."""
+    listed = []
+    for path in directory.glob(f"*{SUFFIX}"):
+        sequence, _, rest = path.name.partition("-")
+        if sequence.isdigit() and path.is_file():
+            listed.append((int(sequence), rest.removesuffix(SUFFIX), path))
+    return listed
+
+
+def _fsync_directories(directories: list[Path]) -> None:
+    for path in directories:
+        directory = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+
+
 def _write_group(io: ThreadPoolExecutor, files: list[tuple[Path, bytes]]) -> None:
     """Each file through a fsynced temp file and a rename, in parallel, then one fsync of the
     directory, so that the renames too survive a power cut."""
     list(io.map(_write_file, *zip(*files)))
-    directory = os.open(files[0][0].parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    _fsync_directories([files[0][0].parent])
 
 
 def _write_file(path: Path, payload: bytes) -> None:

@@ -1,35 +1,50 @@
 """The client channels' service config, over real sockets: a deadline on every call from
-settings, retries of idempotent methods on UNAVAILABLE (and of nothing else), and round_robin
-that skips a replica whose health says NOT_SERVING. The servers are stand-in servicers (named
-as such) whose answers the tests control; the channels and servers are the platform's own."""
+settings, or sooner the deadline of the work in hand (which a server hands on to the calls its
+handler makes), retries of idempotent methods on UNAVAILABLE (and of nothing else) within a
+retry budget, none of a call whose server pushed back, and round_robin that skips a replica
+whose health says NOT_SERVING. The servers are stand-in servicers (named as such) whose answers
+the tests control; the channels and servers are the platform's own."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import grpc
 import pytest
 from gearshift.api.common.v1.common_pb2 import Cost
 from gearshift.api.reward.v1 import reward_pb2, reward_pb2_grpc
 from gearshift.api.sandbox.v1 import sandbox_pb2, sandbox_pb2_grpc
+from gearshift import deadlines
 from gearshift.clients import FULL_NAMES, RETRIED, channel, service_config
+from gearshift.errors import Unavailable
 from gearshift.server import Handler, Service, start
 from gearshift.settings import RpcSettings, Settings
 
 
 class StandInReward(reward_pb2_grpc.RewardServicer):
-    """Price answers after `delay` seconds, UNAVAILABLE for its first `refuse` calls; counts calls."""
+    """Price answers after `delay` seconds, UNAVAILABLE for its first `refuse` calls; counts calls.
+    It records the deadline the caller sent and the one its handler had in hand for what it calls
+    (gearshift.deadlines); CostOfPass fails as a handler does when what it called was unavailable."""
 
     def __init__(self, delay: float = 0.0, refuse: int = 0):
         self.delay, self.refuse, self.calls = delay, refuse, 0
+        self.time_remaining: list[float | None] = []
+        self.in_hand: list[float | None] = []
 
     async def Price(self, request, context):
         self.calls += 1
+        self.time_remaining.append(context.time_remaining())
+        self.in_hand.append(deadlines.remaining())
         if self.calls <= self.refuse:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "stand-in refusal")
         await asyncio.sleep(self.delay)
         return Cost(total_usd=1.0)
+
+    async def CostOfPass(self, request, context):
+        self.calls += 1
+        raise Unavailable("stand-in: the judge it asked is down")
 
 
 class StandInSandbox(sandbox_pb2_grpc.SandboxServicer):
@@ -132,3 +147,74 @@ async def test_round_robin_spreads_calls_and_skips_a_replica_that_says_not_servi
     finally:
         for server in servers:
             await server.stop(0)
+
+
+async def test_the_deadline_in_hand_bounds_a_call_and_travels_to_the_handler():
+    settings = settings_with(deadline_seconds={"reward": 30.0})
+    slow, quick = StandInReward(delay=2.0), StandInReward()
+    server = await serve(slow, reward_pb2_grpc.add_RewardServicer_to_server, "reward", settings)
+    quick_server = await serve(quick, reward_pb2_grpc.add_RewardServicer_to_server, "reward", settings)
+    try:
+        async with channel(f"127.0.0.1:{server.port}", settings) as ch, channel(f"127.0.0.1:{quick_server.port}", settings) as quick_ch:
+            with deadlines.within(time.monotonic() + 0.5):
+                await reward_pb2_grpc.RewardStub(quick_ch).Price(reward_pb2.PriceRequest())
+                started = time.monotonic()
+                with pytest.raises(grpc.aio.AioRpcError) as err:
+                    await reward_pb2_grpc.RewardStub(ch).Price(reward_pb2.PriceRequest(), timeout=10)  # the sooner wins
+                took = time.monotonic() - started
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and took < 1.5  # not the 10 s it asked for
+        assert 0 < quick.time_remaining[0] <= 0.5 and 0 < slow.time_remaining[0] <= 0.5  # the server was told
+        assert 0 < quick.in_hand[0] <= 0.5  # and its handler had it in hand, for what it calls in turn
+    finally:
+        await server.stop(0)
+        await quick_server.stop(0)
+
+
+async def test_a_handler_failing_on_an_unavailable_dependency_is_not_retried():
+    settings = settings_with(retry_attempts=4, retry_backoff_seconds=0.01)
+    reward = StandInReward()
+    server = await serve(reward, reward_pb2_grpc.add_RewardServicer_to_server, "reward", settings)
+    try:
+        async with channel(f"127.0.0.1:{server.port}", settings) as ch:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await reward_pb2_grpc.RewardStub(ch).CostOfPass(reward_pb2.CostOfPassRequest())
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "judge it asked is down" in err.value.details()
+        assert reward.calls == 1  # CostOfPass is retried on UNAVAILABLE, but the server pushed back
+        assert dict(err.value.trailing_metadata())["grpc-retry-pushback-ms"] == "-1"
+    finally:
+        await server.stop(0)
+
+
+def test_the_service_config_carries_the_retry_budget():
+    config = json.loads(service_config(RpcSettings(retry_max_tokens=20, retry_token_ratio=0.25)))
+    assert config["retryThrottling"] == {"maxTokens": 20, "tokenRatio": 0.25}
+
+
+async def test_a_burst_of_failing_calls_is_throttled_by_the_retry_budget():
+    """A replica failing every call with UNAVAILABLE (gRPC retries those: no pushback), BURST calls
+    at once, twice, with the default budget and with one too large to run out: gRPC's retry
+    throttling (one budget per target) lets a few calls retry, then each is tried once."""
+    calls, attempts = 40, 4
+    measured = {}
+    for tokens in (RpcSettings().retry_max_tokens, 1000):
+        settings = settings_with(retry_attempts=attempts, retry_backoff_seconds=0.01, retry_max_tokens=tokens)
+        failing = StandInReward(refuse=10**6)
+        server = await serve(failing, reward_pb2_grpc.add_RewardServicer_to_server, "reward", settings)
+        try:
+            async with channel(f"127.0.0.1:{server.port}", settings) as ch:
+                stub = reward_pb2_grpc.RewardStub(ch)
+                bursts = []
+                for _ in range(2):
+                    before = failing.calls
+                    results = await asyncio.gather(*(stub.Price(reward_pb2.PriceRequest()) for _ in range(calls)), return_exceptions=True)
+                    assert all(isinstance(r, grpc.aio.AioRpcError) and r.code() == grpc.StatusCode.UNAVAILABLE for r in results)
+                    bursts.append(failing.calls - before)
+                measured[tokens] = bursts
+        finally:
+            await server.stop(0)
+    print(f"\n{calls} concurrent calls to a failing replica, twice ({attempts} attempts each at most: {calls * attempts}): "
+          f"attempts reaching it with a budget of {RpcSettings().retry_max_tokens} tokens {measured[RpcSettings().retry_max_tokens]}, "
+          f"with 1000 tokens {measured[1000]}")
+    first, second = measured[RpcSettings().retry_max_tokens]
+    assert first <= calls + RpcSettings().retry_max_tokens and second == calls
+    assert measured[1000] == [calls * attempts, calls * attempts]

@@ -115,11 +115,13 @@ def test_job_from_the_charts_template(tmp_path):
 
 def test_deployment_patch_points_vllm_or_builtin_at_the_checkpoint():
     checkpoint = Checkpoint(id="sft-1", uri="/checkpoints/sft-1")
-    vllm = {"spec": {"template": {"spec": {"containers": [{"name": "policy", "args": ["--model", "/weights/base", "--port", "8000"]}]}}}}
+    read = {"resourceVersion": "7"}  # as the API server returns the Deployment: the patch is conditional on it
+    vllm = {"metadata": read, "spec": {"template": {"spec": {"containers": [{"name": "policy", "args": ["--model", "/weights/base", "--port", "8000"]}]}}}}
     patch = deployment_patch(vllm, "policy", checkpoint)
     assert patch["spec"]["template"]["spec"]["containers"] == [{"name": "policy", "args": ["--model", "/checkpoints/sft-1", "--port", "8000"]}]
     assert patch["spec"]["template"]["metadata"]["annotations"] == {CHECKPOINT_ANNOTATION: "sft-1"}
-    builtin = {"spec": {"template": {"spec": {"containers": [{"name": "policy", "command": ["gearshift", "serve-policy"]}]}}}}
+    assert patch["metadata"] == {"resourceVersion": "7"}
+    builtin = {"metadata": read, "spec": {"template": {"spec": {"containers": [{"name": "policy", "command": ["gearshift", "serve-policy"]}]}}}}
     (container,) = deployment_patch(builtin, "policy", checkpoint)["spec"]["template"]["spec"]["containers"]
     assert container["env"] == [{"name": "GEARSHIFT_POLICY_SERVER__MODEL", "value": "/checkpoints/sft-1"}]
 

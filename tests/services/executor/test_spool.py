@@ -62,12 +62,12 @@ async def test_a_spool_left_by_a_previous_run_is_replayed_into_the_store_once_an
     source = f"spool-{uuid.uuid4().hex[:8]}"
     stored_before, refused, waiting = (make_trajectory(task_source=source, created_us=None) for _ in range(3))
     refused.status = TrajectoryStatus.TRAJECTORY_STATUS_UNSPECIFIED  # the store refuses it as invalid
-    spool_dir = settings.data_dir / "left-behind"
-    spool = Spool(spool_dir)
+    spool_dir = settings.data_dir / "left-behind"  # the spool volume; the executor that wrote there is gone
+    spool = Spool(spool_dir / "executor-gone")
     for trajectory in (stored_before, refused, waiting):
         await spool.append(trajectory)
-    damaged = spool_dir / f"{999:012d}-{uuid.uuid4()}.trajectory"
-    damaged.write_bytes(b"\xff\xff not a trajectory")
+    damaged_id = str(uuid.uuid4())
+    (spool.directory / f"{999:012d}-{damaged_id}.trajectory").write_bytes(b"\xff\xff not a trajectory")
     before = {event: sample("gearshift_executor_spool_trajectories_total", event=event) for event in ("replayed", "refused")}
     counted = sample("gearshift_executor_episodes_total", mode="agentic", strategy="unspecified", status="completed")
 
@@ -80,13 +80,14 @@ async def test_a_spool_left_by_a_previous_run_is_replayed_into_the_store_once_an
             await stub.Put(store_pb2.PutRequest(trajectories=[stored_before]))
             async with embedded(store_only.settings, services=["executor"]):
                 for _ in range(100):
-                    if not Spool(spool_dir).oldest(1):
+                    if not list(spool_dir.glob("*/*.trajectory")):  # taken over, then replayed or set aside
                         break
                     await asyncio.sleep(0.1)
             stored = [t async for t in stub.Export(store_pb2.ExportRequest(filter=store_pb2.TrajectoryFilter(task_source=source)))]
 
     assert sorted(t.id for t in stored) == sorted([stored_before.id, waiting.id])  # each once
-    assert sorted(path.name for path in (spool_dir / REFUSED_DIR).iterdir()) == sorted([f"{1:012d}-{refused.id}.trajectory", damaged.name])
+    set_aside = spool_dir.glob(f"*/{REFUSED_DIR}/*.trajectory")  # in the directory of the executor that took them over
+    assert sorted(path.name.partition("-")[2] for path in set_aside) == sorted(f"{i}.trajectory" for i in (refused.id, damaged_id))
     assert sample("gearshift_executor_spool_trajectories_total", event="replayed") == before["replayed"] + 2
     assert sample("gearshift_executor_spool_trajectories_total", event="refused") == before["refused"] + 1
     assert sample("gearshift_executor_episodes_total", mode="agentic", strategy="unspecified", status="completed") == counted + 2
