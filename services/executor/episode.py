@@ -58,7 +58,7 @@ from gearshift.protocol.sampled import sampled_span, shifted
 from gearshift.protocol.sr2am import plan_block, plan_block_separator
 from gearshift.sampling import SEEDS, sampling_options, with_seed
 from gearshift.services.executor import metrics
-from gearshift.services.executor.durable_store import DurableStore
+from gearshift.services.executor.durable_store import UNAVAILABLE, DurableStore
 from gearshift.settings import STORE_WRITE_MARGIN_SECONDS, ExecutorSettings, Limits
 from google.protobuf.timestamp_pb2 import Timestamp
 
@@ -67,6 +67,8 @@ ROUTING_TURN = -1
 # A call that failed DEADLINE_EXCEEDED this close to the budget's end (or after it) failed because the budget ran out.
 BUDGET_SLACK_SECONDS = 0.25
 MIN_TOOL_SECONDS = 0.05
+# How long a Solve naming its trajectory id waits for the store to say whether that id already ran.
+LOOKUP_SECONDS = 2.0
 # Sandbox statuses that end one tool call, not the episode: the model reads them as the call's error.
 TOOL_ERRORS = {
     grpc.StatusCode.INVALID_ARGUMENT: lambda exc: exc.details() or "invalid call",
@@ -522,9 +524,15 @@ class EpisodeRunner:
         if spooled is not None:  # ran and was acknowledged; the store does not have it yet
             return spooled
         try:
-            reply = await self.down.store.Get(store_pb2.GetRequest(id=trajectory_id))
+            reply = await self.down.store.Get(store_pb2.GetRequest(id=trajectory_id), timeout=LOOKUP_SECONDS)
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return None
+            if exc.code() in UNAVAILABLE:
+                # The store is away (the gateway names a fresh id for every stream, so this is
+                # rarely a retry): run the episode rather than fail it; the store's Put keeps
+                # the first copy of an id, so a true retry that runs again is stored once.
+                log.warning("episode %s: the store did not answer whether it already ran (%s); running it", trajectory_id, exc.code().name)
                 return None
             raise
         return reply.trajectory
