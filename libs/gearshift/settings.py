@@ -489,10 +489,12 @@ class RpcSettings(BaseModel):
     )
     retry_backoff_seconds: float = Field(0.05, gt=0, description="Backoff before the first retry (randomised, doubled per retry, at most 1 s)")
     retry_max_tokens: int = Field(
-        10, ge=1, le=1000,
+        100, ge=1, le=1000,
         description="Retry budget (gRPC's retryThrottling maxTokens; the policy client keeps one alike): each failed attempt "
         "takes a token, each success gives back retry_token_ratio, and retries stop while half or fewer are left, so a "
-        "dependency that is down gets about one attempt per call, not retry_attempts",
+        "dependency that is down gets about one attempt per call, not retry_attempts. Half of it must outlast the calls "
+        "in flight on one replica that dies (each fails at once and is retried on another): 10 let a killed replica fail "
+        "episodes under 90 concurrent calls",
     )
     retry_token_ratio: float = Field(
         0.1, ge=0.001, le=1.0,

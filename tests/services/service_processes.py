@@ -17,12 +17,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import httpx
 from gearshift.settings import Settings
 from gearshift.testing.ports import free_port
+from gearshift.testing.replicas import wait_serving
 from gearshift.topology import SERVICES
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 START_SECONDS = 60.0
 
@@ -69,20 +68,10 @@ class ServiceProcess:
 
 
 def _wait_serving(service: ServiceProcess) -> None:
-    deadline = time.monotonic() + START_SECONDS
-    with grpc.insecure_channel(service.address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while True:
-            if service.process.poll() is not None:
-                raise RuntimeError(f"{service.name} exited during start-up:\n{service.log.read_text()[-3000:]}")
-            try:
-                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{service.name} did not serve within {START_SECONDS:.0f} s")
-            time.sleep(0.1)
+    try:
+        wait_serving(service.address, service.process, service.name, START_SECONDS)
+    except RuntimeError as error:
+        raise RuntimeError(f"{error}:\n{service.log.read_text()[-3000:]}") from None
 
 
 @contextlib.contextmanager

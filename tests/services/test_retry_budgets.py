@@ -68,7 +68,7 @@ async def test_a_burst_of_routes_while_the_policy_server_is_down_is_throttled_by
     settings = Settings()
     measured = {}
     async with DeadPolicy("503") as policy:
-        for label, tokens in (("budget of 10 tokens", MAX_TOKENS), ("no budget (1000 tokens)", 1000)):
+        for label, tokens in ((f"budget of {MAX_TOKENS} tokens", MAX_TOKENS), ("no budget (1000 tokens)", 1000)):
             env = router_environment(tmp_path, policy.url, GEARSHIFT_RPC__RETRY_MAX_TOKENS=str(tokens))
             with service_process("router", env, tmp_path / f"router-{tokens}.log") as router:
                 before = policy.requests
@@ -84,7 +84,7 @@ async def test_a_burst_of_routes_while_the_policy_server_is_down_is_throttled_by
           f"policy requests a burst without a budget, {BURST * ATTEMPTS * ATTEMPTS} before pushback:")
     for label, (first, second, attempts) in measured.items():
         print(f"  {label}: {first} then {second} policy requests; {attempts:.0f} Route attempts for {2 * BURST} Routes")
-    first, second, attempts = measured["budget of 10 tokens"]
+    first, second, attempts = measured[f"budget of {MAX_TOKENS} tokens"]
     assert first <= BURST + MAX_TOKENS // 2 and second == BURST  # retries stop once half the tokens are gone
     assert attempts == 2 * BURST  # each Route once: pushback
     assert measured["no budget (1000 tokens)"][:2] == (BURST * ATTEMPTS, BURST * ATTEMPTS)

@@ -56,20 +56,7 @@ class Replicas:
             self.wait_serving(index)
 
     def wait_serving(self, index: int, timeout: float = START_TIMEOUT_SECONDS) -> None:
-        deadline = time.monotonic() + timeout
-        with grpc.insecure_channel(self.address(index)) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            while True:
-                if self.processes[index].poll() is not None:
-                    raise RuntimeError(f"{self.name} replica {index} exited during start-up")
-                try:
-                    if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{self.name} replica {index} did not serve within {timeout:.0f} s")
-                time.sleep(0.1)
+        wait_serving(self.address(index), self.processes[index], f"{self.name} replica {index}", timeout)
 
     def start_all(self, count: int) -> None:
         for index in range(count):
@@ -106,3 +93,22 @@ class Replicas:
 
     def __exit__(self, *exc) -> None:
         self.stop_all()
+
+
+def wait_serving(address: str, process: subprocess.Popen, what: str, timeout: float = START_TIMEOUT_SECONDS) -> None:
+    """Returns once the gRPC service at address says SERVING; RuntimeError when its process exits
+    first or timeout passes."""
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"{what} exited during start-up")
+            try:
+                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not serve within {timeout:.0f} s")
+            time.sleep(0.1)

@@ -132,4 +132,4 @@ async def test_a_replica_starting_later_gets_the_newest_published_adapter(tmp_pa
         assert await startup_arguments() == []  # the newest is full weights: a rolling publish's --model serves it
 
     result = await invoke(output)  # the store is gone
-    assert result.exit_code == 1 and "UNAVAILABLE" in result.output and "Traceback" not in result.output
+    assert result.exit_code == 1 and "cannot reach the store" in result.output and "Traceback" not in result.output
