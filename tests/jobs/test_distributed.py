@@ -16,7 +16,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 from gearshift.api.common.v1.common_pb2 import Mode, Purpose
@@ -28,7 +27,8 @@ from gearshift.testing.scripted_policy import serve_scripted
 from gearshift.topology import SERVICE_NAMES
 from safetensors.torch import load_file
 
-pytestmark = [pytest.mark.slow, pytest.mark.ranks]
+# The worker runs' three launches are the set-up of the first test that uses them: 260 s on the seventh stop's 2-core machine.
+pytestmark = [pytest.mark.slow, pytest.mark.ranks, pytest.mark.timeout(900)]
 
 WORKER = Path(__file__).with_name("ranks_worker.py")
 ROOT = Path(__file__).parents[2]
@@ -471,22 +471,12 @@ def test_a_moe_loaded_with_its_experts_spread_over_two_ranks_exports_its_files(w
 
 async def test_an_exported_moe_answers_transformers_greedy_tokens_on_the_builtin_server_and_vllm(worker_runs, tmp_path):
     """The checkpoint SFT exported after training with its experts spread over 2 ranks, served."""
-    from gearshift.services.policy_server.server import running
-    from gearshift.settings import PolicyServerSettings, Settings
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    from tests.jobs.greedy import transformers_and_builtin_greedy
     from tests.vllm_servers import VLLM_PYTHON, vllm_environment
 
     out, prompt, count = out_dir(worker_runs[2]["moe-sft-ep2"]), "What is 12*34?", 12
-    ids = AutoTokenizer.from_pretrained(out).encode(prompt, return_tensors="pt")
-    model = AutoModelForCausalLM.from_pretrained(out, local_files_only=True, dtype=torch.float32)
-    expected = model.generate(ids, max_new_tokens=count, do_sample=False)[0, ids.shape[1]:].tolist()
-    served = PolicyServerSettings(model=str(out), port=0, threads=1)
-    async with running(Settings(data_dir=tmp_path, metrics_port=0, log_level="WARNING", policy_server=served)) as server:
-        async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as http:
-            body = {"prompt": prompt, "max_tokens": count, "temperature": 0, "return_token_ids": True}
-            reply = (await http.post("/completions", json=body)).json()
-    assert reply["choices"][0]["token_ids"] == expected
+    expected, served = await transformers_and_builtin_greedy(out, tmp_path, prompt, count)
+    assert served == expected
     vllm = subprocess.run([str(VLLM_PYTHON), str(Path(__file__).with_name("vllm_greedy.py")), str(out), prompt, str(count)],
                           capture_output=True, text=True, timeout=300, env=vllm_environment(0))
     assert vllm.returncode == 0, (vllm.stdout + vllm.stderr)[-3000:]

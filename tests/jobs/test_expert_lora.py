@@ -14,11 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.jobs.greedy import transformers_and_builtin_greedy
 from tests.vllm_servers import VLLM_PYTHON, vllm_environment
 
 pytestmark = [pytest.mark.ranks, pytest.mark.slow("torchrun launches of the trainer")]
@@ -97,20 +97,8 @@ def test_the_adapter_is_one_matrix_per_expert_and_peft_loads_it_with_the_adapted
 
 
 async def test_the_built_in_server_serves_the_merged_export_with_transformers_greedy_tokens(runs, tmp_path):
-    from gearshift.services.policy_server.server import running
-    from gearshift.settings import PolicyServerSettings, Settings
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    out, prompt, count = runs["ep2"], "What is 12*34?", 12
-    ids = AutoTokenizer.from_pretrained(out).encode(prompt, return_tensors="pt")
-    model = AutoModelForCausalLM.from_pretrained(out, local_files_only=True, dtype=torch.float32)
-    expected = model.generate(ids, max_new_tokens=count, do_sample=False)[0, ids.shape[1]:].tolist()
-    served = PolicyServerSettings(model=str(out), port=0, threads=1)
-    async with running(Settings(data_dir=tmp_path, metrics_port=0, log_level="WARNING", policy_server=served)) as server:
-        async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as http:
-            body = {"prompt": prompt, "max_tokens": count, "temperature": 0, "return_token_ids": True}
-            reply = (await http.post("/completions", json=body)).json()
-    assert reply["choices"][0]["token_ids"] == expected
+    expected, served = await transformers_and_builtin_greedy(runs["ep2"], tmp_path, "What is 12*34?", 12)
+    assert served == expected
 
 
 def vllm(script: str, *args: str) -> subprocess.CompletedProcess:
