@@ -16,7 +16,7 @@ from gearshift.protocol.sr2am import PLAN_HEAD
 from gearshift.testing.scripted_policy import serve_scripted
 from gearshift.topology import SERVICE_NAMES
 
-from tests.jobs.test_distributed import first_error, launch, metrics, write_config
+from tests.jobs.rank_runs import first_error, launch, metrics, write_config
 from tests.jobs.test_load_memory import JEMALLOC
 
 pytestmark = [pytest.mark.slow("two SFT runs on 6,000-token episodes"), pytest.mark.ranks]

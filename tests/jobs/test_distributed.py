@@ -2,177 +2,48 @@
 
 The data is what the platform produces: episodes the executor ran (a ScriptedPolicy answering
 products right with python and by reasoning, wrong at once), scored by the reward service and
-stored. SFT runs as users launch it (`torchrun -m gearshift.cli train sft`) and reads the store;
-APO and distillation run their trainers' own `learn` on rollouts collected once
-(tests/jobs/ranks_worker.py), so 1 rank and 2 learn from the same episodes."""
+stored (tests/jobs/conftest.py: ranks_data). SFT runs as users launch it (`torchrun -m
+gearshift.cli train sft`) and reads the store; APO and distillation run their trainers' own
+`learn` on rollouts collected once (tests/jobs/ranks_worker.py, every case in one launch per
+number of ranks with the other rank modules': tests/jobs/rank_runs.py), so 1 rank and 2 learn from
+the same episodes."""
 
 from __future__ import annotations
 
 import json
-import os
-import pickle
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from gearshift.api.common.v1.common_pb2 import Mode, Purpose
-from gearshift.api.executor.v1 import executor_pb2, executor_pb2_grpc
-from gearshift.clients import channel
-from gearshift.embedded import embedded
-from gearshift.protocol.sr2am import PLAN_HEAD
-from gearshift.testing.scripted_policy import serve_scripted
-from gearshift.topology import SERVICE_NAMES
 from safetensors.torch import load_file
 
-# The worker runs' three launches are the set-up of the first test that uses them: 260 s on the seventh stop's 2-core machine.
+from tests.jobs.rank_runs import (
+    PARALLELISMS,
+    PRODUCTS,
+    WEIGHTS_TOLERANCE,
+    assert_same_run,
+    base_config,
+    first_error,
+    launch,
+    max_difference,
+    metrics,
+    out_dir,
+    run_cases,
+    run_worker,
+    sft_config,
+    write_config,
+)
+
+# The worker runs' launches are the set-up of the first test that uses them: 260 s on the seventh stop's 2-core machine.
 pytestmark = [pytest.mark.slow, pytest.mark.ranks, pytest.mark.timeout(900)]
 
-WORKER = Path(__file__).with_name("ranks_worker.py")
-ROOT = Path(__file__).parents[2]
-PRODUCTS = [(12, 34), (7, 8), (123, 45), (5, 6), (81, 27), (1234, 56)]
-# Reduction order differs between 2 ranks and 1 process, and between CPUs: DDP distillation on
-# one AMD EPYC (stop 47) ended 1.22e-5 apart after 3 AdamW steps at lr 1e-3, whose normalised
-# updates amplify float32 noise on near-zero gradients; ranks that diverge differ by ~lr.
-WEIGHTS_TOLERANCE = 2e-5
-
-
-def products_policy(body: dict) -> str:
-    """A stand-in that routes products to tools, multiplies right with python and by reasoning,
-    and answers one too many at once."""
-    a, b = map(int, re.search(r"What is (\d+)\*(\d+)\?", str(body.get("messages"))).groups())
-    last = body["messages"][-1]["content"]
-    if "</classification>" in (body.get("stop") or []):
-        return "A product is safer with a tool.\n<classification>\ntoolcalling_agent\n</classification>"
-    if last.startswith("You regulate"):
-        return "ACT"
-    if last.endswith(PLAN_HEAD):
-        return " None"
-    if "<tool_response>" in last:
-        return f"The tool printed it.\n<answer>{a * b}</answer>"
-    if last.rstrip().endswith("<answer>"):
-        return f"{a * b + 1}</answer>"
-    if last.rstrip().endswith("<reasoning>"):
-        return f"{a} times {b} makes {a * b}.</reasoning>\n<answer>{a * b}</answer>"
-    return f"Multiply {a} by {b}.</plan>\n<tool_call>\n{{'id': 1, 'name': 'python', 'arguments': {{'code': 'print({a}*{b})'}}}}\n</tool_call>"
-
 
 @pytest.fixture(scope="module")
-async def platform(store, tmp_path_factory):
-    """The executor, router, planner, sandbox and reward service over the scripted policy,
-    storing into the module's store."""
-    from gearshift.settings import Settings
-
-    settings = Settings(data_dir=tmp_path_factory.mktemp("platform"), metrics_port=0, store_addr=store.address, log_level="WARNING")
-    async with serve_scripted(products_policy) as url:
-        services = tuple(name for name in SERVICE_NAMES if name != "store")
-        async with embedded(settings.with_policy(url), services) as running:
-            yield running.settings
-
-
-@pytest.fixture(scope="module")
-async def sft_data(platform):
-    """Forced-mode episodes of every product, scored and stored (task_source "ranks")."""
-    async with channel(platform.executor_addr, platform) as ch:
-        stub = executor_pb2_grpc.ExecutorStub(ch)
-        for a, b in PRODUCTS:
-            for mode in (Mode.MODE_INSTANT, Mode.MODE_REASONING, Mode.MODE_AGENTIC):
-                request = executor_pb2.SolveRequest(query=f"What is {a}*{b}?", mode=mode, reference_answer=str(a * b),
-                                                    task_source="ranks", split="train", purpose=Purpose.PURPOSE_TRAINING)
-                [item async for item in stub.Solve(request)]
-    return "ranks"
-
-
-@pytest.fixture(scope="module")
-async def rollouts(platform, tiny_dir, teacher_dir, tmp_path_factory):
-    """APO groups (rho = gamma = 1) of four products and distillation episodes of six, pickled once."""
-    from gearshift.jobs.apo.config import APOConfig
-    from gearshift.jobs.apo.rollouts import collect
-    from gearshift.jobs.distill.config import DistillConfig, Prompt
-    from gearshift.jobs.distill.trainer import student_rollouts
-
-    folder = tmp_path_factory.mktemp("rollouts")
-    prompts = [{"query": f"What is {a}*{b}?", "reference_answer": str(a * b)} for a, b in PRODUCTS]
-    apo = APOConfig.model_validate({"output": {"dir": str(folder)}, "prompts": prompts, "rho": 1, "gamma": 1})
-    groups = await collect(platform, platform.executor_addr, platform.reward_addr, apo.prompts[:4], apo, "ranks-apo", 1)
-    assert all(len(set(group.rewards)) > 1 for group in groups)  # every group informative: all are learned
-    distill = DistillConfig.model_validate({"output": {"dir": str(folder)}, "default_teacher": str(teacher_dir)})
-    modes = ["instant", "reasoning", "agentic"]
-    episodes = await student_rollouts(platform, [Prompt(query=p["query"], mode=modes[i % 3]) for i, p in enumerate(prompts)],
-                                      distill, "ranks-distill", 1)
-    (folder / "apo.pkl").write_bytes(pickle.dumps(groups))
-    (folder / "distill.pkl").write_bytes(pickle.dumps(([str(teacher_dir)] * len(episodes), episodes)))
-    return folder
-
-
-def launch(ranks: int, *args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    """args under torchrun with ranks processes on this machine (ranks 1: a plain process), with env
-    added to this process's environment."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(env or {})}
-    if ranks == 1:
-        command = [sys.executable, *args]
-    else:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}", *args]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
-
-
-def first_error(stderr: str) -> str:
-    """The first rank's traceback of a failed launch (each line prefixed [rankN]: by torchrun)."""
-    lines = stderr.splitlines()
-    start = next((i for i, line in enumerate(lines) if "Traceback" in line), max(0, len(lines) - 40))
-    return "\n".join(lines[start:start + 60])
-
-
-def write_config(path: Path, body: dict) -> Path:
-    path.write_text(json.dumps(body))
-    return path
-
-
-def base_config(tiny_dir, out: Path, **extra) -> dict:
-    body = {
-        "model": {"base": str(tiny_dir)},
-        "optim": {"learning_rate": 1e-3, "max_steps": 3, "seed": 3, "threads": 1},
-        "output": {"dir": str(out), "save_every": 2, "progress": False},
-    }
-    for key, value in extra.items():
-        body[key] = {**body.get(key, {}), **value} if isinstance(value, dict) else value
-    return body
-
-
-def run_cases(ranks: int, cases: dict[str, tuple[str, dict, Path]], folder: Path, **extra) -> dict[str, dict]:
-    """Worker cases, name: (job, config, data), one after another in one launch (a launch's imports
-    cost more than a case's steps); each case's losses and final weights."""
-    listing = []
-    for name, (job, config, data) in cases.items():
-        (folder / name).mkdir(parents=True, exist_ok=True)
-        config_path = write_config(folder / name / "config.json", config)
-        listing.append({"job": job, "config": str(config_path), "data": str(data), "out": str(folder / name / "out.json"), **extra})
-    done = launch(ranks, str(WORKER), str(write_config(folder / "cases.json", listing)))
-    (folder / "stderr.txt").write_text(done.stderr)
-    assert done.returncode == 0, first_error(done.stderr)
-    return {name: json.loads((folder / name / "out.json").read_text()) for name in cases}
-
-
-def run_worker(ranks: int, job: str, config: dict, data: Path, folder: Path) -> dict:
-    return run_cases(ranks, {"run": (job, config, data)}, folder)["run"]
-
-
-def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[key].float() - b[key].float()).abs().max()) for key in a)
-
-
-def assert_same_run(one: dict, many: dict) -> None:
-    assert many["losses"] == pytest.approx(one["losses"], rel=1e-5, abs=1e-7)
-    assert max_difference(torch.load(one["weights"]), torch.load(many["weights"])) < WEIGHTS_TOLERANCE
-
-
-def sft_config(tiny_dir, out: Path, store=None, **extra) -> dict:
-    """SFT on the stored episodes; without store, for the worker, which is given them."""
-    data = {"task_source": "ranks", "correctness": "correct"}
-    return base_config(tiny_dir, out, store_addr=store.address if store else "", data=data, batch_size=6, **extra)
+def store(ranks_store, ranks_data):
+    """The store holding the platform's episodes (task_source "ranks")."""
+    return ranks_store
 
 
 def train_sft(ranks: int, config: dict, folder: Path) -> subprocess.CompletedProcess:
@@ -182,16 +53,12 @@ def train_sft(ranks: int, config: dict, folder: Path) -> subprocess.CompletedPro
 
 
 @pytest.fixture(scope="module")
-def sft_alone(tiny_dir, store, sft_data, tmp_path_factory):
+def sft_alone(tiny_dir, store, tmp_path_factory):
     """SFT in one process: the reference of every comparison."""
     out = tmp_path_factory.mktemp("sft") / "one"
     done = train_sft(1, sft_config(tiny_dir, out, store), out.parent / "config-one")
     assert done.returncode == 0, done.stderr[-3000:]
     return out
-
-
-def metrics(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.parametrize("parallelism", ["fsdp", "ddp"])
@@ -215,17 +82,6 @@ def test_sft_under_torchrun_is_one_job_that_learns_what_one_process_learns(tiny_
     assert [r["step"] for r in metrics(out)] == [1, 2, 3]
 
 
-@pytest.fixture(scope="module")
-def sft_trajectories(store, sft_data, tmp_path_factory) -> Path:
-    """What the SFT job reads from the store, pickled for the worker."""
-    from gearshift.training.config import DataConfig
-    from gearshift.training.data import load_trajectories
-
-    path = tmp_path_factory.mktemp("sft-data") / "trajectories.pkl"
-    path.write_bytes(pickle.dumps(load_trajectories(store.address, DataConfig(task_source=sft_data, correctness="correct"))))
-    return path
-
-
 def test_sft_normalised_per_rank_differs_from_one_process(sft_alone, worker_runs):
     """The comparison above catches a loss normalised by each rank's own token count."""
     per_rank = worker_runs[2]["sft-per-rank"]
@@ -233,120 +89,6 @@ def test_sft_normalised_per_rank_differs_from_one_process(sft_alone, worker_runs
     assert per_rank["losses"] != pytest.approx(alone, rel=1e-5)  # what the comparison above asserts
     difference = max_difference(torch.load(per_rank["weights"]), load_file(sft_alone / "model.safetensors"))
     assert difference > 10 * WEIGHTS_TOLERANCE, difference
-
-
-ON_POLICY = {
-    "apo": {"rho": 1, "gamma": 1, "updates_per_batch": 2, "kl_coef": 0.05, "prompts": [{"query": "q", "reference_answer": "a"}],
-            "rollout": {"exact_tokens": False}},
-    "distill": {"top_k": 64, "prompts": [{"query": "q"}], "rollout": {"exact_tokens": False}},
-}
-
-
-def on_policy_config(job: str, tiny_dir, teacher_dir, out: Path, parallelism: str, lora: bool) -> dict:
-    """Micro-batches small enough that the ranks hold different numbers of them (fillers keep
-    the ranks in step); two steps, the second learning from the first's update."""
-    extra = dict(ON_POLICY[job], **({"default_teacher": str(teacher_dir)} if job == "distill" else {}))
-    model = {"lora": True, "lora_rank": 4} if lora else {}
-    runtime = {"parallelism": parallelism, "micro_batch_tokens": 700}
-    return base_config(tiny_dir, out, model=model, runtime=runtime, optim={"max_steps": 2}, **extra)
-
-
-def on_policy_data(job: str, rollouts: Path, tiny_dir, teacher_dir, lora: bool) -> Path:
-    """The fixed rollouts; under LoRA half the distillation episodes are scored by the student's
-    own base (the adapter off: it runs through the sharded policy on every micro-batch of every
-    rank), the other half by the other teacher."""
-    if not (job == "distill" and lora):
-        return rollouts / f"{job}.pkl"
-    _, episodes = pickle.loads((rollouts / "distill.pkl").read_bytes())
-    owners = [str(tiny_dir) if index % 2 else str(teacher_dir) for index in range(len(episodes))]
-    path = rollouts / "distill-base.pkl"
-    path.write_bytes(pickle.dumps((owners, episodes)))
-    return path
-
-
-PARALLELISMS = [("fsdp", False), ("ddp", False), ("fsdp", True)]  # (parallelism, lora) of the 2-rank on-policy runs
-
-
-@pytest.fixture(scope="module")
-def unbalanced_moe_dir(moe_dir, tmp_path_factory) -> Path:
-    """The tiny MoE with router_aux_loss_coef 0: no balancing loss."""
-    import shutil
-
-    path = tmp_path_factory.mktemp("moe") / "unbalanced"
-    shutil.copytree(moe_dir, path)
-    config = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps({**config, "router_aux_loss_coef": 0.0}))
-    return path
-
-
-ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
-
-
-
-
-def moe_cases(ranks: int, moe_dirs: tuple[Path, Path], teacher_dir, rollouts: Path, sft_trajectories: Path, out) -> dict[str, tuple]:
-    """The trainers on the tiny MoE (its balancing loss in the objective): at 1 rank and sharded by
-    FSDP on 2; SFT and distillation with expert parallelism on 2 and 4; at 1 rank also SFT without
-    the balancing loss and with LoRA on the attention; and an export of the weights as loaded."""
-    moe_dir, unbalanced_dir = moe_dirs
-    def trainer(job: str, name: str, **extra) -> tuple[str, dict, Path]:
-        if job == "sft":
-            return "sft", sft_config(moe_dir, out(ranks, name), **extra), sft_trajectories
-        config = on_policy_config(job, moe_dir, teacher_dir, out(ranks, name), "fsdp", False)
-        config["runtime"].update(extra.get("runtime", {}))
-        return job, config, rollouts / f"{job}.pkl"
-
-    expert, context = {"expert_parallel": 2}, {"context_parallel": 2}
-    cases = {}
-    if ranks < 4:
-        cases.update({f"moe-{job}": trainer(job, f"moe-{job}") for job in ("sft", "apo", "distill")})
-    if ranks == 1:
-        cases["moe-sft-unbalanced"] = "sft", sft_config(unbalanced_dir, out(1, "moe-sft-unbalanced")), sft_trajectories
-        lora = {"lora": True, "lora_rank": 4, "lora_target_modules": ATTENTION}
-        cases["moe-lora"] = "sft", sft_config(moe_dir, out(1, "moe-lora"), model=lora, optim={"learning_rate": 1e-2}), sft_trajectories
-    if ranks == 2:  # experts over the 2 ranks; each micro-batch's tokens split over them, alone and with the experts split
-        cases.update({f"moe-{job}-ep2": trainer(job, f"moe-{job}-ep2", runtime=expert) for job in ("sft", "distill")})
-        cases.update({f"moe-{job}-cp2": trainer(job, f"moe-{job}-cp2", runtime=context) for job in ("sft", "apo", "distill")})
-        cases["moe-sft-cp2-ep2"] = trainer("sft", "moe-sft-cp2-ep2", runtime=context | expert)
-        cases["moe-export-ep2"] = "export", sft_config(moe_dir, out(2, "moe-export-ep2"), runtime=expert), sft_trajectories
-    if ranks == 4:  # 2 data x 2 expert; and 2 data x 2 context, experts over each context pair (SFT's data x expert
-        # case: 4 ranks on 2 cores are the suite's slowest launch, so SFT runs only the mesh that adds context)
-        cases["moe-distill-ep2x2"] = trainer("distill", "moe-distill-ep2x2", runtime=expert)
-        cases["moe-sft-cp2x2-ep2"] = trainer("sft", "moe-sft-cp2x2-ep2", runtime=context | expert)
-    return cases
-
-
-@pytest.fixture(scope="module")
-def worker_runs(tiny_dir, teacher_dir, moe_dir, unbalanced_moe_dir, rollouts, sft_trajectories, tmp_path_factory) -> dict[int, dict[str, dict]]:
-    """Every worker run of the tests below, by number of ranks and name: one launch at 1 rank, one
-    at 2 (where "resumed" resumes the state "saved" left at 1 rank), one at 4 (expert parallelism
-    on a 2 x 2 mesh)."""
-    folder = tmp_path_factory.mktemp("worker")
-    cases: dict[int, dict[str, tuple[str, dict, Path]]] = {1: {}, 2: {}}
-
-    def out(ranks: int, name: str) -> Path:
-        return folder / str(ranks) / name / "out"
-
-    for job in ON_POLICY:
-        for lora in (False, True):
-            name = f"{job}-lora-{lora}"
-            config = on_policy_config(job, tiny_dir, teacher_dir, out(1, name), "fsdp", lora)
-            cases[1][name] = job, config, on_policy_data(job, rollouts, tiny_dir, teacher_dir, lora)
-        for parallelism, lora in PARALLELISMS:
-            name = f"{job}-{parallelism}-lora-{lora}"
-            config = on_policy_config(job, tiny_dir, teacher_dir, out(2, name), parallelism, lora)
-            cases[2][name] = job, config, on_policy_data(job, rollouts, tiny_dir, teacher_dir, lora)
-    cases[2]["sft-per-rank"] = "sft-per-rank", sft_config(tiny_dir, out(2, "sft-per-rank")), sft_trajectories
-    for ranks in (1, 2):  # the GPU default for LoRA on gloo: a bf16 base and float32 adapters in one FSDP group
-        config = sft_config(tiny_dir, out(ranks, "lora-bf16"), model={"lora": True, "lora_rank": 4}, runtime={"precision": "bf16"},
-                            optim={"learning_rate": 1e-2})
-        cases[ranks]["lora-bf16"] = "sft", config, sft_trajectories
-    cases[1]["saved"] = "sft", sft_config(tiny_dir, folder / "saved", optim={"max_steps": 2}), sft_trajectories
-    cases[2]["resumed"] = "sft", sft_config(tiny_dir, folder / "saved"), sft_trajectories
-    cases[4] = {}
-    for ranks in cases:
-        cases[ranks].update(moe_cases(ranks, (moe_dir, unbalanced_moe_dir), teacher_dir, rollouts, sft_trajectories, out))
-    return {ranks: run_cases(ranks, named, folder / str(ranks)) for ranks, named in cases.items()}
 
 
 @pytest.mark.parametrize("job", ["apo", "distill"])
@@ -359,15 +101,15 @@ def test_on_policy_updates_on_two_ranks_equal_one_process(worker_runs, job, para
 
 
 def test_a_rank_that_dies_fails_the_job_and_a_rerun_on_one_rank_resumes_to_the_same_weights(
-    tiny_dir, store, sft_alone, sft_trajectories, tmp_path
+    tiny_dir, store, sft_alone, ranks_data, tmp_path
 ):
     config = sft_config(tiny_dir, tmp_path / "out")  # saves every 2 steps
     with pytest.raises(AssertionError):  # the launch failed
-        run_cases(2, {"died": ("sft", config, sft_trajectories)}, tmp_path / "died", die_at=3, die_rank=1)
+        run_cases(2, {"died": ("sft", config, ranks_data.sft_trajectories)}, tmp_path / "died", die_at=3, die_rank=1)
     died = (tmp_path / "died" / "stderr.txt").read_text()
     assert re.search(r"rank\s*:\s*1 \(local_rank: 1\)\n\s*exitcode\s*:\s*-9", died), died[-3000:]  # torchrun names it
     assert not (tmp_path / "out" / "result.json").exists()
-    resumed = run_worker(1, "sft", config, sft_trajectories, tmp_path)  # saved at 2 ranks, loaded at 1
+    resumed = run_worker(1, "sft", config, ranks_data.sft_trajectories, tmp_path)  # saved at 2 ranks, loaded at 1
     assert resumed["resumed_from"] == 2
     assert resumed["losses"] == pytest.approx([r["loss"] for r in metrics(sft_alone)], rel=1e-5)  # one line per step
     assert max_difference(torch.load(resumed["weights"]), load_file(sft_alone / "model.safetensors")) < WEIGHTS_TOLERANCE
@@ -402,10 +144,6 @@ def test_lora_in_bf16_under_fsdp_learns_what_one_process_learns(worker_runs):
     assert two["losses"] == pytest.approx(one["losses"], rel=1e-2)  # bf16 rounding differs with the split
     assert one["losses"][-1] < one["losses"][0]
     assert {v.dtype for k, v in torch.load(two["weights"]).items() if "lora_" not in k} == {torch.bfloat16}
-
-
-def out_dir(run: dict) -> Path:
-    return Path(run["weights"]).parent / "out"
 
 
 @pytest.mark.parametrize("job, ranks, layout", [("sft", 2, ""), ("apo", 2, ""), ("distill", 2, ""), ("sft", 2, "-ep2"),

@@ -4,47 +4,30 @@ learns; each decoder layer compiled, a run still trains."""
 
 from __future__ import annotations
 
-import pickle
-from pathlib import Path
-
 import pytest
 import torch
 
-from tests.jobs.test_distributed import assert_same_run, run_cases
-from tests.libs.training.trajectories import forced_agentic, routed_instant
-
-LAYOUTS = {1: {"eager": {}, "compiled": {"compile": True, "compile_backend": "aot_eager"}},
-           2: {"1x2": {"mesh_shape": [1, 2]}, "2x1": {"mesh_shape": [2, 1]}}}
+from tests.jobs.rank_runs import assert_same_run
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_dir, tmp_path_factory) -> dict[int, dict[str, dict]]:
-    """Two SFT steps on the tiny model in each layout (its runtime settings), one launch per number
-    of ranks; each run's losses and final weights."""
-    folder = tmp_path_factory.mktemp("layout")
-    trajectories = folder / "trajectories.pkl"
-    trajectories.write_bytes(pickle.dumps([routed_instant(), forced_agentic()]))
-
-    def case(ranks: int, name: str, runtime: dict) -> tuple[str, dict, Path]:
-        body = {"model": {"base": str(tiny_dir)}, "optim": {"learning_rate": 1e-3, "max_steps": 2, "seed": 3, "threads": 1},
-                "runtime": runtime, "output": {"dir": str(folder / str(ranks) / name / "out"), "progress": False}, "batch_size": 4}
-        return "sft", body, trajectories
-
-    return {ranks: run_cases(ranks, {name: case(ranks, name, runtime) for name, runtime in named.items()}, folder / str(ranks))
-            for ranks, named in LAYOUTS.items()}
+def runs(worker_runs) -> dict[str, dict]:
+    """layout_cases' runs by name, without their "layout-": two SFT steps on the tiny model in each
+    layout (tests/jobs/rank_runs.py), in the rank tests' launches."""
+    return {name.removeprefix("layout-"): run for named in worker_runs.values() for name, run in named.items() if name.startswith("layout-")}
 
 
 @pytest.mark.ranks
 @pytest.mark.parametrize("shape", ["1x2", "2x1"])
 def test_two_ranks_on_a_two_dimensional_mesh_learn_what_one_process_learns(runs, shape):
-    assert_same_run(runs[2][shape], runs[1]["eager"])
+    assert_same_run(runs[shape], runs["eager"])
 
 
 @pytest.mark.ranks
 def test_a_run_with_compiled_decoder_layers_trains(runs):
     # aot_eager: dynamo captures each layer's graph and AOT autograd its backward, as inductor
     # would, without generating kernels (minutes on 2 cores).
-    assert_same_run(runs[1]["compiled"], runs[1]["eager"])
+    assert_same_run(runs["compiled"], runs["eager"])
 
 
 def test_shard_groups_layers_embeddings_and_head_then_the_root(tiny_dir, tmp_path):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.jobs.test_distributed import first_error, launch, write_config
+from tests.jobs.rank_runs import first_error, launch, write_config
 from tests.libs.training.trajectories import routed_instant
 
 pytestmark = [pytest.mark.slow, pytest.mark.ranks]

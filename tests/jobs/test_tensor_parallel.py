@@ -3,8 +3,9 @@ dense Llama (and a tiny Qwen3, whose per-head norms meet only a rank's own heads
 projections split over 2 tensor ranks and FSDP2 over the other 2 (4 gloo ranks under torchrun)
 learns what one process learns, exports the files it loaded, and leaves a resume state that a
 plain FSDP run on 2 ranks continues to one process's weights; and tensor parallel 2 with context
-parallel 2. The data are the episodes test_distributed.py's platform ran and stored, as SFT
-exports them; the launches go through tests/jobs/ranks_worker.py, every 4-rank case in one launch."""
+parallel 2. The data are the episodes the rank tests' platform ran and stored (ranks_data), as
+SFT exports them; the cases (rank_runs.tensor_parallel_cases) run in the rank tests' launches, one per
+number of ranks (tests/jobs/conftest.py: worker_runs)."""
 
 from __future__ import annotations
 
@@ -17,65 +18,13 @@ from gearshift.training.config import ModelConfig, RuntimeConfig
 from gearshift.training.distributed import Ranks
 from safetensors.torch import load_file
 
-from tests.jobs.test_distributed import (  # noqa: F401 - platform, sft_data: the fixtures sft_trajectories stands on
-    WEIGHTS_TOLERANCE,
-    assert_same_run,
-    max_difference,
-    metrics,
-    out_dir,
-    platform,
-    run_cases,
-    sft_config,
-    sft_data,
-    sft_trajectories,
-)
-
-TENSOR_2X2 = {"tensor_parallel": 2}  # on 4 ranks: 2 FSDP shards x 2 tensor ranks
+from tests.jobs.rank_runs import WEIGHTS_TOLERANCE, assert_same_run, max_difference, metrics, out_dir
 
 
 @pytest.fixture(scope="module")
-def qwen3_dir(tiny_dir, tmp_path_factory) -> Path:
-    """A tiny Qwen3 (its heads normalised one by one: q_norm, k_norm; its head untied) with the
-    tiny Llama's tokenizer."""
-    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
-
-    path = tmp_path_factory.mktemp("qwen3") / "tiny-qwen3"
-    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
-    torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=16, max_position_embeddings=2048, tie_word_embeddings=False)
-    model = Qwen3ForCausalLM(config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.normal_(1.0, 0.2)  # not all ones: each head's weights matter apart
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def runs(tiny_dir, qwen3_dir, sft_trajectories, tmp_path_factory) -> dict[str, dict]:
-    """By name: SFT in one process ("llama", "qwen3"); on 4 ranks with tensor parallelism 2, SFT
-    ("llama-tp", "qwen3-tp"), the loaded weights exported ("export"), and 2 steps whose resume
-    state "resumed" continues on 2 ranks under plain FSDP to the third; and tensor and context
-    parallelism together ("llama-tp-cp": 2 x 2, each packed micro-batch's tokens split over the
-    2 ranks of a context pair, their heads over a tensor pair)."""
-    folder = tmp_path_factory.mktemp("tp")
-    saved = folder / "saved-state"
-    models = {"llama": tiny_dir, "qwen3": qwen3_dir}
-
-    def case(ranks: int, name: str, model: str = "llama", **extra) -> tuple[str, dict, Path]:
-        return "sft", sft_config(models[model], folder / str(ranks) / name / "out", **extra), sft_trajectories
-
-    done = run_cases(1, {model: case(1, model, model) for model in models}, folder / "1")
-    parallel = {f"{model}-tp": case(4, f"{model}-tp", model, runtime=TENSOR_2X2) for model in models}
-    parallel["llama-tp-cp"] = case(4, "llama-tp-cp", runtime={"tensor_parallel": 2, "context_parallel": 2})
-    parallel["export"] = ("export", *case(4, "export", runtime=TENSOR_2X2)[1:])
-    parallel["saved"] = "sft", sft_config(tiny_dir, saved, runtime=TENSOR_2X2, optim={"max_steps": 2}), sft_trajectories
-    done |= run_cases(4, parallel, folder / "4")
-    done |= run_cases(2, {"resumed": ("sft", sft_config(tiny_dir, saved), sft_trajectories)}, folder / "2")
-    return done
+def runs(worker_runs) -> dict[str, dict]:
+    """tensor_parallel_cases' runs by name, without their "tp-" (tests/jobs/rank_runs.py)."""
+    return {name.removeprefix("tp-"): run for named in worker_runs.values() for name, run in named.items() if name.startswith("tp-")}
 
 
 def exported(run: dict) -> dict[str, torch.Tensor]:
