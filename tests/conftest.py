@@ -21,6 +21,13 @@ pytest_plugins = ["tests.durations", "tests.scheduling"]
 # a container engine and minutes of building), never the plain pytest run of `make test`.
 collect_ignore = [] if os.environ.get("GEARSHIFT_IMAGE_TESTS") == "1" else ["images"]
 
+# glibc's malloc hands each block over its mmap threshold back to the kernel when freed, so every
+# training step faults its buffers in again: a tiny Llama's 6 steps took 5.2 to 5.6 s with 800k
+# page faults, 3.9 to 4.1 s with 270k once freed memory stays in the heap (benchmarks/malloc_steps.py).
+# Set here, before xdist starts its workers, for them and every process they start (ranks, vLLM,
+# services); the memory tests' ranks preload jemalloc, as the training image does.
+os.environ.setdefault("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=4294967296:glibc.malloc.trim_threshold=4294967296")
+
 
 @pytest.fixture
 def settings(tmp_path) -> Settings:
