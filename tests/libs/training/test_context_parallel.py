@@ -7,12 +7,13 @@ per-sequence counts the group sums."""
 
 from __future__ import annotations
 
-import multiprocessing
 import random
 from datetime import timedelta
 
 import pytest
 import torch
+
+from tests.rank_processes import rank_context
 
 pytestmark = [pytest.mark.slow("ranks as processes, a few thousand tokens each way"), pytest.mark.ranks]
 
@@ -92,7 +93,7 @@ def rank_main(rank: int, world: int, arch: str, store_path: str, results) -> Non
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("arch, world", [("llama", 2), ("llama", 4), ("moe", 2), ("moe", 4)])
 def test_ulysses_gives_one_process_loss_and_gradients(tmp_path, arch, world):
-    context = multiprocessing.get_context("spawn")
+    context = rank_context(__name__)
     results = context.Queue()
     processes = [context.Process(target=rank_main, args=(rank, world, arch, str(tmp_path / "store"), results)) for rank in range(world)]
     for process in processes:

@@ -6,11 +6,12 @@ ranks, as processes."""
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
+
+from tests.rank_processes import rank_context
 
 
 def rank_main(rank: int, store_path: str, failing: set[int], results) -> None:
@@ -34,7 +35,7 @@ def rank_main(rank: int, store_path: str, failing: set[int], results) -> None:
 
 
 def run_ranks(tmp_path, failing: set[int]) -> dict[int, tuple[str, str]]:
-    context = multiprocessing.get_context("spawn")
+    context = rank_context(__name__)
     results = context.Queue()
     processes = [context.Process(target=rank_main, args=(rank, str(tmp_path / "store"), failing, results)) for rank in range(2)]
     for process in processes:
