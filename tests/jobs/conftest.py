@@ -217,8 +217,8 @@ def qwen3_dir(tiny_dir, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def worker_runs(request, tiny_dir, tmp_path_factory) -> dict[int, dict[str, dict]]:
     """Every worker case of the collected modules among test_distributed, test_tensor_parallel and
-    test_layout (tests/jobs/rank_runs.py), by number of ranks and name: one launch per number of
-    ranks, in rank_runs.RANKS' order."""
+    test_layout (tests/jobs/rank_runs.py), by number of ranks and name: one launch of forked ranks
+    per number of ranks (rank_runs.fork_cases), in rank_runs.RANKS' order."""
     from tests.jobs import rank_runs
 
     folder = tmp_path_factory.mktemp("worker")
@@ -240,4 +240,4 @@ def worker_runs(request, tiny_dir, tmp_path_factory) -> dict[int, dict[str, dict
         for ranks, named in group.items():
             assert not cases[ranks].keys() & named.keys(), "a case name taken twice"
             cases[ranks].update(named)
-    return {ranks: rank_runs.run_cases(ranks, cases[ranks], folder / str(ranks)) if cases[ranks] else {} for ranks in rank_runs.RANKS}
+    return {ranks: rank_runs.fork_cases(ranks, cases[ranks], folder / str(ranks)) if cases[ranks] else {} for ranks in rank_runs.RANKS}

@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -94,18 +95,64 @@ def sft_config(tiny_dir, out: Path, store=None, **extra) -> dict:
     return base_config(tiny_dir, out, store_addr=store.address if store else "", data=data, batch_size=6, **extra)
 
 
-def run_cases(ranks: int, cases: dict[str, Case], folder: Path, **extra) -> dict[str, dict]:
-    """Worker cases, name: (job, config, data), one after another in one launch; each case's losses
-    and final weights."""
+def listed(cases: dict[str, Case], folder: Path, **extra) -> Path:
+    """The cases' configs and their listing (CASES.json of tests/jobs/ranks_worker.py) in folder."""
     listing = []
     for name, (job, config, data) in cases.items():
         (folder / name).mkdir(parents=True, exist_ok=True)
         config_path = write_config(folder / name / "config.json", config)
         listing.append({"job": job, "config": str(config_path), "data": str(data), "out": str(folder / name / "out.json"), **extra})
-    done = launch(ranks, str(WORKER), str(write_config(folder / "cases.json", listing)))
+    return write_config(folder / "cases.json", listing)
+
+
+def outcomes(cases: dict[str, Case], folder: Path) -> dict[str, dict]:
+    return {name: json.loads((folder / name / "out.json").read_text()) for name in cases}
+
+
+def run_cases(ranks: int, cases: dict[str, Case], folder: Path, **extra) -> dict[str, dict]:
+    """Worker cases, name: (job, config, data), one after another in one torchrun launch; each
+    case's losses and final weights."""
+    done = launch(ranks, str(WORKER), str(listed(cases, folder, **extra)))
     (folder / "stderr.txt").write_text(done.stderr)
     assert done.returncode == 0, first_error(done.stderr)
-    return {name: json.loads((folder / name / "out.json").read_text()) for name in cases}
+    return outcomes(cases, folder)
+
+
+def fork_cases(ranks: int, cases: dict[str, Case], folder: Path, timeout: float = 600) -> dict[str, dict]:
+    """run_cases' cases on ranks forked from tests/rank_processes.py's server, which imported torch,
+    transformers and the trainers once, where torchrun's ranks import them again (6 to 7 CPU-s
+    each); the same process group by the same environment variables. The launches themselves are
+    tested as users run them (test_distributed's `gearshift train` under torchrun)."""
+    from multiprocessing.connection import wait
+
+    from gearshift.testing.ports import free_port
+
+    from tests.jobs import ranks_worker
+    from tests.rank_processes import rank_context
+
+    listing = listed(cases, folder)
+    context = rank_context(ranks_worker.__name__)
+    failures = context.SimpleQueue()
+    port = free_port()  # rank 0's store
+    processes = [context.Process(target=ranks_worker.forked, args=(rank, ranks, port, str(listing), failures)) for rank in range(ranks)]
+    for process in processes:
+        process.start()
+    deadline = time.monotonic() + timeout
+    running = list(processes)
+    while running and time.monotonic() < deadline:  # until all are done, or one fails: the rest would wait in a collective
+        for sentinel in wait([process.sentinel for process in running], timeout=deadline - time.monotonic()):
+            process = next(p for p in running if p.sentinel == sentinel)
+            process.join()
+            running.remove(process)
+            if process.exitcode != 0:
+                running.clear()
+    for process in processes:
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+    codes = [process.exitcode for process in processes]
+    assert codes == [0] * ranks, failures.get() if not failures.empty() else f"the ranks' exit codes: {codes} (a timeout: {timeout} s)"
+    return outcomes(cases, folder)
 
 
 def run_worker(ranks: int, job: str, config: dict, data: Path, folder: Path) -> dict:
