@@ -3,6 +3,8 @@ torchrun or alone (tests/jobs/test_expert_lora.py compares them):
 
     torchrun --nproc-per-node 2 tests/jobs/expert_lora_worker.py MOE_DIR OUT EXPERT_PARALLEL
 
+or as `main` on ranks forked by tests/rank_processes.run_ranks (the test's way).
+
 Each rank learns the next token of its half of a fixed batch (a mean over equal token counts, so
 FSDP's average over the ranks is one process's mean), with SGD; then every rank scores the
 whole batch, and the policy is saved as a training job saves it (the adapter, and the merged
@@ -17,8 +19,8 @@ from gearshift.training.config import ModelConfig, RuntimeConfig
 
 STEPS, ROWS, LENGTH = 3, 4, 12
 
-if __name__ == "__main__":
-    moe_dir, out, expert_parallel = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+
+def main(moe_dir: Path, out: Path, expert_parallel: int) -> None:
     torch.set_num_threads(1)
     runtime = RuntimeConfig(expert_parallel=expert_parallel, device="cpu", precision="fp32")
     ranks = distributed.start(runtime)
@@ -42,3 +44,7 @@ if __name__ == "__main__":
     checkpoints.save_weights(policy, out, ranks)
     if ranks.main:
         torch.save({"losses": losses, "logits": logits, "tokens": tokens}, out / "run.pt")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]))

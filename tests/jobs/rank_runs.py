@@ -14,7 +14,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -118,40 +117,14 @@ def run_cases(ranks: int, cases: dict[str, Case], folder: Path, **extra) -> dict
     return outcomes(cases, folder)
 
 
-def fork_cases(ranks: int, cases: dict[str, Case], folder: Path, timeout: float = 600) -> dict[str, dict]:
+def fork_cases(ranks: int, cases: dict[str, Case], folder: Path) -> dict[str, dict]:
     """run_cases' cases on ranks forked from tests/rank_processes.py's server, which imported torch,
     transformers and the trainers once, where torchrun's ranks import them again (6 to 7 CPU-s
-    each); the same process group by the same environment variables. The launches themselves are
-    tested as users run them (test_distributed's `gearshift train` under torchrun)."""
-    from multiprocessing.connection import wait
-
-    from gearshift.testing.ports import free_port
-
+    each): the same process group, by the same environment variables."""
     from tests.jobs import ranks_worker
-    from tests.rank_processes import rank_context
+    from tests.rank_processes import run_ranks
 
-    listing = listed(cases, folder)
-    context = rank_context(ranks_worker.__name__)
-    failures = context.SimpleQueue()
-    port = free_port()  # rank 0's store
-    processes = [context.Process(target=ranks_worker.forked, args=(rank, ranks, port, str(listing), failures)) for rank in range(ranks)]
-    for process in processes:
-        process.start()
-    deadline = time.monotonic() + timeout
-    running = list(processes)
-    while running and time.monotonic() < deadline:  # until all are done, or one fails: the rest would wait in a collective
-        for sentinel in wait([process.sentinel for process in running], timeout=deadline - time.monotonic()):
-            process = next(p for p in running if p.sentinel == sentinel)
-            process.join()
-            running.remove(process)
-            if process.exitcode != 0:
-                running.clear()
-    for process in processes:
-        if process.exitcode is None:
-            process.kill()
-            process.join()
-    codes = [process.exitcode for process in processes]
-    assert codes == [0] * ranks, failures.get() if not failures.empty() else f"the ranks' exit codes: {codes} (a timeout: {timeout} s)"
+    run_ranks(ranks, ranks_worker.run_all, json.loads(listed(cases, folder).read_text()))
     return outcomes(cases, folder)
 
 

@@ -10,8 +10,8 @@ work itself), and each case starts its own Run, seeded from its config.
 
     torchrun --nproc-per-node 2 tests/jobs/ranks_worker.py CASES.json
 
-or forked, rank by rank, from a server that imported all this once (`forked`, for
-tests/jobs/rank_runs.fork_cases).
+or forked, rank by rank, from a server that imported all this once (`run_all`, through
+tests/rank_processes.run_ranks: tests/jobs/rank_runs.fork_cases).
 
 CASES.json: [{"job": "apo", "config": PATH, "data": PATH, "out": PATH}, ...], with "die_at" (a
 step) and "die_rank" where a rank is to kill itself (SIGKILL) after that step.
@@ -26,7 +26,6 @@ import os
 import pickle
 import signal
 import time
-import traceback
 
 import torch
 from gearshift.training import checkpoints
@@ -103,22 +102,6 @@ def run_all(cases: list[dict]) -> None:
     for case in cases:
         run_case(case["job"], case["config"], case["data"], case["out"], case.get("die_at", 0), case.get("die_rank", 1))
         gc.collect()  # the last case's model and optimizer state, before the next loads
-
-
-def forked(rank: int, world_size: int, port: int, cases: str, failures) -> None:
-    """A rank forked from tests/rank_processes.py's server (rank_runs.fork_cases) rather than
-    spawned by torchrun: torchrun's environment for it, then the cases; its traceback goes to
-    failures if one raises."""
-    if world_size > 1:
-        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    try:
-        run_all(json.loads(open(cases).read()))
-    except BaseException:
-        failures.put(f"rank {rank}: {traceback.format_exc()}")
-        raise
 
 
 def main() -> None:

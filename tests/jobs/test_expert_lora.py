@@ -9,40 +9,30 @@ suite (an engine start of 2 to 3 minutes; docs/distributed-training.md)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.jobs import expert_lora_worker
 from tests.jobs.greedy import transformers_and_builtin_greedy
+from tests.rank_processes import run_ranks
 from tests.vllm_servers import VLLM_PYTHON, vllm_environment
 
-pytestmark = [pytest.mark.ranks, pytest.mark.slow("torchrun launches of the trainer")]
+pytestmark = [pytest.mark.ranks, pytest.mark.slow("trainer ranks")]
 
-WORKER = Path(__file__).with_name("expert_lora_worker.py")
-ROOT = Path(__file__).parents[2]
 LOGITS_TOLERANCE = 2e-5  # float32 on the CPU: the merged weights and W + s B A per forward round differently (seen: 8e-7)
 TWO_RANKS_TOLERANCE = 1e-4  # 3 SGD steps, reduction order differing between 1 process and 2 ranks (seen: 5e-5 on merged weights)
-
-
-def launch(ranks: int, moe_dir: Path, out: Path, expert_parallel: int) -> Path:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    args = [str(WORKER), str(moe_dir), str(out), str(expert_parallel)]
-    command = [sys.executable, *args] if ranks == 1 else [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                                          f"--nproc-per-node={ranks}", *args]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return out
 
 
 @pytest.fixture(scope="module")
 def runs(moe_dir, tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("expert-lora")
-    return {"one": launch(1, moe_dir, folder / "one", 1), "ep2": launch(2, moe_dir, folder / "ep2", 2)}
+    for name, ranks in (("one", 1), ("ep2", 2)):  # ranks forked from the suite's forkserver (tests/rank_processes.py)
+        run_ranks(ranks, expert_lora_worker.main, moe_dir, folder / name, ranks)
+    return {"one": folder / "one", "ep2": folder / "ep2"}
 
 
 def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

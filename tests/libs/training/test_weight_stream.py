@@ -24,10 +24,11 @@ from gearshift.training.distributed import Ranks
 from gearshift.training.tiny import tiny_moe_checkpoint
 from gearshift.training.weight_transfer import init_info, require_cuda, wire_bytes
 from safetensors.torch import load_file
+from tests.libs.training import weight_stream_worker
+from tests.rank_processes import run_ranks
 from tests.vllm_servers import VLLM_PYTHON
 
 ROOT = Path(__file__).parents[3]
-WORKER = Path(__file__).with_name("weight_stream_worker.py")
 DRIVER = Path(__file__).with_name("drive_vllm_receiver.py")
 KIB = 1024
 
@@ -92,7 +93,7 @@ def test_one_process_streams_to_a_receiver_what_it_exports(tiny_dir, tmp_path):
     assert all(nbytes <= peak <= max(32 * KIB, nbytes) for nbytes, peak in streamed.buckets)
 
 
-@pytest.mark.slow("two torchrun ranks and a receiver process")
+@pytest.mark.slow("two trainer ranks and a receiver process")
 @pytest.mark.ranks
 def test_two_fsdp_ranks_stream_to_a_receiver_process_what_they_export(tiny_dir, moe_dir, tmp_path):
     """A tiny Llama in bf16 and a tiny Qwen3-MoE in float32 (its fused experts split per expert),
@@ -105,10 +106,7 @@ def test_two_fsdp_ranks_stream_to_a_receiver_process_what_they_export(tiny_dir, 
     receiver = subprocess.Popen([sys.executable, "-m", "gearshift.training.weight_stream", "--address", address, "--streams", "2",
                                  "--out", str(out / "received"), "--save"], env=env, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
-        trainer = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(WORKER), address,
-                                  str(bucket_bytes), str(out), f"{tiny_dir}:bfloat16", f"{moe_dir}:float32"],
-                                 env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert trainer.returncode == 0, trainer.stderr[-3000:]
+        run_ranks(2, weight_stream_worker.main, address, str(bucket_bytes), str(out), f"{tiny_dir}:bfloat16", f"{moe_dir}:float32", timeout=300)
         assert receiver.wait(60) == 0, receiver.stderr.read()[-3000:]
     finally:
         receiver.kill()

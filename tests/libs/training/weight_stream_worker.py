@@ -4,6 +4,8 @@ in a gloo group of its own at ADDRESS, in buckets of BUCKET_BYTES; each rank wri
 every stream (weight_stream.Streamed) to OUT/rank-R.json.
 
     torchrun --nproc-per-node 2 tests/libs/training/weight_stream_worker.py ADDRESS BUCKET_BYTES OUT MODEL:DTYPE...
+
+or as `main` on ranks forked by tests/rank_processes.run_ranks (the test's way).
 """
 
 from __future__ import annotations
@@ -18,8 +20,7 @@ from gearshift.training import checkpoints, distributed, forward, weight_stream
 from gearshift.training.config import ModelConfig, RuntimeConfig
 
 
-def main() -> None:
-    address, bucket_bytes, out, *cases = sys.argv[1:]
+def main(address: str, bucket_bytes: str, out: str, *cases: str) -> None:
     out = Path(out)
     runtime = RuntimeConfig(device="cpu")
     ranks = distributed.start(runtime)
@@ -37,4 +38,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(*sys.argv[1:])
