@@ -1,11 +1,13 @@
 """The trainer-rank tests' launches and comparisons (test_distributed, test_tensor_parallel,
-test_layout and the modules that launch ranks of their own).
+test_layout, and the modules that launch ranks of their own).
 
-A launch spends 6 to 13 s of each rank's CPU importing torch and transformers before any work,
-more than most cases' steps: every worker case of those three modules runs in one launch per
-number of ranks (tests/jobs/ranks_worker.py; the `worker_runs` fixture of tests/jobs/conftest.py),
-each case seeded from its own config. A case is (job, config, data): the data are what the
-platform produced, pickled once (tests/jobs/conftest.py: sft_data, rollouts)."""
+A rank spends 6 to 7 CPU-s importing torch and transformers before any work, more than most
+cases' steps. So every worker case of those three modules runs in one launch per number of ranks
+(tests/jobs/ranks_worker.py; the `worker_runs` fixture of tests/jobs/conftest.py), each case
+seeded from its own config, on ranks forked from a server that imported them once
+(fork_cases); torchrun launches (run_cases, launch) are for what tests torchrun itself. A case
+is (job, config, data): the data are what the platform produced, pickled once
+(tests/jobs/conftest.py: ranks_data)."""
 
 from __future__ import annotations
 
@@ -129,7 +131,7 @@ def fork_cases(ranks: int, cases: dict[str, Case], folder: Path) -> dict[str, di
 
 
 def run_worker(ranks: int, job: str, config: dict, data: Path, folder: Path) -> dict:
-    return run_cases(ranks, {"run": (job, config, data)}, folder)["run"]
+    return fork_cases(ranks, {"run": (job, config, data)}, folder)["run"]
 
 
 def metrics(out: Path) -> list[dict]:
