@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,40 +23,29 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from gearshift import weights  # noqa: E402
 from gearshift.settings import Settings  # noqa: E402
-from gearshift.testing.ports import free_port  # noqa: E402
 
-from tests.test_vllm_idle import cpu_seconds  # noqa: E402
-from tests.vllm_servers import _wait_healthy, vllm_command, vllm_environment, vllm_site  # noqa: E402
+from tests.test_vllm_idle import ENGINE_CORE, WORKER, cpu_seconds  # noqa: E402
+from tests.vllm_servers import running_vllm_servers, vllm_site  # noqa: E402
 
 PROMPT = "Write a long story about a dragon who learns to code. " * 20
-CORE, WORKER = "VLLM::EngineCor", "VLLM::Worker"
+BODY = {"model": weights.DEFAULT, "prompt": PROMPT, "max_tokens": 128, "temperature": 0, "ignore_eos": True}
 
 
 def measure(site: str, requests: int) -> dict[str, float]:
     """Median wall and CPU seconds per request of a server whose processes import site first."""
-    port = free_port()
-    model = weights.cache_smollm2(Settings().models_dir)
-    with tempfile.TemporaryDirectory() as logs:
-        log = Path(logs) / "server.log"
-        with open(log, "w") as out:
-            server = subprocess.Popen(vllm_command(model, port), env={**vllm_environment(0), "PYTHONPATH": site},
-                                      stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            _wait_healthy([(server, port, log)])
-            runs = [request(port, {server.pid}) for _ in range(requests)]
-        finally:
-            server.terminate()
-            server.wait(timeout=60)
+    with tempfile.TemporaryDirectory() as logs, \
+            running_vllm_servers(1, weights.cache_smollm2(Settings().models_dir), Path(logs), site) as servers:
+        runs = [request(servers.urls[0], {servers.processes[0].pid}) for _ in range(requests)]
     return {name: statistics.median(run[name] for run in runs) for name in runs[0]}
 
 
-def request(port: int, group: set[int]) -> dict[str, float]:
-    before = {name: cpu_seconds(group, name) for name in (CORE, WORKER)}
+def request(url: str, group: set[int]) -> dict[str, float]:
+    names = (ENGINE_CORE, WORKER)
+    before = {name: cpu_seconds(group, name) for name in names}
     started = time.monotonic()
-    body = {"model": weights.DEFAULT, "prompt": PROMPT, "max_tokens": 128, "temperature": 0, "ignore_eos": True}
-    httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=600).raise_for_status()
+    httpx.post(f"{url}/completions", json=BODY, timeout=600).raise_for_status()
     wall = time.monotonic() - started
-    return {"wall_s": wall, **{f"{name}_cpu_s": cpu_seconds(group, name) - before[name] for name in (CORE, WORKER)}}
+    return {"wall_s": wall, **{f"{name}_cpu_s": cpu_seconds(group, name) - before[name] for name in names}}
 
 
 def main() -> None:

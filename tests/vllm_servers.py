@@ -64,12 +64,14 @@ def vllm_site() -> Path:
     return Path(__file__).with_name("vllm_site")
 
 
-def vllm_environment(core: int) -> dict[str, str]:
+def vllm_environment(core: int, site: str | None = None) -> dict[str, str]:
+    """The servers' environment; site: their PYTHONPATH instead of vllm_site() (benchmarks/vllm_spin.py).
+    """
     # A 1 GiB KV cache each (~22k tokens of SmolLM2 in float32): the pair and the test process fit 24 GiB.
     # One OpenMP thread on a core of its own: SmolLM2 decodes about as fast on one as on two, and
     # two threads on shared cores spin waiting for each other whenever another process runs.
     return dict(
-        os.environ, PYTHONPATH=str(vllm_site()), VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND=str(core), HF_HUB_OFFLINE="1",
+        os.environ, PYTHONPATH=site or str(vllm_site()), VLLM_TARGET_DEVICE="cpu", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND=str(core), HF_HUB_OFFLINE="1",
         VLLM_ALLOW_RUNTIME_LORA_UPDATING="True", VLLM_SERVER_DEV_MODE="1",
     )
 
@@ -97,10 +99,10 @@ class VllmServers:
 
 
 @contextlib.contextmanager
-def running_vllm_servers(count: int, model: Path, logs: Path) -> Iterator[VllmServers]:
+def running_vllm_servers(count: int, model: Path, logs: Path, site: str | None = None) -> Iterator[VllmServers]:
     """count vLLM servers of model, started at once; yields them when all are healthy and stops
     them afterwards. A server that exits or does not come up fails the caller with the end of its
-    log (logs/server-N.log)."""
+    log (logs/server-N.log). site: as for vllm_environment."""
     if not VLLM_PYTHON.exists():
         raise RuntimeError(f"vLLM is not installed at {VLLM_PYTHON}: run scripts/install-vllm.sh")
     logs.mkdir(parents=True, exist_ok=True)
@@ -109,7 +111,7 @@ def running_vllm_servers(count: int, model: Path, logs: Path) -> Iterator[VllmSe
         for index in range(count):
             port, log = free_port(), logs / f"server-{index}.log"
             with open(log, "w") as out:
-                process = subprocess.Popen(vllm_command(model, port), env=vllm_environment(index % os.cpu_count()), stdout=out, stderr=subprocess.STDOUT,
+                process = subprocess.Popen(vllm_command(model, port), env=vllm_environment(index % os.cpu_count(), site), stdout=out, stderr=subprocess.STDOUT,
                                            start_new_session=True)
             servers.append((process, port, log))
         _wait_healthy(servers)

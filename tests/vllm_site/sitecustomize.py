@@ -1,6 +1,6 @@
 """Loaded by every Python process of the tests' vLLM servers (tests/vllm_servers.py puts this folder
 on their PYTHONPATH): vLLM's CPU LoRA ops grouped by adapter (vllm_cpu_lora.py), and its message
-queues' readers waiting instead of spinning (vllm_no_spin.py)."""
+queues polled instead of spun on (vllm_no_spin.py)."""
 
 import vllm_cpu_lora
 import vllm_no_spin
