@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -37,10 +38,9 @@ def settings(tmp_path) -> Settings:
 @pytest.fixture(scope="session", autouse=True)
 def worker_environment(tmp_path_factory) -> Iterator[None]:
     """The default data directory, Redis database and cores of this worker alone (tests/workers.py)."""
-    import torch
-
     threads = workers.threads_per_worker()
-    torch.set_num_threads(threads)
+    if "torch" in sys.modules:  # imported by the collected modules; one imported later reads OMP_NUM_THREADS below
+        sys.modules["torch"].set_num_threads(threads)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("GEARSHIFT_DATA_DIR", str(tmp_path_factory.mktemp("data-dir")))
         patch.setenv("GEARSHIFT_REDIS_URL", workers.redis_url())

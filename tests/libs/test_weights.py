@@ -72,3 +72,18 @@ def test_writers_filling_one_cache_at_once_leave_it_whole(tmp_path):
     assert [path.name for path in target.parent.iterdir()] == ["cache"]
     reloaded = AutoModelForCausalLM.from_pretrained(target)
     assert all(torch.equal(a, b) for a, b in zip(reloaded.state_dict().values(), model.state_dict().values()))
+
+
+def test_the_tokenizer_converted_from_the_gguf_is_kept_and_loads_the_same(tmp_path):
+    """Without the expanded weights, the SmolLM2 tokenizer is converted from the GGUF once and kept:
+    every tiny checkpoint asks for it. A models directory it cannot write still gets one."""
+    models = tmp_path / "models"
+    converted = weights.smollm2_tokenizer(models)
+    assert (models / weights.SMOLLM2_TOKENIZER_CACHE / "tokenizer_config.json").exists()
+    kept = weights.smollm2_tokenizer(models)
+    chat = [{"role": "user", "content": "What is 12*34?"}]
+    assert kept.get_vocab() == converted.get_vocab() and kept.chat_template == converted.chat_template
+    assert kept.apply_chat_template(chat, add_generation_prompt=True) == converted.apply_chat_template(chat, add_generation_prompt=True)
+    unwritable = tmp_path / "a-file"  # no folder can be made under it, whoever runs the test
+    unwritable.write_text("")
+    assert weights.smollm2_tokenizer(unwritable / "models").get_vocab() == converted.get_vocab()

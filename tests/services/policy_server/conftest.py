@@ -14,7 +14,7 @@ from gearshift.settings import PolicyServerSettings, Settings
 def tiny_checkpoints(tmp_path_factory):
     """Two seeded tiny Llamas (different weights, same tokenizer) as checkpoint directories."""
     models = tmp_path_factory.mktemp("models")
-    tokenizer = weights.smollm2_tokenizer(models)
+    tokenizer = weights.smollm2_tokenizer(Settings().models_dir)
     return [weights.create_tiny(models / f"tiny-{seed}", seed=seed, tokenizer=tokenizer) for seed in (0, 1)]
 
 
