@@ -16,7 +16,7 @@ from gearshift.training.tiny import tiny_checkpoint
 
 from tests import workers
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow("a round's stages on the real stack, APO on a tiny model"), pytest.mark.timeout(900)]
 
 ITEMS = [("a", "What is the capital of France?", "Paris", "train"), ("b", "What is the capital of Spain?", "Madrid", "test"),
          ("c", "What is the capital of Italy?", "Rome", "test")]

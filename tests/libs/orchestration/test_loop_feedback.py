@@ -120,7 +120,7 @@ def test_a_bad_round_config_is_one_line_naming_each_field(tmp_path):
         result = CliRunner().invoke(main, ["loop", "--config", str(overrides)])
         assert (result.exit_code, result.output) == (1, f"Error: {message}\n")
 
-@pytest.mark.slow
+@pytest.mark.slow("every stage of a round on the real stack, SFT and APO on a tiny model")
 @pytest.mark.timeout(600)
 async def test_a_full_round_from_feedback_on_a_tiny_model(tmp_path):
     """Every stage on the real stack with a tiny random model: SFT learns the approved, well-formed

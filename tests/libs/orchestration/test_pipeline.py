@@ -25,7 +25,7 @@ from sqlalchemy import select
 
 from tests import workers
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow("a Celery worker process trains and evaluates a tiny model, then every task is delivered again")
 
 REDIS_URL = workers.redis_url()
 SFT = {"optim": {"max_steps": 2, "threads": 1}, "batch_size": 2, "max_length": 1024, "balance_difficulty": False,
