@@ -189,8 +189,8 @@ class Stack:
         settings = self.client_settings()
         deadline = time.monotonic() + timeout
         while True:
-            dead = [n for n, p in self.processes.items() if p.poll() is not None]
-            if dead:
+            dead = [f"{n} (exit status {p.returncode})" for n, p in self.processes.items() if p.poll() is not None]
+            if dead:  # a negative status is the signal that ended it
                 raise RuntimeError(f"exited during start-up: {', '.join(dead)}")
             results = asyncio.run(check_health(settings, timeout=1.0))
             if self.with_policy:

@@ -113,6 +113,22 @@ def test_a_default_install_writes_the_profile_the_sandbox_names_on_every_node_an
     assert f"seccomp profile installed at {KUBELET_SECCOMP}/gearshift/sandbox-seccomp.json" in installing.stdout.read()
 
 
+def test_the_installer_stopped_between_its_sleeps_exits_zero(tmp_path, stopped):
+    """With no pause between checks, a SIGTERM finds the installer checking, its last sleeper
+    gone: the trap's kill fails, and under `set -e` that once made the pod exit 1."""
+    docs = render()
+    installer = pod_spec(named(docs, "DaemonSet", INSTALLER))
+    (install,) = installer["containers"]
+    for attempt in range(5):  # a signal lands between sleeps more often than not
+        node = tmp_path / f"node-{attempt}"
+        installing = start_here(install, installer, docs, node, tmp_path / f"volumes-{attempt}", env={"SECCOMP_CHECK_SECONDS": "0"})
+        stopped.append(installing)
+        wait_for((node / KUBELET_SECCOMP.lstrip("/") / "gearshift" / "sandbox-seccomp.json").is_file, "profile on the node")
+        time.sleep(0.1)
+        installing.send_signal(signal.SIGTERM)
+        assert installing.wait(timeout=5) == 0, installing.stdout.read()
+
+
 def test_the_installers_readiness_is_the_node_copy_matching_the_charts_profile(tmp_path):
     docs = render()
     installer = pod_spec(named(docs, "DaemonSet", INSTALLER))
