@@ -33,16 +33,16 @@ GRPC_SERVICES = GRPC_SERVICE_NAMES
 HTTP_SERVICES = tuple(name for name in SERVICE_NAMES if name not in GRPC_SERVICE_NAMES)
 COMPONENTS = (*SERVICE_NAMES, "worker", "beat", "policy")
 POD_KINDS = ("Deployment", "StatefulSet", "Job", "CronJob", "Pod")
-
-# kubernetes-validate reads and parses its schema files, a 1.5 MB _definitions.json among them, on
-# every call: half of what validating a rendered chart took. Each file is parsed once per process.
-kubernetes_validate.utils.schema_contents = lru_cache(maxsize=None)(kubernetes_validate.utils.schema_contents)
 TRAINER_API = "trainer.kubeflow.org/v1alpha1"
 SERVICE_MONITOR_SCHEMA = json.loads((ROOT / "tests" / "charts" / "servicemonitor.schema.json").read_text())
 CERTIFICATE_SCHEMA = json.loads((ROOT / "tests" / "charts" / "certificate.schema.json").read_text())
 SCHEMAS = ROOT / "tests" / "charts" / "schemas"  # upstream schemas, their origin in its README.md
 KEDA_API = "keda.sh/v1alpha1"
 API_VERSIONS_LINE = "# api-versions:"  # a values file's first line may name the CRD API versions its cluster serves
+
+# kubernetes-validate reads and parses its schema files, a 1.5 MB _definitions.json among them, on
+# every call: half of what validating a rendered chart took. Each file is parsed once per process.
+kubernetes_validate.utils.schema_contents = lru_cache(maxsize=None)(kubernetes_validate.utils.schema_contents)
 
 
 def find_helm() -> str:
